@@ -1,0 +1,56 @@
+/* fl_error.h - error codes of the fastloop C core and their messages.
+ *
+ * Every core call that can fail returns 0 (FL_OK) or one negative fl_err code. The codes
+ * and messages come from one X-macro table (FL_ERRNO_MAP), in the manner of libuv's
+ * UV_ERRNO_MAP, so the enum and fl_strerror() can never disagree. A call may also leave a
+ * detail message (a path, an index, a pid) in a thread-local buffer: fl_error_detail()
+ * reads it on the same thread right after the failing call.
+ */
+#ifndef FL_ERROR_H
+#define FL_ERROR_H
+
+#define FL_ERRNO_MAP(X)                                               \
+    X(EINVAL, "invalid argument")                                     \
+    X(ENOMEM, "out of memory")                                        \
+    X(EAGAIN, "would block: queue full or empty")                     \
+    X(ETIMEDOUT, "timed out")                                         \
+    X(ECLOSED, "closed")                                              \
+    X(EINTR, "interrupted")                                           \
+    X(ESYS, "system call failed")                                     \
+    X(EOVERFLOW, "size overflow")
+
+/* Positions in the table, 1-based; the codes are their negatives. */
+enum fl__err_index {
+    FL__ERR_INDEX_FIRST = 0,
+#define FL__ERR_INDEX(name, msg) FL__ERR_INDEX_##name,
+    FL_ERRNO_MAP(FL__ERR_INDEX)
+#undef FL__ERR_INDEX
+    FL__ERR_INDEX_END
+};
+
+typedef enum fl_err {
+    FL_OK = 0,
+#define FL__ERR_CODE(name, msg) FL_##name = -FL__ERR_INDEX_##name,
+    FL_ERRNO_MAP(FL__ERR_CODE)
+#undef FL__ERR_CODE
+} fl_err;
+
+/* Returns a static message for an fl_err code ("unknown error" for codes outside the table).
+ * Never fails, never allocates. */
+const char *fl_strerror(int err);
+
+/* Returns the symbolic name ("FL_ETIMEDOUT") of a code, or "FL_UNKNOWN". Never fails. */
+const char *fl_err_name(int err);
+
+/* Records a printf-style detail for the last error on this thread (truncated to 255 bytes)
+ * and returns err, so a failing path can say `return fl_error_set(FL_EINVAL, "...")`. */
+int fl_error_set(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Returns this thread's last detail message ("" if none); valid until the next
+ * fl_error_set() or fl_error_clear() on this thread. */
+const char *fl_error_detail(void);
+
+/* Forgets this thread's detail message. */
+void fl_error_clear(void);
+
+#endif

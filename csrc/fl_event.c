@@ -1,0 +1,18 @@
+/* fl_event.c - filling event records. */
+#include "fl_event.h"
+
+#include <string.h>
+
+#include "fl_time.h"
+
+void fl_event_init(fl_event *event, fl_event_kind kind, const char *name, double value,
+                   int64_t step, int32_t source) {
+    memset(event, 0, sizeof *event);
+    event->wall_time = fl_wall_time();
+    event->value = value;
+    event->step = step;
+    event->kind = (int32_t)kind;
+    event->source = source;
+    if (name != NULL)
+        strncpy(event->name, name, FL_EVENT_NAME_MAX - 1);
+}

@@ -1,0 +1,118 @@
+/* fl_module.h - what the binding files of fastloop._core share: the module state, error
+ * conversion, the interruptible wait loop and the array-argument checks.
+ *
+ * The binding is thin: it parses and checks arguments, calls one core function (with the
+ * GIL released when the call can block or takes long), and turns core error codes into
+ * Python exceptions. No logic of its own lives here.
+ */
+#ifndef FL_MODULE_H
+#define FL_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+
+#include "../fl_dtype.h"
+#include "../fl_pool.h"
+
+/* Per-module state (no C globals: ready for subinterpreters and free-threaded builds). */
+typedef struct fl_module_state {
+    PyTypeObject *queue_type;
+    PyTypeObject *event_type;
+    PyObject *error;  /* fastloop.Error */
+    PyObject *closed; /* fastloop.Closed */
+    PyObject *empty;  /* fastloop.Empty */
+    PyObject *full;   /* fastloop.QueueFull */
+    pthread_mutex_t pool_lock; /* guards creating `pool` */
+    fl_pool *pool;             /* intra-op worker threads, started on first use */
+    int pool_users;            /* ops inside the pool now, under pool_lock */
+} fl_module_state;
+
+extern struct PyModuleDef fl_module_def;
+
+/* The state of the module that defines `type` (works for instances of its types). */
+fl_module_state *fl_state_from_type(PyTypeObject *type);
+static inline fl_module_state *fl_state_from_module(PyObject *module) {
+    return (fl_module_state *)PyModule_GetState(module);
+}
+
+/* Sets a Python exception for core error `err` (a negative fl_err) with the core's detail
+ * message, prefixed by `what` ("normalize"); FL_EINVAL -> ValueError, FL_ENOMEM ->
+ * MemoryError, FL_ECLOSED -> fastloop.Closed, FL_ETIMEDOUT -> TimeoutError, others ->
+ * fastloop.Error. Returns NULL for `return fl_raise(...)`. */
+PyObject *fl_raise(fl_module_state *state, int err, const char *what);
+
+/* ---- blocking waits (py_wait.c) ---- */
+
+/* One attempt at a blocking core call that waits at most timeout_s (0: not at all). */
+typedef int (*fl_attempt_fn)(void *ctx, double timeout_s);
+
+/* Runs a blocking core call the interruptible way: one attempt without waiting while
+ * holding the GIL, then waits of at most FL_WAIT_SLICE_S with the GIL released, checking
+ * for signals (Ctrl-C) between slices, until the call stops returning FL_EAGAIN or
+ * FL_ETIMEDOUT or `timeout_s` (< 0: no limit) runs out. Returns the call's last code,
+ * FL_ETIMEDOUT when the time ran out, or FL_EINTR with a Python exception set when a signal
+ * handler raised. Call with the GIL held. */
+int fl_wait_interruptibly(fl_attempt_fn attempt, void *ctx, double timeout_s);
+
+#define FL_WAIT_SLICE_S 0.05
+
+/* Parses a Python timeout (None or a number >= 0) into seconds, -1 meaning forever, and
+ * honours `block` (block false -> 0). Returns 0, or -1 with ValueError/TypeError set. */
+int fl_parse_timeout(PyObject *timeout, int block, double *seconds);
+
+/* ---- thread pool for ops (module.c) ---- */
+
+/* Returns an fl_exec for `threads` threads, starting the pool if needed; pair every call
+ * with fl_exec_release(). threads <= 1 needs no pool. Never fails: without a pool the
+ * work runs on the caller's thread. Call with the GIL held. */
+fl_exec fl_exec_acquire(fl_module_state *state, int threads);
+void fl_exec_release(fl_module_state *state, fl_exec exec);
+
+/* ---- array arguments (py_arrays.c) ---- */
+
+/* Inputs at least this large release the GIL around their kernel; below it the hand-off
+ * costs more than the work (CPython's hashlib uses the same rule at 2 KiB). */
+#define FL_GIL_RELEASE_BYTES 2048
+
+/* Checks that `obj` (argument `arg`) is a NumPy array that a kernel can read directly:
+ * C-contiguous, aligned, native byte order, not an object array. Returns a borrowed
+ * PyArrayObject*, or NULL with TypeError/ValueError naming `arg`. */
+PyObject *fl_check_array(PyObject *obj, const char *arg);
+
+/* The fl_dtype of a NumPy dtype object (argument `arg`), or -1 with TypeError. */
+int fl_dtype_from_descr(PyObject *descr, const char *arg, fl_dtype *out);
+
+/* The fl_dtype of array `array` (argument `arg`), or -1 with TypeError naming the dtype. */
+int fl_dtype_of(PyObject *array, const char *arg, fl_dtype *out);
+
+/* The NumPy type number of an fl_dtype. */
+int fl_dtype_to_numpy(fl_dtype dtype);
+
+/* Returns a new reference to the output array: a fresh C-contiguous array of `shape` and
+ * `descr` (stolen) when out_obj is None/NULL, else out_obj itself after checking that it is
+ * a writable C-contiguous aligned array of exactly that shape and dtype that does not
+ * overlap `input` (allowed to be `input` itself only when may_alias). NULL on error, with
+ * the exception naming argument "out". */
+PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape,
+                          PyObject *descr, PyObject *input, int may_alias);
+
+/* 1 when the memory of two arrays overlaps. */
+int fl_arrays_overlap(PyObject *a, PyObject *b);
+
+/* "(2, 3, 4)" for an array's shape, for error messages; NULL on error. */
+PyObject *fl_shape_repr(PyObject *array);
+
+/* Parses the `threads` argument (>= 1). Returns 0 or -1 with ValueError. */
+int fl_check_threads(int threads);
+
+/* Parses a seed (None -> fresh OS entropy, else an int taken modulo 2**64). */
+int fl_parse_seed(PyObject *seed, uint64_t *out);
+
+/* ---- type and function registration ---- */
+
+int fl_queue_module_init(PyObject *module, fl_module_state *state);
+int fl_ops_module_init(PyObject *module);
+int fl_testing_module_init(PyObject *module);
+
+#endif

@@ -1,0 +1,148 @@
+/* module.c - fastloop._core: module state, multi-phase init, and the shared ops pool. */
+#include "fl_module.h"
+
+#define FL_NUMPY_IMPORT
+#include "fl_numpy.h"
+
+#include "../fl_error.h"
+
+fl_module_state *fl_state_from_type(PyTypeObject *type) {
+    PyObject *module = PyType_GetModuleByDef(type, &fl_module_def);
+    return module == NULL ? NULL : fl_state_from_module(module);
+}
+
+PyObject *fl_raise(fl_module_state *state, int err, const char *what) {
+    const char *detail = fl_error_detail();
+    const char *message = detail[0] != '\0' ? detail : fl_strerror(err);
+    PyObject *type;
+    switch (err) {
+    case FL_EINVAL:
+        type = PyExc_ValueError;
+        break;
+    case FL_ENOMEM:
+        fl_error_clear();
+        return PyErr_NoMemory();
+    case FL_ECLOSED:
+        type = state->closed;
+        break;
+    case FL_ETIMEDOUT:
+        type = PyExc_TimeoutError;
+        break;
+    default:
+        type = state->error;
+        break;
+    }
+    PyErr_Format(type, "%s: %s", what, message);
+    fl_error_clear();
+    return NULL;
+}
+
+fl_exec fl_exec_acquire(fl_module_state *state, int threads) {
+    fl_exec exec = {NULL, 1};
+    if (threads <= 1)
+        return exec;
+    pthread_mutex_lock(&state->pool_lock);
+    if (state->pool == NULL && fl_pool_new(&state->pool) != FL_OK)
+        state->pool = NULL; /* no pool: the work runs on the caller's thread */
+    if (state->pool != NULL) {
+        state->pool_users++;
+        exec.pool = state->pool;
+        exec.threads = threads;
+    }
+    pthread_mutex_unlock(&state->pool_lock);
+    return exec;
+}
+
+void fl_exec_release(fl_module_state *state, fl_exec exec) {
+    if (exec.pool == NULL)
+        return;
+    pthread_mutex_lock(&state->pool_lock);
+    state->pool_users--;
+    pthread_mutex_unlock(&state->pool_lock);
+}
+
+/* Looks up fastloop.errors.<name>, the exception classes shared with the Python layer. */
+static int import_error(PyObject *errors, const char *name, PyObject **slot) {
+    *slot = PyObject_GetAttrString(errors, name);
+    return *slot == NULL ? -1 : 0;
+}
+
+static int module_exec(PyObject *module) {
+    fl_module_state *state = fl_state_from_module(module);
+    if (pthread_mutex_init(&state->pool_lock, NULL) != 0) {
+        PyErr_SetString(PyExc_OSError, "cannot create a mutex");
+        return -1;
+    }
+    if (PyArray_ImportNumPyAPI() < 0)
+        return -1;
+    PyObject *errors = PyImport_ImportModule("fastloop.errors");
+    if (errors == NULL)
+        return -1;
+    int rc = import_error(errors, "Error", &state->error) ||
+             import_error(errors, "Closed", &state->closed) ||
+             import_error(errors, "Empty", &state->empty) ||
+             import_error(errors, "QueueFull", &state->full);
+    Py_DECREF(errors);
+    if (rc != 0)
+        return -1;
+    if (fl_queue_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
+        fl_testing_module_init(module) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg) {
+    fl_module_state *state = fl_state_from_module(module);
+    Py_VISIT(state->queue_type);
+    Py_VISIT(state->event_type);
+    Py_VISIT(state->error);
+    Py_VISIT(state->closed);
+    Py_VISIT(state->empty);
+    Py_VISIT(state->full);
+    return 0;
+}
+
+static int module_clear(PyObject *module) {
+    fl_module_state *state = fl_state_from_module(module);
+    Py_CLEAR(state->queue_type);
+    Py_CLEAR(state->event_type);
+    Py_CLEAR(state->error);
+    Py_CLEAR(state->closed);
+    Py_CLEAR(state->empty);
+    Py_CLEAR(state->full);
+    return 0;
+}
+
+/* Joins the pool's workers unless an op still runs in one of them (a daemon thread at
+ * interpreter exit): then the pool is left to the exiting process rather than freed under
+ * its users. */
+static void module_free(void *module) {
+    module_clear(module);
+    fl_module_state *state = fl_state_from_module(module);
+    pthread_mutex_lock(&state->pool_lock);
+    fl_pool *pool = state->pool_users == 0 ? state->pool : NULL;
+    state->pool = NULL;
+    pthread_mutex_unlock(&state->pool_lock);
+    fl_pool_free(pool);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
+struct PyModuleDef fl_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fastloop._core",
+    .m_doc = "The C core of fastloop: Queue, Event and the GIL-free ops kernels.",
+    .m_size = sizeof(fl_module_state),
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&fl_module_def); }

@@ -1,0 +1,61 @@
+"""The exceptions fastloop raises, rooted at :class:`fastloop.Error`.
+
+Each also subclasses the built-in (or standard-library) exception that fits, so code
+written for ``queue.Queue`` (``except queue.Empty``) keeps working with ``fastloop.Queue``.
+"""
+
+from __future__ import annotations
+
+import queue as _queue
+
+__all__ = ["Error", "Closed", "Empty", "QueueFull", "CudaError", "CudaUnavailable"]
+
+
+class Error(Exception):
+    """Base class of every fastloop exception.
+
+    >>> try: fastloop.Queue().get_nowait()
+    ... except fastloop.Error as e: print(type(e).__name__)
+    """
+
+
+class Closed(Error, RuntimeError):
+    """The object was closed: a put() on a closed Queue, or get() once it is also empty.
+
+    >>> q = fastloop.Queue(); q.close()
+    >>> q.put(1)  # raises fastloop.Closed
+    """
+
+
+class Empty(Error, _queue.Empty):
+    """get() found no item (at once with block=False, or within its timeout).
+
+    >>> fastloop.Queue().get(timeout=0.1)  # raises fastloop.Empty (also a queue.Empty)
+    """
+
+
+class QueueFull(Error, _queue.Full):
+    """put() found no free slot (at once with block=False, or within its timeout).
+
+    >>> q = fastloop.Queue(maxsize=1); q.put(1)
+    >>> q.put_nowait(2)  # raises fastloop.QueueFull (also a queue.Full)
+    """
+
+
+class CudaError(Error, RuntimeError):
+    """A CUDA runtime call failed; ``code`` holds the cudaError_t number.
+
+    >>> try: fastloop.cuda.devices()
+    ... except fastloop.CudaError as e: print(e.code, e)
+    """
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CudaUnavailable(Error, RuntimeError):
+    """CUDA was asked for where it cannot work; the message says why.
+
+    >>> fastloop.cuda.require()  # raises CudaUnavailable on a machine without a GPU
+    """
