@@ -156,6 +156,42 @@ static void test_stack_and_divide_by_max(void) {
     free(y);
 }
 
+/* Inputs big enough to be split into several chunks: the pooled result must equal the
+ * serial one bit for bit (and the sanitizers see the kernels run concurrently). */
+static void test_large_inputs_split_across_threads_match_serial(void) {
+    fl_exec serial = {NULL, 1}, pooled = {pool, 3};
+    fl_images d = {8, 256, 256, 3};
+    size_t count = d.n * d.h * d.w * d.c;
+    uint8_t *img = malloc(count), *a8 = malloc(count), *b8 = malloc(count);
+    float *af = malloc(count * sizeof(float)), *bf = malloc(count * sizeof(float));
+    fill_bytes(img, count);
+    float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.2f, 0.3f, 0.4f};
+    CHECK(fl_normalize(serial, img, FL_UINT8, FL_HWC, af, FL_CHW, d, mean, std) == FL_OK);
+    CHECK(fl_normalize(pooled, img, FL_UINT8, FL_HWC, bf, FL_CHW, d, mean, std) == FL_OK);
+    CHECK(memcmp(af, bf, count * sizeof(float)) == 0);
+    CHECK(fl_cast(serial, img, FL_UINT8, af, FL_FLOAT32, count) == FL_OK);
+    CHECK(fl_cast(pooled, img, FL_UINT8, bf, FL_FLOAT32, count) == FL_OK);
+    CHECK(memcmp(af, bf, count * sizeof(float)) == 0);
+    int64_t tops[8], lefts[8];
+    uint8_t flags[8];
+    fl_crop_offsets_random(5, 0, d.n, d.h, d.w, 200, 200, tops, lefts);
+    CHECK(fl_crop(serial, img, a8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
+    CHECK(fl_crop(pooled, img, b8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
+    CHECK(memcmp(a8, b8, d.n * 200 * 200 * 3) == 0);
+    fl_hflip_draw(5, 0, 0.5, d.n, flags);
+    fl_hflip(serial, img, a8, 1, FL_HWC, d, flags);
+    fl_hflip(pooled, img, b8, 1, FL_HWC, d, flags);
+    CHECK(memcmp(a8, b8, count) == 0);
+    double *x = malloc(count * sizeof(double)), *ya = malloc(count * sizeof(double)),
+           *yb = malloc(count * sizeof(double));
+    for (size_t i = 0; i < count; i++)
+        x[i] = fl_rng_uniform(&rng);
+    CHECK(fl_divide_by_max(serial, x, FL_FLOAT64, ya, count) == FL_OK);
+    CHECK(fl_divide_by_max(pooled, x, FL_FLOAT64, yb, count) == FL_OK);
+    CHECK(memcmp(ya, yb, count * sizeof(double)) == 0);
+    free(img), free(a8), free(b8), free(af), free(bf), free(x), free(ya), free(yb);
+}
+
 int main(void) {
     if (fl_pool_new(&pool) != FL_OK)
         return 1;
@@ -163,6 +199,7 @@ int main(void) {
     RUN(test_cast_saturates_and_wraps);
     RUN(test_crop_and_hflip_move_the_right_pixels);
     RUN(test_stack_and_divide_by_max);
+    RUN(test_large_inputs_split_across_threads_match_serial);
     fl_pool_free(pool);
     return check_failures != 0;
 }
