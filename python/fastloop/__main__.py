@@ -1,24 +1,45 @@
-"""The fastloop command line: ``python -m fastloop demo`` and ``python -m fastloop bench``.
+"""The fastloop command line.
 
-    $ python -m fastloop demo            # the main job on an embedded default
-    $ python -m fastloop bench --quick   # threads vs processes on this machine
+    $ python -m fastloop demo            # the main job: threads vs processes on preprocessing
+    $ python -m fastloop bench --quick   # every benchmark suite, tables + PNG + markdown report
+    $ python -m fastloop info            # what this build has (CUDA, why not)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
+def run_bench(quick: bool, out_dir: str) -> int:
+    """All suites side by side: the speed targets, then threads vs processes."""
+    from .bench import preprocess, targets
+    from .bench.report import format_table, machine_summary
+
+    print(f"fastloop benchmarks ({'quick' if quick else 'full'}) on {machine_summary()}\n")
+    print("== targets")
+    results = targets.main(quick=quick)
+    print("\n== threads vs processes")
+    preprocess.main(quick=quick, out_dir=out_dir)
+    with open(os.path.join(out_dir, "targets.md"), "w") as f:
+        f.write(f"# fastloop targets\n\n{machine_summary()}\n\n")
+        f.write(format_table(targets.HEADERS, targets.table_rows(results), markdown=True) + "\n")
+    missed = [r.name for r in results if r.passed is False]
+    print(f"\ntargets met: {sum(r.passed is True for r in results)}/{sum(r.passed is not None for r in results)}"
+          + (f"; missed: {', '.join(missed)}" if missed else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastloop", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fastloop", description="fastloop command line")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run the main job on an embedded default")
-    demo.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    bench = commands.add_parser("bench", help="threads vs processes benchmarks on this machine")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    bench.add_argument("--out", default="bench-results", help="folder for the PNG plot and report")
-    commands.add_parser("info", help="what this build of fastloop has (CUDA, threads)")
+    for name, text in [("demo", "the main job on an embedded default: threads vs processes preprocessing"),
+                       ("bench", "every benchmark suite, side by side, with a report")]:
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
+        command.add_argument("--out", default="bench-results", help="folder for the PNG plot and reports")
+    commands.add_parser("info", help="what this build of fastloop has (CUDA, and why not)")
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -26,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print_info()
         return 0
+    if args.command == "bench":
+        return run_bench(args.quick, args.out)
     from .bench import preprocess
 
-    out = getattr(args, "out", "bench-results")
-    return preprocess.main(quick=args.quick, out_dir=out)
+    return preprocess.main(quick=args.quick, out_dir=args.out)
 
 
 if __name__ == "__main__":
