@@ -16,7 +16,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan core-warnings pytest demo bench clean
+.PHONY: all venv build test ctest ctest-asan ctest-tsan core-warnings pytest demo bench install-check clean
 
 all: build
 
@@ -60,6 +60,16 @@ demo: build
 
 bench: build
 	$(PY) -m fastloop bench
+
+# A fresh venv, an isolated `pip install .` (PEP 517, build deps from the index), a smoke test.
+install-check:
+	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	$(PYTHON) -m venv "$$dir/venv"; \
+	"$$dir/venv/bin/python" -m pip install -q --upgrade pip; \
+	"$$dir/venv/bin/python" -m pip install -q "$(CURDIR)"; \
+	cd "$$dir" && venv/bin/python -c "import fastloop, numpy; \
+	    y = fastloop.ops.normalize(numpy.zeros((2, 4, 4, 3), numpy.uint8), 0.5, 0.25); \
+	    assert y.shape == (2, 3, 4, 4); print('installed fastloop OK;', fastloop.cuda.is_built().reason)"
 
 clean:
 	rm -rf build $(BIN) python/fastloop/*.so python/fastloop/_build_info.py *.egg-info python/*.egg-info
