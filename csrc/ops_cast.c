@@ -85,6 +85,6 @@ int fl_cast(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst, fl_dty
     if ((unsigned)src_dtype >= FL_DTYPE_COUNT || (unsigned)dst_dtype >= FL_DTYPE_COUNT)
         return fl_error_set(FL_EINVAL, "unknown dtype");
     cast_job job = {src, dst};
-    fl_exec_run(exec, count, 65536, cast_table[src_dtype][dst_dtype], &job);
+    fl_exec_run(exec, count, 256 << 10, cast_table[src_dtype][dst_dtype], &job);
     return FL_OK;
 }

@@ -146,8 +146,8 @@ int fl_divide_by_max(fl_exec exec, const void *src, fl_dtype src_dtype, void *ds
     if (pthread_mutex_init(&job.lock, NULL) != 0)
         return FL_ESYS;
     /* grains of roughly 50 us of work each, so a worker's wake-up pays for itself */
-    fl_exec_run(exec, count, 1 << 19, max_pass, &job);
-    fl_exec_run(exec, count, 1 << 17, divide_pass, &job);
+    fl_exec_run(exec, count, 1 << 20, max_pass, &job);
+    fl_exec_run(exec, count, 1 << 18, divide_pass, &job);
     pthread_mutex_destroy(&job.lock);
     return FL_OK;
 }

@@ -56,7 +56,7 @@ int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout
     crop_job job = {src,   dst,    pixel_bytes(layout, dims, itemsize),
                     rows_per_image(layout, dims, dims.h), rows_per_image(layout, dims, out_h),
                     dims.h, dims.w, out_h, out_w, tops, lefts};
-    size_t grain = (256 << 10) / (out_w * job.pixel + 1) + 1; /* ~256 KiB a chunk */
+    size_t grain = (1 << 20) / (out_w * job.pixel + 1) + 1; /* ~1 MiB a chunk */
     fl_exec_run(exec, dims.n * job.dst_rows, grain, crop_range, &job);
     return FL_OK;
 }
@@ -135,7 +135,7 @@ void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layo
               fl_images dims, const uint8_t *flip) {
     hflip_job job = {src, dst, pixel_bytes(layout, dims, itemsize), dims.w,
                      rows_per_image(layout, dims, dims.h), flip};
-    size_t grain = (256 << 10) / (dims.w * job.pixel + 1) + 1; /* ~256 KiB a chunk */
+    size_t grain = (1 << 20) / (dims.w * job.pixel + 1) + 1; /* ~1 MiB a chunk */
     fl_exec_run(exec, dims.n * job.rows_per_image, grain, hflip_range, &job);
 }
 

@@ -43,10 +43,11 @@ static void normalize_range_f64(void *job, size_t begin, size_t end) {
     normalize_rows_f64(job, begin, end);
 }
 
-/* Rows per chunk: about 64K elements (~20 us), enough to pay for waking a worker. */
+/* Rows per chunk: about 256K elements (~50 us), enough to pay for waking a worker (tens of
+ * microseconds on a virtual machine); one 224x224x3 image is never split. */
 static size_t grain_rows(fl_images dims) {
     size_t row_elements = dims.w * dims.c;
-    size_t rows = (65536 + row_elements - 1) / (row_elements ? row_elements : 1);
+    size_t rows = ((256 << 10) + row_elements - 1) / (row_elements ? row_elements : 1);
     return rows ? rows : 1;
 }
 

@@ -32,5 +32,5 @@ void fl_stack(fl_exec exec, const void *const *srcs, size_t count, size_t nbytes
         return;
     stack_job job = {srcs, dst, nbytes, (nbytes + BLOCK - 1) / BLOCK};
     size_t unit_bytes = nbytes < BLOCK ? nbytes : BLOCK;
-    fl_exec_run(exec, count * job.blocks_per_item, (256 << 10) / unit_bytes + 1, stack_range, &job);
+    fl_exec_run(exec, count * job.blocks_per_item, (1 << 20) / unit_bytes + 1, stack_range, &job);
 }

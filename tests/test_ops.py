@@ -66,8 +66,8 @@ def test_normalize_matches_numpy_on_random_shapes(dtype, layout):
 
 
 def test_normalize_is_the_same_for_any_thread_count_and_reuses_out():
-    x = random_images((16, 64, 48, 3), "uint8")
-    out = np.empty((16, 3, 64, 48), np.float32)
+    x = random_images((16, 128, 96, 3), "uint8")  # 590K values: several chunks of the pool
+    out = np.empty((16, 3, 128, 96), np.float32)
     one = ops.normalize(x, MEAN, STD)
     result = ops.normalize(x, MEAN, STD, out=out, threads=4)
     assert result is out

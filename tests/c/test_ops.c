@@ -160,7 +160,7 @@ static void test_stack_and_divide_by_max(void) {
  * serial one bit for bit (and the sanitizers see the kernels run concurrently). */
 static void test_large_inputs_split_across_threads_match_serial(void) {
     fl_exec serial = {NULL, 1}, pooled = {pool, 3};
-    fl_images d = {8, 256, 256, 3};
+    fl_images d = {16, 256, 256, 3}; /* crops of 1.9 MB: two 1 MiB grains */
     size_t count = d.n * d.h * d.w * d.c;
     uint8_t *img = malloc(count), *a8 = malloc(count), *b8 = malloc(count);
     float *af = malloc(count * sizeof(float)), *bf = malloc(count * sizeof(float));
@@ -172,8 +172,8 @@ static void test_large_inputs_split_across_threads_match_serial(void) {
     CHECK(fl_cast(serial, img, FL_UINT8, af, FL_FLOAT32, count) == FL_OK);
     CHECK(fl_cast(pooled, img, FL_UINT8, bf, FL_FLOAT32, count) == FL_OK);
     CHECK(memcmp(af, bf, count * sizeof(float)) == 0);
-    int64_t tops[8], lefts[8];
-    uint8_t flags[8];
+    int64_t tops[16], lefts[16];
+    uint8_t flags[16];
     fl_crop_offsets_random(5, 0, d.n, d.h, d.w, 200, 200, tops, lefts);
     CHECK(fl_crop(serial, img, a8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
     CHECK(fl_crop(pooled, img, b8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
