@@ -5,6 +5,7 @@
 #include "fl_error.h"
 #include "fl_ops.h"
 #include "fl_simd.h"
+#include "ops_normalize_rgb.h"
 
 typedef struct normalize_job {
     const void *src;
@@ -13,6 +14,7 @@ typedef struct normalize_job {
     fl_images dims;
     const float *a; /* per channel: scale / std */
     const float *b; /* per channel: -mean / std */
+    int rgb_fast;   /* use fl_normalize_rgb_u8_row() for each row */
 } normalize_job;
 
 #define ROW_T uint8_t
@@ -33,8 +35,24 @@ typedef struct normalize_job {
 #undef ROW_T
 #undef ROW_NAME
 
-static void normalize_range_u8(void *job, size_t begin, size_t end) {
-    normalize_rows_u8(job, begin, end);
+/* uint8 RGB HWC -> CHW rows through the hand-vectorized loop. */
+static void normalize_rgb_rows(const normalize_job *job, size_t begin, size_t end) {
+    const fl_images d = job->dims;
+    const size_t plane = d.h * d.w;
+    for (size_t row = begin; row < end; row++) {
+        const size_t n = row / d.h, y = row % d.h;
+        const uint8_t *s = (const uint8_t *)job->src + (n * plane + y * d.w) * 3;
+        float *o = job->dst + n * plane * 3 + y * d.w;
+        fl_normalize_rgb_u8_row(s, o, o + plane, o + 2 * plane, d.w, job->a, job->b);
+    }
+}
+
+static void normalize_range_u8(void *ctx, size_t begin, size_t end) {
+    const normalize_job *job = ctx;
+    if (job->rgb_fast)
+        normalize_rgb_rows(job, begin, end);
+    else
+        normalize_rows_u8(job, begin, end);
 }
 static void normalize_range_f32(void *job, size_t begin, size_t end) {
     normalize_rows_f32(job, begin, end);
@@ -85,7 +103,9 @@ int fl_normalize(fl_exec exec, const void *src, fl_dtype src_dtype, fl_layout sr
         a[ch] = scale / std[ch];
         b[ch] = -mean[ch] / std[ch];
     }
-    normalize_job job = {src, dst, src_layout, dst_layout, dims, a, b};
+    int rgb_fast = src_dtype == FL_UINT8 && dims.c == 3 && src_layout == FL_HWC &&
+                   dst_layout == FL_CHW && fl_normalize_rgb_u8_available();
+    normalize_job job = {src, dst, src_layout, dst_layout, dims, a, b, rgb_fast};
     fl_exec_run(exec, dims.n * dims.h, grain_rows(dims), range, &job);
     free(coefficients);
     return FL_OK;

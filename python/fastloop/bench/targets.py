@@ -111,7 +111,7 @@ def scaling_results(quick: bool) -> list[Result]:
     # One 224x224x3 image per thread: 150 KB in, 600 KB out, resident in each core's L2.
     images = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
     outs = [np.empty((3, 224, 224), np.float32) for _ in range(2)]
-    floats = [rng.standard_normal(1 << 16) for _ in range(2)]  # 512 KB each
+    floats = [rng.standard_normal(1 << 17) for _ in range(2)]  # 1 MB in + 1 MB out each
     quotients = [np.empty_like(f) for f in floats]
     cases = {
         "fastloop.ops.normalize": (lambda i: fastloop.ops.normalize(images[i], MEAN, STD, out=outs[i]), ">= 1.7"),
