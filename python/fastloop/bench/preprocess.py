@@ -9,9 +9,9 @@ a time) and large chunks (as when whole batches are):
 and five ways to run it, with 1 and 2 workers:
 
   serial numpy         one thread, the NumPy expression
-  threads + numpy      a ThreadPoolExecutor mapping the NumPy expression over chunks
-  threads + fastloop   a ThreadPoolExecutor mapping the fastloop.ops kernel over chunks
-  processes + numpy    a multiprocessing Pool (started beforehand) mapping the NumPy expression
+  threads + numpy      N worker threads run the NumPy expression, results through a Queue
+  threads + fastloop   N worker threads run the fastloop.ops kernel, results through a Queue
+  processes + numpy    a multiprocessing Pool (started beforehand) maps the NumPy expression
 
 Each way consumes its outputs as they arrive, as a training loop consumes batches.
   fastloop threads=N   one Python thread; the kernel splits each chunk over N C threads
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -100,24 +100,43 @@ def _count(n: int) -> str:
     return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
 
 
+def threaded(fn: Callable[[np.ndarray], np.ndarray], chunks: list[np.ndarray], workers: int):
+    """Yields fn(chunk) for every chunk (in completion order, tagged with the chunk index),
+    computed by `workers` threads that hand results over through a bounded fastloop.Queue:
+    the shape of a data pipeline, like a process pool's workers -> pipe -> parent."""
+    results: fastloop.Queue = fastloop.Queue(maxsize=2 * workers)
+
+    def work(first: int) -> None:
+        for i in range(first, len(chunks), workers):
+            results.put((i, fn(chunks[i])))
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for _ in chunks:
+        yield results.get()
+    for t in threads:
+        t.join()
+
+
 def variants(workload: Workload, workers: int, process_pool, keep: bool = False) -> dict[str, Callable[[], object]]:
     """The ways to run one workload with `workers` workers. Each consumes its outputs as
     they arrive, as a training loop does (so memory is reused, not page-faulted anew each
-    round), or returns them all with keep=True (to compare them)."""
+    round), or returns them all in chunk order with keep=True (to compare them)."""
     chunks, np_fn, fl_fn = workload.chunks, workload.numpy_fn, workload.fastloop_fn
-    threads = ThreadPoolExecutor(workers)
 
-    def drain(outputs) -> list | None:
+    def drain(outputs, tagged: bool = False) -> list | None:
         if keep:
-            return list(outputs)
+            results = list(outputs)
+            return [r for _, r in sorted(results, key=lambda t: t[0])] if tagged else results
         for _ in outputs:
             pass
         return None
 
     return {
         "serial numpy": lambda: drain(np_fn(c) for c in chunks),
-        "threads + numpy": lambda: drain(threads.map(np_fn, chunks)),
-        "threads + fastloop": lambda: drain(threads.map(fl_fn, chunks)),
+        "threads + numpy": lambda: drain(threaded(np_fn, chunks, workers), tagged=True),
+        "threads + fastloop": lambda: drain(threaded(fl_fn, chunks, workers), tagged=True),
         "processes + numpy": lambda: drain(process_pool.imap(np_fn, chunks)),
         "fastloop threads=N": lambda: drain(fl_fn(c, workers) for c in chunks),
     }
