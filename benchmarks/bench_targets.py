@@ -15,7 +15,7 @@ from fastloop.bench import targets
 
 def test_quick_targets_run_and_lose_no_queue_items():
     results = targets.run(quick=True)
-    assert len(results) == 12
+    assert len(results) == 13
     assert all(r.measured > 0 for r in results)
     assert all("LOST" not in r.detail for r in results)
 
