@@ -35,15 +35,19 @@ typedef struct normalize_job {
 #undef ROW_T
 #undef ROW_NAME
 
-/* uint8 RGB HWC -> CHW rows through the hand-vectorized loop. */
+/* uint8 RGB HWC -> CHW rows through the hand-vectorized loop. Consecutive rows of one image
+ * are contiguous in the source and in each output plane, so each image's share of
+ * [begin, end) goes through as one long row. */
 static void normalize_rgb_rows(const normalize_job *job, size_t begin, size_t end) {
     const fl_images d = job->dims;
     const size_t plane = d.h * d.w;
-    for (size_t row = begin; row < end; row++) {
+    for (size_t row = begin; row < end;) {
         const size_t n = row / d.h, y = row % d.h;
+        const size_t rows = (end - row < d.h - y) ? end - row : d.h - y;
         const uint8_t *s = (const uint8_t *)job->src + (n * plane + y * d.w) * 3;
         float *o = job->dst + n * plane * 3 + y * d.w;
-        fl_normalize_rgb_u8_row(s, o, o + plane, o + 2 * plane, d.w, job->a, job->b);
+        fl_normalize_rgb_u8_row(s, o, o + plane, o + 2 * plane, rows * d.w, job->a, job->b);
+        row += rows;
     }
 }
 

@@ -35,7 +35,7 @@ import numpy as np
 import fastloop
 
 from .report import format_table, machine_summary, save_bar_plot
-from .timing import best_time, gbps, memcpy_gbps
+from .timing import best_times, gbps, memcpy_call
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -162,17 +162,19 @@ def run(quick: bool = False, rounds: int | None = None, log: Callable[[str], Non
     pools = {w: context.Pool(w) for w in (1, 2)}
     try:
         for workload in make_workloads(quick):
-            copy_rate = memcpy_gbps(workload.chunk_output_bytes)
-            serial = None
+            fns = {"memcpy": memcpy_call(workload.chunk_output_bytes)}
             for workers in (1, 2):
                 for way, fn in variants(workload, workers, pools[workers]).items():
-                    if way == "serial numpy" and workers == 2:
-                        continue  # one thread by definition
-                    seconds = best_time(fn, rounds=rounds, min_round_s=0.02)
-                    serial = seconds if way == "serial numpy" else serial
-                    rows.append(Row(workload.name, workload.chunking, way, workers, seconds,
-                                    serial / seconds, gbps(workload.bytes_moved, seconds), copy_rate))
-                    log(f"  {workload.name} {workload.chunking} {way} x{workers}: {seconds * 1e3:.1f} ms")
+                    if not (way == "serial numpy" and workers == 2):  # one thread by definition
+                        fns[f"{way}|{workers}"] = fn
+            log(f"  {workload.name}, {workload.chunking}: {len(fns)} variants x {rounds} rounds")
+            times = best_times(fns, rounds=rounds, min_round_s=0.02)
+            copy_rate = gbps(2 * workload.chunk_output_bytes, times.pop("memcpy"))
+            serial = times["serial numpy|1"]
+            for key, seconds in times.items():
+                way, workers = key.split("|")
+                rows.append(Row(workload.name, workload.chunking, way, int(workers), seconds,
+                                serial / seconds, gbps(workload.bytes_moved, seconds), copy_rate))
     finally:
         for pool in pools.values():
             pool.terminate()

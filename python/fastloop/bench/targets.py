@@ -26,7 +26,7 @@ from fastloop import _core
 
 from .preprocess import MEAN, STD, normalize_numpy
 from .report import format_table
-from .timing import best_time, gbps, memcpy_gbps
+from .timing import best_times, gbps, memcpy_call
 
 
 @dataclass
@@ -48,10 +48,14 @@ def normalize_results(quick: bool) -> list[Result]:
     for label, images in [("1 image (cache)", 1), (f"{8 if quick else 64} images (memory)", 8 if quick else 64)]:
         x = rng.integers(0, 256, (images, 224, 224, 3), dtype=np.uint8)
         out = np.empty((images, 3, 224, 224), np.float32)
-        t_numpy = best_time(lambda: normalize_numpy(x))
-        t_fast = best_time(lambda: fastloop.ops.normalize(x, MEAN, STD, out=out))
+        times = best_times({
+            "numpy": lambda: normalize_numpy(x),
+            "fastloop": lambda: fastloop.ops.normalize(x, MEAN, STD, out=out),
+            "memcpy": memcpy_call(out.nbytes),
+        }, rounds=7)
+        t_numpy, t_fast = times["numpy"], times["fastloop"]
         moved = x.nbytes + out.nbytes
-        copy = memcpy_gbps(out.nbytes)
+        copy = gbps(2 * out.nbytes, times["memcpy"])
         results.append(Result(f"normalize {label}: x NumPy expression", t_numpy / t_fast, "x", ">= 2.5",
                               t_numpy / t_fast >= 2.5, f"{t_numpy * 1e3:.2f} ms vs {t_fast * 1e3:.2f} ms"))
         ratio = gbps(moved, t_fast) / copy
@@ -134,25 +138,21 @@ def scaling_results(quick: bool) -> list[Result]:
 # ---- 3. Queue ----
 
 
-def python_pair_cost(q, n: int) -> float:
-    """Seconds per put+get pair in one Python thread."""
-    def pairs():
-        for i in range(n):
-            q.put(i)
-            q.get()
-    return best_time(pairs, rounds=3) / n
+def python_pairs(q, n: int) -> None:
+    """n put+get pairs in one Python thread."""
+    for i in range(n):
+        q.put(i)
+        q.get()
 
 
-def python_handoff_rate(make_queue, n: int) -> float:
-    """Items per second from a producer thread to a consumer thread through a bounded queue."""
-    def run() -> None:
-        q = make_queue()
-        consumer = threading.Thread(target=lambda: [q.get() for _ in range(n)])
-        consumer.start()
-        for i in range(n):
-            q.put(i)
-        consumer.join()
-    return n / best_time(run, rounds=3, min_round_s=0.0)
+def python_handoff(make_queue, n: int) -> None:
+    """n items from this thread to a consumer thread through a bounded queue."""
+    q = make_queue()
+    consumer = threading.Thread(target=lambda: [q.get() for _ in range(n)])
+    consumer.start()
+    for i in range(n):
+        q.put(i)
+    consumer.join()
 
 
 def queue_results(quick: bool) -> list[Result]:
@@ -165,12 +165,16 @@ def queue_results(quick: bool) -> list[Result]:
         results.append(Result(f"C threads {producers}x{consumers}: put+get pairs/s", rate / 1e6, "M/s", ">= 1",
                               rate >= 1e6 and ok, f"{load['received']} items, none lost or duplicated" if ok else "LOST ITEMS"))
     n = 20_000 if quick else 100_000
-    fast = python_pair_cost(fastloop.Queue(maxsize=1024), n)
-    std = python_pair_cost(queue.Queue(maxsize=1024), n)
+    fast_queue, std_queue = fastloop.Queue(maxsize=1024), queue.Queue(maxsize=1024)
+    pair_times = best_times({"fastloop": lambda: python_pairs(fast_queue, n), "queue": lambda: python_pairs(std_queue, n)},
+                            rounds=3, min_round_s=0.0)
+    fast, std = pair_times["fastloop"] / n, pair_times["queue"] / n
     results.append(Result("Python put+get, one thread: queue.Queue / fastloop.Queue cost", std / fast, "x", "> 1",
                           std > fast, f"{fast * 1e9:.0f} ns vs {std * 1e9:.0f} ns per pair"))
-    fast_rate = python_handoff_rate(lambda: fastloop.Queue(maxsize=256), n)
-    std_rate = python_handoff_rate(lambda: queue.Queue(maxsize=256), n)
+    handoff = best_times({"fastloop": lambda: python_handoff(lambda: fastloop.Queue(maxsize=256), n),
+                          "queue": lambda: python_handoff(lambda: queue.Queue(maxsize=256), n)},
+                         rounds=3, min_round_s=0.0)
+    fast_rate, std_rate = n / handoff["fastloop"], n / handoff["queue"]
     results.append(Result("Python producer -> consumer thread: fastloop / queue.Queue items/s", fast_rate / std_rate,
                           "x", "> 1", fast_rate > std_rate, f"{fast_rate:.0f} vs {std_rate:.0f} items/s"))
     return results

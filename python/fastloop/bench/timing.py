@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmark suites: best-of-N timing and a memcpy baseline.
+"""Timing helpers shared by the benchmark suites: interleaved best-of-N timing and a memcpy
+baseline.
 
 Numbers on a shared or small machine are noisy, so every suite compares variants measured
 in the same run (ratios) and keeps the best of several rounds, which is the least disturbed.
@@ -12,41 +13,41 @@ from typing import Callable
 import numpy as np
 
 
-def best_time(fn: Callable[[], object], *, rounds: int = 5, min_round_s: float = 0.05) -> float:
-    """Seconds per call of fn: the best of `rounds` rounds, each repeating fn for at least
-    min_round_s (after one warm-up call).
+def best_times(fns: dict[str, Callable[[], object]], *, rounds: int = 5, min_round_s: float = 0.05) -> dict[str, float]:
+    """Seconds per call of each function, measured interleaved: every round times each
+    function once (repeated to last min_round_s), and each keeps its best round. Variants
+    compared side by side thus see the same disturbances of a noisy machine.
 
-    >>> best_time(lambda: sum(range(1000)))  # about 1e-05 on a laptop
+    >>> best_times({"a": lambda: sorted(range(100)), "b": lambda: list(range(100))})
     """
-    fn()
-    calls = 1
-    while True:  # find a call count that fills a round
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_round_s:
-            break
-        calls *= 2
-    best = elapsed / calls
-    for _ in range(rounds - 1):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
+    calls = {}
+    for name, fn in fns.items():  # warm up and find a call count that fills a round
+        fn()
+        n = 1
+        while True:
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            if time.perf_counter() - start >= min_round_s:
+                break
+            n *= 2
+        calls[name] = n
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            n = calls[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / n)
     return best
 
 
-def memcpy_gbps(nbytes: int, *, rounds: int = 5) -> float:
-    """Copy bandwidth in GB/s (bytes read + bytes written) for a buffer of nbytes, measured
-    now with NumPy's copy (libc memcpy underneath).
-
-    >>> memcpy_gbps(64 << 20)  # out of cache: main-memory bandwidth
-    """
+def memcpy_call(nbytes: int) -> Callable[[], object]:
+    """A function that copies nbytes between two buffers of its own (to time with others)."""
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
-    seconds = best_time(lambda: np.copyto(dst, src), rounds=rounds)
-    return 2 * nbytes / seconds / 1e9
+    return lambda: np.copyto(dst, src)
 
 
 def gbps(nbytes: int, seconds: float) -> float:
