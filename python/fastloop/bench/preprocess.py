@@ -225,11 +225,12 @@ def main(quick: bool = False, out_dir: str = "bench-results") -> int:
     print()
     print(verdict(rows))
     groups: dict[str, dict[str, float]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (r.way, r.workers)):
         groups.setdefault(f"{r.workload}\n{r.chunking}", {})[f"{r.way} x{r.workers}"] = r.speedup
     os.makedirs(out_dir, exist_ok=True)
-    plot = save_bar_plot(os.path.join(out_dir, "preprocess.png"), "Speedup over serial NumPy (higher is better)",
-                         groups, "x serial numpy")
+    plot = save_bar_plot(os.path.join(out_dir, "preprocess.png"),
+                         "Speedup over serial NumPy (log scale; higher is better, below 1 is slower)",
+                         groups, "x serial numpy", log=True)
     with open(os.path.join(out_dir, "preprocess.md"), "w") as f:
         f.write(f"# Threads vs processes: preprocessing\n\n{machine_summary()}\n\n")
         f.write(format_table(HEADERS, table_rows(rows), markdown=True) + "\n\n" + verdict(rows) + "\n")

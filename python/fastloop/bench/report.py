@@ -49,9 +49,10 @@ def machine_summary() -> str:
     )
 
 
-def save_bar_plot(path: str, title: str, groups: dict[str, dict[str, float]], ylabel: str) -> str | None:
-    """Saves a grouped bar chart (group -> series -> value) as PNG; returns the path, or None
-    with a printed notice when matplotlib is not installed."""
+def save_bar_plot(path: str, title: str, groups: dict[str, dict[str, float]], ylabel: str,
+                  log: bool = False) -> str | None:
+    """Saves a grouped bar chart (group -> series -> value) as PNG, on a log axis if asked;
+    returns the path, or None with a printed notice when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -69,6 +70,8 @@ def save_bar_plot(path: str, title: str, groups: dict[str, dict[str, float]], yl
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
     ax.set_xticklabels(list(groups), fontsize=8)
     ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+    if log:
+        ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
