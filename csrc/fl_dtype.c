@@ -4,7 +4,7 @@
 size_t fl_dtype_size(fl_dtype dtype) {
     switch (dtype) {
 #define FL__DTYPE_SIZE(name, ctype, text, kind) \
-    case FL_##name:                       \
+    case FL_##name:                             \
         return sizeof(ctype);
         FL_DTYPE_MAP(FL__DTYPE_SIZE)
 #undef FL__DTYPE_SIZE
@@ -16,7 +16,7 @@ size_t fl_dtype_size(fl_dtype dtype) {
 const char *fl_dtype_name(fl_dtype dtype) {
     switch (dtype) {
 #define FL__DTYPE_NAME(name, ctype, text, kind) \
-    case FL_##name:                       \
+    case FL_##name:                             \
         return text;
         FL_DTYPE_MAP(FL__DTYPE_NAME)
 #undef FL__DTYPE_NAME

@@ -9,16 +9,18 @@
 #ifndef FL_ERROR_H
 #define FL_ERROR_H
 
-#define FL_ERRNO_MAP(X)                                               \
-    X(EINVAL, "invalid argument")                                     \
-    X(ENOMEM, "out of memory")                                        \
-    X(EAGAIN, "would block: queue full or empty")                     \
-    X(ETIMEDOUT, "timed out")                                         \
-    X(ECLOSED, "closed")                                              \
-    X(EINTR, "interrupted")                                           \
-    X(ESYS, "system call failed")                                     \
+#define FL_ERRNO_MAP(X)                           \
+    X(EINVAL, "invalid argument")                 \
+    X(ENOMEM, "out of memory")                    \
+    X(EAGAIN, "would block: queue full or empty") \
+    X(ETIMEDOUT, "timed out")                     \
+    X(ECLOSED, "closed")                          \
+    X(EINTR, "interrupted")                       \
+    X(ESYS, "system call failed")                 \
     X(EOVERFLOW, "size overflow")
 
+/* X-macro expansions inside enums confuse clang-format. */
+/* clang-format off */
 /* Positions in the table, 1-based; the codes are their negatives. */
 enum fl__err_index {
     FL__ERR_INDEX_FIRST = 0,
@@ -34,6 +36,7 @@ typedef enum fl_err {
     FL_ERRNO_MAP(FL__ERR_CODE)
 #undef FL__ERR_CODE
 } fl_err;
+/* clang-format on */
 
 /* Returns a static message for an fl_err code ("unknown error" for codes outside the table).
  * Never fails, never allocates. */

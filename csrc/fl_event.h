@@ -22,8 +22,8 @@ typedef struct fl_event {
     double wall_time; /* seconds since the Unix epoch, when the record was made */
     double value;
     int64_t step;
-    int32_t kind;   /* fl_event_kind */
-    int32_t source; /* who made it: worker index, GPU index, ...; -1 for none */
+    int32_t kind;                 /* fl_event_kind */
+    int32_t source;               /* who made it: worker index, GPU index, ...; -1 for none */
     char name[FL_EVENT_NAME_MAX]; /* NUL-terminated, truncated to fit */
 } fl_event;
 

@@ -41,8 +41,7 @@ int fl_cast(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst, fl_dty
  * `itemsize` bytes. Returns 0, or FL_EINVAL when a crop does not fit its image (detail
  * names the sample). */
 int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
-            fl_images dims, size_t out_h, size_t out_w, const int64_t *tops,
-            const int64_t *lefts);
+            fl_images dims, size_t out_h, size_t out_w, const int64_t *tops, const int64_t *lefts);
 
 /* Fills tops/lefts (n each) with uniform random offsets of an out_h x out_w crop inside an
  * h x w image, drawn per sample from (seed, first_index + i). out_h <= h, out_w <= w. */
@@ -63,8 +62,7 @@ void fl_stack(fl_exec exec, const void *const *srcs, size_t count, size_t nbytes
 /* dst = src / max(src) over `count` elements, as NumPy computes x / x.max(): float32 in
  * gives float32 out, every other dtype gives float64 out; a NaN anywhere makes every output
  * NaN. Returns 0, or FL_EINVAL for count 0 (the max of nothing). */
-int fl_divide_by_max(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst,
-                     size_t count);
+int fl_divide_by_max(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst, size_t count);
 
 /* The output dtype of fl_divide_by_max() for a given input dtype. */
 fl_dtype fl_divide_by_max_dtype(fl_dtype src_dtype);

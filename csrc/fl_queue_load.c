@@ -105,8 +105,8 @@ static void tally(const load_run *run, const load_thread *consumers, int n_consu
             out->missing += run->seen[(size_t)p * run->items_per_producer + seq] == 0;
 }
 
-int fl_queue_load_run(int producers, int consumers, uint64_t items_per_producer,
-                      size_t maxsize, int close_early, fl_queue_load_result *out) {
+int fl_queue_load_run(int producers, int consumers, uint64_t items_per_producer, size_t maxsize,
+                      int close_early, fl_queue_load_result *out) {
     memset(out, 0, sizeof *out);
     if (producers < 1 || consumers < 1 || producers > 1024 || consumers > 1024)
         return fl_error_set(FL_EINVAL, "producers and consumers must be in 1..1024");

@@ -27,8 +27,8 @@ typedef struct fl_queue_load_result {
  * FL_ECLOSED, and every item whose put succeeded must still be taken exactly once
  * (`missing` counts those that were not). Blocks until done; runs no Python. Returns 0,
  * FL_EINVAL, FL_ENOMEM or FL_ESYS. */
-int fl_queue_load_run(int producers, int consumers, uint64_t items_per_producer,
-                      size_t maxsize, int close_early, fl_queue_load_result *out);
+int fl_queue_load_run(int producers, int consumers, uint64_t items_per_producer, size_t maxsize,
+                      int close_early, fl_queue_load_result *out);
 
 typedef struct fl_event_emitter fl_event_emitter;
 

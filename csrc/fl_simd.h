@@ -6,8 +6,7 @@
 #ifndef FL_SIMD_H
 #define FL_SIMD_H
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define FL_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FL_SIMD_CLONES

@@ -22,8 +22,8 @@ static size_t rows_per_image(fl_layout layout, fl_images d, size_t height) {
 typedef struct crop_job {
     const unsigned char *src;
     unsigned char *dst;
-    size_t pixel;                  /* bytes per pixel */
-    size_t src_rows, dst_rows;     /* rows per image */
+    size_t pixel;              /* bytes per pixel */
+    size_t src_rows, dst_rows; /* rows per image */
     size_t h, w, out_h, out_w;
     const int64_t *tops, *lefts;
 } crop_job;
@@ -35,27 +35,34 @@ static void crop_range(void *ctx, size_t begin, size_t end) {
         size_t n = row / job->dst_rows, r = row % job->dst_rows;
         size_t plane = r / job->out_h, y = r % job->out_h; /* plane is 0 for HWC */
         size_t src_y = plane * job->h + (size_t)job->tops[n] + y;
-        const unsigned char *s = job->src + (n * job->src_rows + src_y) * src_row +
-                                 (size_t)job->lefts[n] * job->pixel;
+        const unsigned char *s =
+            job->src + (n * job->src_rows + src_y) * src_row + (size_t)job->lefts[n] * job->pixel;
         memcpy(job->dst + row * dst_row, s, dst_row);
     }
 }
 
 int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
-            fl_images dims, size_t out_h, size_t out_w, const int64_t *tops,
-            const int64_t *lefts) {
+            fl_images dims, size_t out_h, size_t out_w, const int64_t *tops, const int64_t *lefts) {
     for (size_t n = 0; n < dims.n; n++) {
         if (tops[n] < 0 || lefts[n] < 0 || (size_t)tops[n] + out_h > dims.h ||
             (size_t)lefts[n] + out_w > dims.w)
             return fl_error_set(FL_EINVAL,
                                 "a %zux%zu crop at (top=%lld, left=%lld) does not fit "
                                 "sample %zu, a %zux%zu image",
-                                out_h, out_w, (long long)tops[n], (long long)lefts[n], n,
-                                dims.h, dims.w);
+                                out_h, out_w, (long long)tops[n], (long long)lefts[n], n, dims.h,
+                                dims.w);
     }
-    crop_job job = {src,   dst,    pixel_bytes(layout, dims, itemsize),
-                    rows_per_image(layout, dims, dims.h), rows_per_image(layout, dims, out_h),
-                    dims.h, dims.w, out_h, out_w, tops, lefts};
+    crop_job job = {src,
+                    dst,
+                    pixel_bytes(layout, dims, itemsize),
+                    rows_per_image(layout, dims, dims.h),
+                    rows_per_image(layout, dims, out_h),
+                    dims.h,
+                    dims.w,
+                    out_h,
+                    out_w,
+                    tops,
+                    lefts};
     size_t grain = (1 << 20) / (out_w * job.pixel + 1) + 1; /* ~1 MiB a chunk */
     fl_exec_run(exec, dims.n * job.dst_rows, grain, crop_range, &job);
     return FL_OK;
@@ -90,14 +97,30 @@ reverse_row(unsigned char *restrict d, const unsigned char *restrict s, size_t w
 static void reverse_row_any(unsigned char *restrict d, const unsigned char *restrict s, size_t w,
                             size_t pixel) {
     switch (pixel) {
-    case 1: reverse_row(d, s, w, 1); break;
-    case 2: reverse_row(d, s, w, 2); break;
-    case 3: reverse_row(d, s, w, 3); break;
-    case 4: reverse_row(d, s, w, 4); break;
-    case 8: reverse_row(d, s, w, 8); break;
-    case 12: reverse_row(d, s, w, 12); break;
-    case 16: reverse_row(d, s, w, 16); break;
-    default: reverse_row(d, s, w, pixel); break;
+    case 1:
+        reverse_row(d, s, w, 1);
+        break;
+    case 2:
+        reverse_row(d, s, w, 2);
+        break;
+    case 3:
+        reverse_row(d, s, w, 3);
+        break;
+    case 4:
+        reverse_row(d, s, w, 4);
+        break;
+    case 8:
+        reverse_row(d, s, w, 8);
+        break;
+    case 12:
+        reverse_row(d, s, w, 12);
+        break;
+    case 16:
+        reverse_row(d, s, w, 16);
+        break;
+    default:
+        reverse_row(d, s, w, pixel);
+        break;
     }
 }
 
@@ -133,8 +156,9 @@ static void hflip_range(void *ctx, size_t begin, size_t end) {
 
 void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
               fl_images dims, const uint8_t *flip) {
-    hflip_job job = {src, dst, pixel_bytes(layout, dims, itemsize), dims.w,
-                     rows_per_image(layout, dims, dims.h), flip};
+    hflip_job job = {
+        src, dst, pixel_bytes(layout, dims, itemsize), dims.w, rows_per_image(layout, dims, dims.h),
+        flip};
     size_t grain = (1 << 20) / (dims.w * job.pixel + 1) + 1; /* ~1 MiB a chunk */
     fl_exec_run(exec, dims.n * job.rows_per_image, grain, hflip_range, &job);
 }

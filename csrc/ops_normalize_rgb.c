@@ -16,14 +16,15 @@ int fl_normalize_rgb_u8_available(void) {
  * 32-bit lane j takes byte 3j + c of it, zero-extended (-128 has the high bit set: a 0). */
 #define Z (-128)
 #define LANE(c) 0 + (c), Z, Z, Z, 3 + (c), Z, Z, Z, 6 + (c), Z, Z, Z, 9 + (c), Z, Z, Z
-static const int8_t CHANNEL_MASKS[3][32] = {{LANE(0), LANE(0)}, {LANE(1), LANE(1)}, {LANE(2), LANE(2)}};
+static const int8_t CHANNEL_MASKS[3][32] = {
+    {LANE(0), LANE(0)}, {LANE(1), LANE(1)}, {LANE(2), LANE(2)}};
 #undef LANE
 #undef Z
 
 __attribute__((target("avx2,fma"))) void fl_normalize_rgb_u8_row(const uint8_t *src, float *d0,
-                                                                  float *d1, float *d2,
-                                                                  size_t w, const float a[3],
-                                                                  const float b[3]) {
+                                                                 float *d1, float *d2, size_t w,
+                                                                 const float a[3],
+                                                                 const float b[3]) {
     float *planes[3] = {d0, d1, d2};
     __m256i masks[3];
     __m256 scale[3], shift[3];

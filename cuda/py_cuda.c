@@ -13,9 +13,8 @@ static cuda_state *get_state(PyObject *module) { return (cuda_state *)PyModule_G
 
 /* Raises fastloop.CudaError(message, code) for a failed call `what`; returns NULL. */
 static PyObject *raise_cuda(PyObject *module, int code, const char *what) {
-    PyObject *message = PyUnicode_FromFormat("%s: %s (%s, code %d)", what,
-                                             fl_cuda_error_string(code),
-                                             fl_cuda_error_name(code), code);
+    PyObject *message = PyUnicode_FromFormat(
+        "%s: %s (%s, code %d)", what, fl_cuda_error_string(code), fl_cuda_error_name(code), code);
     if (message == NULL)
         return NULL;
     PyObject *error = PyObject_CallFunction(get_state(module)->cuda_error, "Oi", message, code);
@@ -36,7 +35,7 @@ static PyObject *driver_version(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
     int version;
     Py_BEGIN_ALLOW_THREADS
-    version = fl_cuda_driver_version();
+        version = fl_cuda_driver_version();
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(version);
 }
@@ -45,7 +44,7 @@ static PyObject *device_count(PyObject *module, PyObject *unused) {
     (void)unused;
     int count, rc;
     Py_BEGIN_ALLOW_THREADS /* the first call loads the driver: can take a while */
-    rc = fl_cuda_device_count(&count);
+        rc = fl_cuda_device_count(&count);
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return raise_cuda(module, rc, "cudaGetDeviceCount");
@@ -64,7 +63,7 @@ static PyObject *device_info(PyObject *module, PyObject *arg) {
     fl_cuda_device info;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_device_info(index, &info);
+        rc = fl_cuda_device_info(index, &info);
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return raise_cuda(module, rc, "cudaGetDeviceProperties");
@@ -88,7 +87,7 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
     size_t errors;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_cuda_selftest(index, (size_t)n, &kernel_ms, &errors);
+        rc = fl_cuda_selftest(index, (size_t)n, &kernel_ms, &errors);
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return raise_cuda(module, rc, "selftest");

@@ -19,10 +19,10 @@
 typedef struct fl_module_state {
     PyTypeObject *queue_type;
     PyTypeObject *event_type;
-    PyObject *error;  /* fastloop.Error */
-    PyObject *closed; /* fastloop.Closed */
-    PyObject *empty;  /* fastloop.Empty */
-    PyObject *full;   /* fastloop.QueueFull */
+    PyObject *error;           /* fastloop.Error */
+    PyObject *closed;          /* fastloop.Closed */
+    PyObject *empty;           /* fastloop.Empty */
+    PyObject *full;            /* fastloop.QueueFull */
     pthread_mutex_t pool_lock; /* guards creating `pool` */
     fl_pool *pool;             /* intra-op worker threads, started on first use */
     int pool_users;            /* ops inside the pool now, under pool_lock */
@@ -94,8 +94,8 @@ int fl_dtype_to_numpy(fl_dtype dtype);
  * a writable C-contiguous aligned array of exactly that shape and dtype that does not
  * overlap `input` (allowed to be `input` itself only when may_alias). NULL on error, with
  * the exception naming argument "out". */
-PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape,
-                          PyObject *descr, PyObject *input, int may_alias);
+PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape, PyObject *descr,
+                          PyObject *input, int may_alias);
 
 /* 1 when the memory of two arrays overlaps. */
 int fl_arrays_overlap(PyObject *a, PyObject *b);

@@ -14,8 +14,8 @@ PyObject *fl_check_array(PyObject *obj, const char *arg) {
     PyArrayObject *array = (PyArrayObject *)obj;
     PyArray_Descr *descr = PyArray_DESCR(array);
     if (PyDataType_FLAGCHK(descr, NPY_ITEM_REFCOUNT)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must hold numbers, not Python objects (dtype %R)",
-                     arg, (PyObject *)descr);
+        PyErr_Format(PyExc_TypeError, "'%s' must hold numbers, not Python objects (dtype %R)", arg,
+                     (PyObject *)descr);
         return NULL;
     }
     if (!PyArray_ISNOTSWAPPED(array)) {
@@ -64,7 +64,7 @@ int fl_dtype_of(PyObject *array, const char *arg, fl_dtype *out) {
 
 int fl_dtype_to_numpy(fl_dtype dtype) {
     static const int numpy_types[FL_DTYPE_COUNT] = {
-        [FL_UINT8] = NPY_UINT8,     [FL_INT8] = NPY_INT8,   [FL_UINT16] = NPY_UINT16,
+        [FL_UINT8] = NPY_UINT8,     [FL_INT8] = NPY_INT8,     [FL_UINT16] = NPY_UINT16,
         [FL_INT16] = NPY_INT16,     [FL_UINT32] = NPY_UINT32, [FL_INT32] = NPY_INT32,
         [FL_UINT64] = NPY_UINT64,   [FL_INT64] = NPY_INT64,   [FL_FLOAT32] = NPY_FLOAT32,
         [FL_FLOAT64] = NPY_FLOAT64,
@@ -84,8 +84,7 @@ PyObject *fl_shape_repr(PyObject *array) {
 static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
     const char *a_begin = PyArray_BYTES(a), *b_begin = PyArray_BYTES(b);
     const char *a_end = a_begin + PyArray_NBYTES(a), *b_end = b_begin + PyArray_NBYTES(b);
-    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a_begin < b_end &&
-           b_begin < a_end;
+    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a_begin < b_end && b_begin < a_end;
 }
 
 int fl_arrays_overlap(PyObject *a, PyObject *b) {
@@ -138,16 +137,16 @@ static int check_out(PyObject *out_obj, int ndim, const Py_ssize_t *shape, PyArr
     }
     if (input != NULL && arrays_overlap(out, (PyArrayObject *)input) &&
         !(may_alias && PyArray_BYTES(out) == PyArray_BYTES((PyArrayObject *)input))) {
-        PyErr_SetString(PyExc_ValueError,
-                        may_alias ? "'out' must be the input itself or not overlap it"
-                                  : "'out' must not overlap the input");
+        PyErr_SetString(PyExc_ValueError, may_alias
+                                              ? "'out' must be the input itself or not overlap it"
+                                              : "'out' must not overlap the input");
         return -1;
     }
     return 0;
 }
 
-PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape,
-                          PyObject *descr_obj, PyObject *input, int may_alias) {
+PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape, PyObject *descr_obj,
+                          PyObject *input, int may_alias) {
     PyArray_Descr *descr = (PyArray_Descr *)descr_obj;
     if (out_obj == NULL || out_obj == Py_None)
         return PyArray_Empty(ndim, (npy_intp *)shape, descr, 0); /* steals descr */

@@ -31,7 +31,8 @@ void fl_image_shape(PyObject *x, fl_layout layout, fl_images dims, Py_ssize_t sh
 #define FL_RUN_RELEASING_GIL(nbytes, statement)         \
     do {                                                \
         if ((size_t)(nbytes) >= FL_GIL_RELEASE_BYTES) { \
-            Py_BEGIN_ALLOW_THREADS statement;           \
+            Py_BEGIN_ALLOW_THREADS                      \
+            statement;                                  \
             Py_END_ALLOW_THREADS                        \
         } else {                                        \
             statement;                                  \

@@ -59,10 +59,10 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
     if (array == NULL)
         return -1;
     PyArrayObject *a = (PyArrayObject *)array;
-    int ok = PyArray_ISINTEGER(a) &&
-             ((PyArray_NDIM(a) == 1 && PyArray_DIM(a, 0) == 2) ||
-              (PyArray_NDIM(a) == 2 && (size_t)PyArray_DIM(a, 0) == dims.n &&
-               PyArray_DIM(a, 1) == 2));
+    int ok =
+        PyArray_ISINTEGER(a) &&
+        ((PyArray_NDIM(a) == 1 && PyArray_DIM(a, 0) == 2) ||
+         (PyArray_NDIM(a) == 2 && (size_t)PyArray_DIM(a, 0) == dims.n && PyArray_DIM(a, 1) == 2));
     if (!ok) {
         PyErr_Format(PyExc_ValueError,
                      "'offsets' must be integers shaped (2,) for (top, left) or (%zu, 2) for "
@@ -94,8 +94,8 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_images dims;
     size_t out_h, out_w;
     uint64_t seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOsOi:crop", keywords, &x, &size,
-                                     &offsets, &seed_obj, &layout_text, &out_obj, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOsOi:crop", keywords, &x, &size, &offsets,
+                                     &seed_obj, &layout_text, &out_obj, &threads))
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_parse_layout(layout_text, "layout", &layout) < 0 ||
         fl_check_array(x, "x") == NULL || fl_image_dims(x, layout, &dims) < 0 ||
@@ -118,8 +118,8 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_image_shape(x, layout, out_dims, shape);
     PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)x);
     Py_INCREF(descr);
-    out = fl_output_array(out_obj, PyArray_NDIM((PyArrayObject *)x), shape, (PyObject *)descr,
-                          x, 0);
+    out =
+        fl_output_array(out_obj, PyArray_NDIM((PyArrayObject *)x), shape, (PyObject *)descr, x, 0);
     if (out == NULL)
         goto done;
     fl_module_state *state = fl_state_from_module(module);
@@ -128,8 +128,8 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
     FL_RUN_RELEASING_GIL(PyArray_NBYTES((PyArrayObject *)out),
                          rc = fl_crop(exec, PyArray_DATA((PyArrayObject *)x),
                                       PyArray_DATA((PyArrayObject *)out),
-                                      (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout,
-                                      dims, out_h, out_w, tops, lefts));
+                                      (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims,
+                                      out_h, out_w, tops, lefts));
     fl_exec_release(state, exec);
     if (rc != FL_OK)
         Py_SETREF(out, fl_raise(state, rc, "crop"));
@@ -140,7 +140,8 @@ done:
 
 /* Fills flip[] from an explicit per-image sequence of booleans. */
 static int explicit_flips(PyObject *flip_obj, size_t n, uint8_t *flip) {
-    PyObject *flags = PyArray_FROMANY(flip_obj, NPY_BOOL, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+    PyObject *flags =
+        PyArray_FROMANY(flip_obj, NPY_BOOL, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
     if (flags == NULL)
         return -1;
     int rc = 0;
@@ -164,8 +165,8 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_layout layout;
     fl_images dims;
     uint64_t seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|dOOsOi:hflip", keywords, &x, &p,
-                                     &seed_obj, &flip_obj, &layout_text, &out_obj, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|dOOsOi:hflip", keywords, &x, &p, &seed_obj,
+                                     &flip_obj, &layout_text, &out_obj, &threads))
         return NULL;
     if (!(p >= 0.0 && p <= 1.0)) {
         PyErr_Format(PyExc_ValueError, "'p' must be a probability in [0, 1], not %g", p);
@@ -193,11 +194,10 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
         goto done;
     fl_module_state *state = fl_state_from_module(module);
     fl_exec exec = fl_exec_acquire(state, threads);
-    FL_RUN_RELEASING_GIL(PyArray_NBYTES((PyArrayObject *)x),
-                         fl_hflip(exec, PyArray_DATA((PyArrayObject *)x),
-                                  PyArray_DATA((PyArrayObject *)out),
-                                  (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims,
-                                  flip));
+    FL_RUN_RELEASING_GIL(
+        PyArray_NBYTES((PyArrayObject *)x),
+        fl_hflip(exec, PyArray_DATA((PyArrayObject *)x), PyArray_DATA((PyArrayObject *)out),
+                 (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims, flip));
     fl_exec_release(state, exec);
 done:
     PyMem_Free(flip);
@@ -205,8 +205,7 @@ done:
 }
 
 /* Checks that arrays[i] is usable and matches arrays[0]; fills srcs[i]. */
-static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first,
-                            const void **srcs) {
+static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first, const void **srcs) {
     char name[48];
     snprintf(name, sizeof name, "arrays[%zd]", i);
     if (fl_check_array(item, name) == NULL)
@@ -220,8 +219,8 @@ static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first,
     if (first != NULL && !PyArray_SAMESHAPE(array, first)) {
         PyObject *got = fl_shape_repr(item), *want = fl_shape_repr((PyObject *)first);
         if (got != NULL && want != NULL)
-            PyErr_Format(PyExc_ValueError, "'%s' has shape %U but arrays[0] has %U", name,
-                         got, want);
+            PyErr_Format(PyExc_ValueError, "'%s' has shape %U but arrays[0] has %U", name, got,
+                         want);
         Py_XDECREF(got);
         Py_XDECREF(want);
         return -1;
@@ -234,8 +233,8 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"arrays", "out", "threads", NULL};
     PyObject *arrays_obj, *out_obj = Py_None;
     int threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:stack", keywords, &arrays_obj,
-                                     &out_obj, &threads) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:stack", keywords, &arrays_obj, &out_obj,
+                                     &threads) ||
         fl_check_threads(threads) < 0)
         return NULL;
     /* A tuple of our own keeps every array alive while the GIL is released, even if the
@@ -288,9 +287,8 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_module_state *state = fl_state_from_module(module);
     fl_exec exec = fl_exec_acquire(state, threads);
     size_t nbytes = (size_t)PyArray_NBYTES(first);
-    FL_RUN_RELEASING_GIL(nbytes * (size_t)count,
-                         fl_stack(exec, srcs, (size_t)count, nbytes,
-                                  PyArray_DATA((PyArrayObject *)out)));
+    FL_RUN_RELEASING_GIL(nbytes * (size_t)count, fl_stack(exec, srcs, (size_t)count, nbytes,
+                                                          PyArray_DATA((PyArrayObject *)out)));
     fl_exec_release(state, exec);
 done:
     PyMem_Free(srcs);

@@ -40,8 +40,7 @@ int fl_image_dims(PyObject *x, fl_layout layout, fl_images *dims) {
     if (ndim != 3 && ndim != 4) {
         PyObject *shape = fl_shape_repr(x);
         if (shape != NULL)
-            PyErr_Format(PyExc_ValueError,
-                         "'x' must be one image %s or a batch %s, not shape %U",
+            PyErr_Format(PyExc_ValueError, "'x' must be one image %s or a batch %s, not shape %U",
                          layout == FL_HWC ? "(H, W, C)" : "(C, H, W)",
                          layout == FL_HWC ? "(N, H, W, C)" : "(N, C, H, W)", shape);
         Py_XDECREF(shape);
@@ -67,11 +66,11 @@ void fl_image_shape(PyObject *x, fl_layout layout, fl_images dims, Py_ssize_t sh
 /* Converts mean or std to `channels` float32 values (one number is repeated). Returns a new
  * reference to a contiguous float32 array of that length, or NULL with ValueError. */
 static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels) {
-    PyObject *values = PyArray_FROMANY(obj, NPY_FLOAT32, 0, 1, NPY_ARRAY_CARRAY |
-                                                                   NPY_ARRAY_FORCECAST);
+    PyObject *values =
+        PyArray_FROMANY(obj, NPY_FLOAT32, 0, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
     if (values == NULL) {
-        PyErr_Format(PyExc_ValueError, "'%s' must be a number or a sequence of %zu numbers",
-                     arg, channels);
+        PyErr_Format(PyExc_ValueError, "'%s' must be a number or a sequence of %zu numbers", arg,
+                     channels);
         return NULL;
     }
     npy_intp size = PyArray_SIZE((PyArrayObject *)values);
@@ -87,8 +86,8 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
         return repeated;
     }
     if ((size_t)size != channels) {
-        PyErr_Format(PyExc_ValueError, "'%s' has %zd values but the images have %zu channels",
-                     arg, (Py_ssize_t)size, channels);
+        PyErr_Format(PyExc_ValueError, "'%s' has %zd values but the images have %zu channels", arg,
+                     (Py_ssize_t)size, channels);
         Py_DECREF(values);
         return NULL;
     }
@@ -103,10 +102,11 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_layout src_layout, dst_layout;
     fl_images dims;
     fl_dtype dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|sOi:normalize", keywords, &x,
-                                     &mean_obj, &std_obj, &layout_text, &out_obj, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|sOi:normalize", keywords, &x, &mean_obj,
+                                     &std_obj, &layout_text, &out_obj, &threads))
         return NULL;
-    if (fl_check_threads(threads) < 0 || parse_layout_pair(layout_text, &src_layout, &dst_layout) < 0 ||
+    if (fl_check_threads(threads) < 0 ||
+        parse_layout_pair(layout_text, &src_layout, &dst_layout) < 0 ||
         fl_check_array(x, "x") == NULL || fl_dtype_of(x, "x", &dtype) < 0 ||
         fl_image_dims(x, src_layout, &dims) < 0)
         return NULL;
@@ -119,9 +119,10 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *std = mean != NULL ? channel_values(std_obj, "std", dims.c) : NULL;
     Py_ssize_t shape[4];
     fl_image_shape(x, dst_layout, dims, shape);
-    PyObject *out = std != NULL ? fl_output_array(out_obj, PyArray_NDIM((PyArrayObject *)x),
-                                                  shape, (PyObject *)PyArray_DescrFromType(NPY_FLOAT32), x, 0)
-                                : NULL;
+    PyObject *out = std != NULL
+                        ? fl_output_array(out_obj, PyArray_NDIM((PyArrayObject *)x), shape,
+                                          (PyObject *)PyArray_DescrFromType(NPY_FLOAT32), x, 0)
+                        : NULL;
     if (out == NULL)
         goto done;
     fl_module_state *state = fl_state_from_module(module);
@@ -130,8 +131,7 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
     FL_RUN_RELEASING_GIL(PyArray_NBYTES((PyArrayObject *)x),
                          rc = fl_normalize(exec, PyArray_DATA((PyArrayObject *)x), dtype,
                                            src_layout, PyArray_DATA((PyArrayObject *)out),
-                                           dst_layout, dims,
-                                           PyArray_DATA((PyArrayObject *)mean),
+                                           dst_layout, dims, PyArray_DATA((PyArrayObject *)mean),
                                            PyArray_DATA((PyArrayObject *)std)));
     fl_exec_release(state, exec);
     if (rc != FL_OK)
@@ -148,8 +148,8 @@ PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyArray_Descr *descr = NULL;
     int threads = 1;
     fl_dtype src_dtype, dst_dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Oi:cast", keywords, &x, &dtype_obj,
-                                     &out_obj, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Oi:cast", keywords, &x, &dtype_obj, &out_obj,
+                                     &threads))
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &src_dtype) < 0)
@@ -161,8 +161,8 @@ PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyArrayObject *input = (PyArrayObject *)x;
-    PyObject *out = fl_output_array(out_obj, PyArray_NDIM(input), PyArray_DIMS(input),
-                                    (PyObject *)descr, x, 0);
+    PyObject *out =
+        fl_output_array(out_obj, PyArray_NDIM(input), PyArray_DIMS(input), (PyObject *)descr, x, 0);
     if (out == NULL)
         return NULL;
     fl_module_state *state = fl_state_from_module(module);
@@ -183,8 +183,8 @@ PyObject *fl_py_divide_by_max(PyObject *module, PyObject *args, PyObject *kwargs
     PyObject *x, *out_obj = Py_None;
     int threads = 1;
     fl_dtype dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:divide_by_max", keywords, &x,
-                                     &out_obj, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:divide_by_max", keywords, &x, &out_obj,
+                                     &threads))
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &dtype) < 0)

@@ -10,8 +10,7 @@
 #include "py_queue.h"
 
 typedef struct {
-    PyObject_HEAD
-    fl_queue *queue; /* of fl_item; pointer items hold a strong reference */
+    PyObject_HEAD fl_queue *queue; /* of fl_item; pointer items hold a strong reference */
     PyObject *weakrefs;
 } QueueObject;
 
@@ -107,9 +106,7 @@ static int attempt_join(void *ctx, double timeout_s) {
     return fl_queue_join(((item_call *)ctx)->queue, timeout_s);
 }
 
-static fl_module_state *queue_state(QueueObject *self) {
-    return fl_state_from_type(Py_TYPE(self));
-}
+static fl_module_state *queue_state(QueueObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
 /* ---- methods ---- */
 
@@ -126,8 +123,8 @@ static PyObject *do_put(QueueObject *self, PyObject *item, int block, PyObject *
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        PyErr_SetString(state->full, timeout > 0 ? "queue still full after the timeout"
-                                                 : "queue is full");
+        PyErr_SetString(state->full,
+                        timeout > 0 ? "queue still full after the timeout" : "queue is full");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
@@ -149,8 +146,8 @@ static PyObject *do_get(QueueObject *self, int block, PyObject *timeout_obj) {
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        PyErr_SetString(state->empty, timeout > 0 ? "queue still empty after the timeout"
-                                                  : "queue is empty");
+        PyErr_SetString(state->empty,
+                        timeout > 0 ? "queue still empty after the timeout" : "queue is empty");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
@@ -164,8 +161,7 @@ static PyObject *queue_put(QueueObject *self, PyObject *args, PyObject *kwargs) 
     static char *keywords[] = {"item", "block", "timeout", NULL};
     PyObject *item, *timeout = Py_None;
     int block = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:put", keywords, &item, &block,
-                                     &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:put", keywords, &item, &block, &timeout))
         return NULL;
     return do_put(self, item, block, timeout);
 }
@@ -210,8 +206,7 @@ static PyObject *queue_get_many(QueueObject *self, PyObject *args, PyObject *kwa
                                      &timeout_obj))
         return NULL;
     if (max_items < 1 || max_items > 1 << 20) {
-        PyErr_Format(PyExc_ValueError, "'max_items' must be in 1..%d, not %zd", 1 << 20,
-                     max_items);
+        PyErr_Format(PyExc_ValueError, "'max_items' must be in 1..%d, not %zd", 1 << 20, max_items);
         return NULL;
     }
     if (fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
@@ -465,18 +460,12 @@ PyDoc_STRVAR(queue_doc,
              "    q.put(item); item = q.get(timeout=1.0)");
 
 static PyType_Slot queue_slots[] = {
-    {Py_tp_doc, (void *)queue_doc},
-    {Py_tp_new, queue_new},
-    {Py_tp_dealloc, queue_dealloc},
-    {Py_tp_traverse, queue_traverse},
-    {Py_tp_clear, queue_clear},
-    {Py_tp_repr, queue_repr},
-    {Py_tp_iter, PyObject_SelfIter},
-    {Py_tp_iternext, queue_iternext},
-    {Py_tp_methods, queue_methods},
-    {Py_tp_getset, queue_getset},
-    {Py_tp_members, queue_members},
-    {0, NULL},
+    {Py_tp_doc, (void *)queue_doc},  {Py_tp_new, queue_new},
+    {Py_tp_dealloc, queue_dealloc},  {Py_tp_traverse, queue_traverse},
+    {Py_tp_clear, queue_clear},      {Py_tp_repr, queue_repr},
+    {Py_tp_iter, PyObject_SelfIter}, {Py_tp_iternext, queue_iternext},
+    {Py_tp_methods, queue_methods},  {Py_tp_getset, queue_getset},
+    {Py_tp_members, queue_members},  {0, NULL},
 };
 
 static PyType_Spec queue_spec = {

@@ -30,7 +30,7 @@ static PyObject *emit_events(PyObject *module, PyObject *args, PyObject *kwargs)
     rc = fl_wait_interruptibly(attempt_emitter_wait, emitter, -1);
     uint64_t emitted;
     Py_BEGIN_ALLOW_THREADS
-    emitted = fl_event_emitter_free(emitter); /* joins: at most one put slice */
+        emitted = fl_event_emitter_free(emitter); /* joins: at most one put slice */
     Py_END_ALLOW_THREADS
     if (rc == FL_EINTR)
         return NULL;
@@ -38,8 +38,8 @@ static PyObject *emit_events(PyObject *module, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *queue_load(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"producers", "consumers", "items_per_producer", "maxsize",
-                               "close_early", NULL};
+    static char *keywords[] = {"producers", "consumers",   "items_per_producer",
+                               "maxsize",   "close_early", NULL};
     int producers, consumers, close_early = 0;
     unsigned long long items;
     Py_ssize_t maxsize = 1024;
@@ -49,8 +49,8 @@ static PyObject *queue_load(PyObject *module, PyObject *args, PyObject *kwargs) 
     fl_queue_load_result result;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = fl_queue_load_run(producers, consumers, items, maxsize > 0 ? (size_t)maxsize : 0,
-                           close_early, &result);
+        rc = fl_queue_load_run(producers, consumers, items, maxsize > 0 ? (size_t)maxsize : 0,
+                               close_early, &result);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
         return fl_raise(fl_state_from_module(module), rc, "_queue_load");

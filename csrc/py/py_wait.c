@@ -22,7 +22,7 @@ int fl_wait_interruptibly(fl_attempt_fn attempt, void *ctx, double timeout_s) {
                 slice = remaining;
         }
         Py_BEGIN_ALLOW_THREADS
-        rc = attempt(ctx, slice);
+            rc = attempt(ctx, slice);
         Py_END_ALLOW_THREADS
         if (rc != FL_EAGAIN && rc != FL_ETIMEDOUT)
             return rc;

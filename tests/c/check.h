@@ -8,20 +8,19 @@
 
 static int check_failures;
 
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            check_failures++;                                                    \
-        }                                                                        \
+            check_failures++;                                                        \
+        }                                                                            \
     } while (0)
 
-#define RUN(test)                                       \
-    do {                                                \
-        int before = check_failures;                    \
-        test();                                         \
-        fprintf(stderr, "%-52s %s\n", #test,            \
-                check_failures == before ? "ok" : "FAILED"); \
+#define RUN(test)                                                                         \
+    do {                                                                                  \
+        int before = check_failures;                                                      \
+        test();                                                                           \
+        fprintf(stderr, "%-52s %s\n", #test, check_failures == before ? "ok" : "FAILED"); \
     } while (0)
 
 /* Scales the size of load tests: FL_TEST_SCALE=0.1 runs a tenth of the items. */

@@ -26,7 +26,8 @@ static size_t index_of(fl_layout layout, fl_images d, size_t n, size_t y, size_t
 static void test_normalize_matches_reference(void) {
     for (int trial = 0; trial < 40; trial++) {
         fl_images d = {between(1, 3), between(1, 19), between(1, 23), between(1, 5)};
-        fl_layout src_layout = trial % 2 ? FL_CHW : FL_HWC, dst_layout = trial % 4 < 2 ? FL_CHW : FL_HWC;
+        fl_layout src_layout = trial % 2 ? FL_CHW : FL_HWC,
+                  dst_layout = trial % 4 < 2 ? FL_CHW : FL_HWC;
         size_t count = d.n * d.h * d.w * d.c;
         unsigned char *src = malloc(count);
         float *got = malloc(count * sizeof(float)), *want = malloc(count * sizeof(float));
@@ -40,7 +41,8 @@ static void test_normalize_matches_reference(void) {
                             (src[index_of(src_layout, d, n, y, x, c)] / 255.0f - mean[c]) / std[c];
         for (int threads = 1; threads <= 3; threads += 2) {
             fl_exec exec = {pool, threads};
-            CHECK(fl_normalize(exec, src, FL_UINT8, src_layout, got, dst_layout, d, mean, std) == FL_OK);
+            CHECK(fl_normalize(exec, src, FL_UINT8, src_layout, got, dst_layout, d, mean, std) ==
+                  FL_OK);
             int close = 1;
             for (size_t i = 0; i < count; i++)
                 close &= fabsf(got[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i]));
@@ -54,8 +56,10 @@ static void test_normalize_matches_reference(void) {
     fl_images d = {1, 1, 1, 1};
     unsigned char px = 0;
     float out;
-    CHECK(fl_normalize((fl_exec){NULL, 1}, &px, FL_UINT8, FL_HWC, &out, FL_CHW, d, mean, zero_std) == FL_EINVAL);
-    CHECK(fl_normalize((fl_exec){NULL, 1}, &px, FL_INT16, FL_HWC, &out, FL_CHW, d, mean, mean) == FL_EINVAL);
+    CHECK(fl_normalize((fl_exec){NULL, 1}, &px, FL_UINT8, FL_HWC, &out, FL_CHW, d, mean,
+                       zero_std) == FL_EINVAL);
+    CHECK(fl_normalize((fl_exec){NULL, 1}, &px, FL_INT16, FL_HWC, &out, FL_CHW, d, mean, mean) ==
+          FL_EINVAL);
 }
 
 static void test_cast_saturates_and_wraps(void) {
@@ -106,10 +110,12 @@ static void test_crop_and_hflip_move_the_right_pixels(void) {
                 for (size_t x = 0; x < d.w; x++)
                     for (size_t c = 0; c < d.c; c++) {
                         size_t fx = flags[n] ? d.w - 1 - x : x;
-                        ok &= flip[index_of(layout, d, n, y, x, c)] == src[index_of(layout, d, n, y, fx, c)];
+                        ok &= flip[index_of(layout, d, n, y, x, c)] ==
+                              src[index_of(layout, d, n, y, fx, c)];
                         if (y < oh && x < ow)
                             ok &= crop[index_of(layout, od, n, y, x, c)] ==
-                                  src[index_of(layout, d, n, y + (size_t)tops[n], x + (size_t)lefts[n], c)];
+                                  src[index_of(layout, d, n, y + (size_t)tops[n],
+                                               x + (size_t)lefts[n], c)];
                     }
         CHECK(ok);
         fl_hflip(exec, flip, flip, 2, layout, d, flags); /* in place: flips back */

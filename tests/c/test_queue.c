@@ -178,8 +178,8 @@ static void check_load(int producers, int consumers, uint64_t items, size_t maxs
     CHECK(r.reordered == 0);
     if (!close_early)
         CHECK(r.received == (uint64_t)producers * items);
-    fprintf(stderr, "  %dx%d x %llu items, maxsize %zu%s: %.0f items/s\n", producers,
-            consumers, (unsigned long long)items, maxsize, close_early ? ", closed early" : "",
+    fprintf(stderr, "  %dx%d x %llu items, maxsize %zu%s: %.0f items/s\n", producers, consumers,
+            (unsigned long long)items, maxsize, close_early ? ", closed early" : "",
             (double)r.received / r.seconds);
 }
 
