@@ -12,11 +12,11 @@
 #include "fl_pool.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "fl_error.h"
+#include "fl_thread.h"
 #include "fl_time.h"
 
 typedef struct pool_job {
@@ -121,20 +121,13 @@ void fl_pool_free(fl_pool *pool) {
     free(pool);
 }
 
-/* Starts workers until there are `wanted` (capped); called with the mutex held. Signals
- * are blocked while creating, so the new thread inherits a full mask. */
+/* Starts workers until there are `wanted` (capped); called with the mutex held. */
 static void grow_locked(fl_pool *pool, int wanted) {
     if (wanted > FL_POOL_MAX_WORKERS)
         wanted = FL_POOL_MAX_WORKERS;
-    if (pool->workers >= wanted)
-        return;
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
     while (pool->workers < wanted &&
-           pthread_create(&pool->threads[pool->workers], NULL, worker_main, pool) == 0)
+           fl_thread_start(&pool->threads[pool->workers], worker_main, pool) == FL_OK)
         pool->workers++;
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
 }
 
 void fl_pool_run(fl_pool *pool, int threads, size_t n, size_t grain, fl_range_fn fn, void *ctx) {

@@ -14,6 +14,7 @@
 
 #include "fl_error.h"
 #include "fl_event.h"
+#include "fl_thread.h"
 #include "fl_time.h"
 
 typedef struct load_run {
@@ -75,7 +76,7 @@ static void *consumer_main(void *arg) {
 static int start_threads(load_thread *threads, int n, load_run *run, void *(*fn)(void *)) {
     for (int i = 0; i < n; i++) {
         threads[i] = (load_thread){.run = run, .index = i};
-        if (pthread_create(&threads[i].thread, NULL, fn, &threads[i]) != 0)
+        if (fl_thread_start(&threads[i].thread, fn, &threads[i]) != FL_OK)
             return i;
     }
     return n;
@@ -214,7 +215,7 @@ int fl_event_emitter_start(fl_queue *queue, int producers, uint64_t count, const
         struct emitter_thread *t = &e->threads[started];
         t->emitter = e;
         t->index = started;
-        if (pthread_create(&t->thread, NULL, emitter_main, t) != 0)
+        if (fl_thread_start(&t->thread, emitter_main, t) != FL_OK)
             break;
     }
     if (started < producers) { /* stop and reap the ones that did start */

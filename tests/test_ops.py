@@ -348,3 +348,31 @@ def test_a_python_thread_keeps_running_while_an_op_runs():
     # With the GIL held by the op this loop would get almost no turns; released, it spins
     # freely. A pure-Python loop manages millions of turns a second here; ask for 50k/s.
     assert elapsed > 0.05 and during[0] > 50_000, f"{during[0]:.0f} iterations/s"
+
+
+# ---- edge cases of the machinery ----
+
+
+def test_empty_batches_give_empty_results():
+    x = np.zeros((0, 8, 8, 3), np.uint8)
+    assert ops.normalize(x, MEAN, STD).shape == (0, 3, 8, 8)
+    assert ops.crop(x, 4).shape == (0, 4, 4, 3)
+    assert ops.hflip(x).shape == (0, 8, 8, 3)
+    assert ops.cast(x, np.float32).shape == (0, 8, 8, 3)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_a_forked_child_gets_a_working_pool_of_its_own():
+    import os
+
+    x = random_images((16, 128, 128, 3), "uint8")
+    want = ops.normalize(x, MEAN, STD, threads=2)  # starts the pool's workers here
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers do not exist here
+        code = 1
+        try:
+            code = 0 if np.array_equal(ops.normalize(x, MEAN, STD, threads=2), want) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

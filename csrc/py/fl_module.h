@@ -11,6 +11,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "../fl_dtype.h"
 #include "../fl_pool.h"
@@ -23,9 +24,10 @@ typedef struct fl_module_state {
     PyObject *closed;          /* fastloop.Closed */
     PyObject *empty;           /* fastloop.Empty */
     PyObject *full;            /* fastloop.QueueFull */
-    pthread_mutex_t pool_lock; /* guards creating `pool` */
+    pthread_mutex_t pool_lock; /* guards pool, pool_pid and pool_users */
     fl_pool *pool;             /* intra-op worker threads, started on first use */
-    int pool_users;            /* ops inside the pool now, under pool_lock */
+    pid_t pool_pid;            /* the process that made `pool` (a forked child must not use it) */
+    int pool_users;            /* ops inside the pool now */
 } fl_module_state;
 
 extern struct PyModuleDef fl_module_def;

@@ -4,6 +4,8 @@
 #define FL_NUMPY_IMPORT
 #include "fl_numpy.h"
 
+#include <unistd.h>
+
 #include "../fl_error.h"
 
 fl_module_state *fl_state_from_type(PyTypeObject *type) {
@@ -42,8 +44,15 @@ fl_exec fl_exec_acquire(fl_module_state *state, int threads) {
     if (threads <= 1)
         return exec;
     pthread_mutex_lock(&state->pool_lock);
+    if (state->pool != NULL && state->pool_pid != getpid()) {
+        /* Inherited through fork(): its workers do not exist in this process and its lock
+         * may have been held at the fork. Abandon it (freeing would touch that lock). */
+        state->pool = NULL;
+        state->pool_users = 0;
+    }
     if (state->pool == NULL && fl_pool_new(&state->pool) != FL_OK)
         state->pool = NULL; /* no pool: the work runs on the caller's thread */
+    state->pool_pid = getpid();
     if (state->pool != NULL) {
         state->pool_users++;
         exec.pool = state->pool;

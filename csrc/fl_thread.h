@@ -1,0 +1,11 @@
+/* fl_thread.h - starting the core's threads. Every thread fastloop starts blocks every
+ * signal, so Ctrl-C and other signals reach Python's main thread, whose handlers run there. */
+#ifndef FL_THREAD_H
+#define FL_THREAD_H
+
+#include <pthread.h>
+
+/* pthread_create() with all signals blocked in the new thread. Returns 0 or FL_ESYS. */
+int fl_thread_start(pthread_t *thread, void *(*main)(void *), void *arg);
+
+#endif
