@@ -9,7 +9,7 @@ CC ?= gcc
 
 CORE_SOURCES := $(wildcard csrc/*.c)
 CORE_HEADERS := $(wildcard csrc/*.h csrc/*.inc)
-C_TESTS := test_queue test_pool test_ops
+C_TESTS := test_queue test_pool test_ops test_monitor
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -36,11 +36,11 @@ core-warnings:
 
 $(BIN)/%_asan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
-	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm -ldl
 
 $(BIN)/%_tsan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
-	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm
+	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm -ldl
 
 ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done

@@ -124,7 +124,7 @@ core = Extension(
     sources=sorted(glob.glob("csrc/*.c")) + sorted(glob.glob("csrc/py/*.c")),
     include_dirs=[numpy.get_include()],
     extra_compile_args=C_FLAGS,
-    libraries=["pthread", "m"],
+    libraries=["pthread", "m", "dl"],
 )
 cuda = CudaExtension("fastloop._cuda", sources=["cuda/fl_cuda.cu", "cuda/py_cuda.c"])
 

@@ -16,7 +16,7 @@ enum { FL_EVENT_NAME_MAX = 48 }; /* bytes in fl_event.name, the NUL included */
 typedef enum fl_event_kind {
     FL_EVENT_SCALAR = 1, /* a metric: `value` of `name` at `step` */
     FL_EVENT_MARKER = 2, /* a named point in time (epoch end, checkpoint written, ...) */
-} fl_event_kind;
+} fl_event_kind; /* negative kinds are internal to the component that queued them */
 
 typedef struct fl_event {
     double wall_time; /* seconds since the Unix epoch, when the record was made */
@@ -27,8 +27,8 @@ typedef struct fl_event {
     char name[FL_EVENT_NAME_MAX]; /* NUL-terminated, truncated to fit */
 } fl_event;
 
-/* Fills *event with the current wall time, kind, value, step and source, and the first
- * FL_EVENT_NAME_MAX - 1 bytes of name. Never fails. */
+/* Fills *event with the current wall time, kind, value, step and source, and name cut to
+ * FL_EVENT_NAME_MAX - 1 bytes at a UTF-8 character boundary. Never fails. */
 void fl_event_init(fl_event *event, fl_event_kind kind, const char *name, double value,
                    int64_t step, int32_t source);
 

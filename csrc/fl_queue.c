@@ -7,6 +7,7 @@
 #include "fl_queue.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 enum { INITIAL_SLOTS = 64 };
 
 struct fl_queue {
+    atomic_int refs; /* acq_rel on release: the last owner must see every other's writes */
     pthread_mutex_t mutex;
     pthread_cond_t not_empty;
     pthread_cond_t not_full;
@@ -41,6 +43,7 @@ int fl_queue_new(size_t maxsize, size_t item_size, fl_queue **out) {
     fl_queue *q = calloc(1, sizeof *q);
     if (q == NULL)
         return FL_ENOMEM;
+    atomic_init(&q->refs, 1);
     q->item_size = item_size;
     q->maxsize = maxsize;
     q->slots = (maxsize != 0 && maxsize < INITIAL_SLOTS) ? maxsize : INITIAL_SLOTS;
@@ -73,8 +76,13 @@ fail_alloc:
     return FL_ENOMEM;
 }
 
+fl_queue *fl_queue_retain(fl_queue *q) {
+    atomic_fetch_add_explicit(&q->refs, 1, memory_order_relaxed);
+    return q;
+}
+
 void fl_queue_free(fl_queue *q) {
-    if (q == NULL)
+    if (q == NULL || atomic_fetch_sub_explicit(&q->refs, 1, memory_order_acq_rel) != 1)
         return;
     pthread_cond_destroy(&q->all_done);
     pthread_cond_destroy(&q->not_full);

@@ -22,9 +22,14 @@ typedef struct fl_queue fl_queue;
  * The caller frees it with fl_queue_free(). */
 int fl_queue_new(size_t maxsize, size_t item_size, fl_queue **out);
 
-/* Frees the queue and any items still in it (their bytes only: drain first if the items own
- * resources). No thread may be using or waiting on the queue. NULL is a no-op. */
+/* Drops one reference; the last frees the queue and any items still in it (their bytes only:
+ * drain first if the items own resources). A queue starts with one reference. Nobody may use
+ * the queue through a dropped reference. NULL is a no-op. */
 void fl_queue_free(fl_queue *q);
+
+/* Takes another reference (for a component that must keep the queue alive, such as a sink
+ * fed by a background thread); pair it with fl_queue_free(). Returns q. */
+fl_queue *fl_queue_retain(fl_queue *q);
 
 /* Copies `item` in. Blocks while the queue is full, up to timeout_s. Returns 0, FL_EAGAIN
  * (timeout 0 and full), FL_ETIMEDOUT, FL_ECLOSED, or FL_ENOMEM (growth failed). */

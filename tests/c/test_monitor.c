@@ -1,0 +1,300 @@
+/* test_monitor.c - metrics, sinks, TensorBoard framing, GPU fallbacks and the monitor's
+ * threads: exact totals under contention, formats byte by byte, errors reported. */
+#define _GNU_SOURCE /* memmem */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fl_crc.h"
+#include "fl_error.h"
+#include "fl_metrics.h"
+#include "fl_monitor.h"
+#include "fl_sink.h"
+#include "fl_sysstats.h"
+#include "fl_time.h"
+
+static char tmpdir[] = "/tmp/fl_test_monitor_XXXXXX";
+
+static size_t read_file(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return n;
+}
+
+static size_t count_lines(const char *text, const char *containing) {
+    size_t n = 0;
+    for (const char *line = text; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char copy[512];
+        snprintf(copy, sizeof copy, "%.*s", (int)len, line);
+        n += strstr(copy, containing) != NULL;
+        line += len + (end != NULL);
+    }
+    return n;
+}
+
+/* ---- metrics ---- */
+
+typedef struct adder {
+    fl_metrics *metrics;
+    int index;
+} adder;
+
+static void *add_many(void *arg) {
+    adder *a = arg;
+    char own[32];
+    snprintf(own, sizeof own, "thread%d", a->index);
+    for (int i = 0; i < 100000; i++) {
+        fl_metrics_add(a->metrics, "total", 1.0);
+        fl_metrics_add(a->metrics, own, (double)i);
+    }
+    return NULL;
+}
+
+static void test_metrics_8_threads_1e5_updates_exact(void) {
+    fl_metrics *m;
+    CHECK(fl_metrics_new(&m) == FL_OK);
+    pthread_t threads[8];
+    adder args[8];
+    for (int i = 0; i < 8; i++) {
+        args[i] = (adder){m, i};
+        pthread_create(&threads[i], NULL, add_many, &args[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(threads[i], NULL);
+    fl_metric total, one;
+    CHECK(fl_metrics_get(m, "total", &total) == FL_OK);
+    CHECK(total.count == 800000 && total.sum == 800000.0 && total.min == 1 && total.max == 1);
+    CHECK(fl_metrics_get(m, "thread3", &one) == FL_OK);
+    CHECK(one.count == 100000 && one.min == 0 && one.max == 99999 &&
+          one.sum == 99999.0 * 100000 / 2);
+    CHECK(fl_metrics_snapshot(m, NULL, 0) == 9);
+    CHECK(fl_metrics_get(m, "missing", &one) == FL_EINVAL);
+    CHECK(fl_metrics_add(m, "", 1) == FL_EINVAL);
+    CHECK(fl_metrics_add(m, "a-name-that-is-far-too-long-for-a-metric-record-x", 1) == FL_EINVAL);
+    fl_metrics_reset(m);
+    CHECK(fl_metrics_snapshot(m, NULL, 0) == 0);
+    CHECK(fl_metrics_add(m, "again", 2) == FL_OK);
+    fl_metrics_free(m);
+}
+
+/* ---- sinks ---- */
+
+static void test_csv_and_jsonl_format_records(void) {
+    char csv[512], jsonl[512], text[4096];
+    snprintf(csv, sizeof csv, "%s/m.csv", tmpdir);
+    snprintf(jsonl, sizeof jsonl, "%s/m.jsonl", tmpdir);
+    fl_event events[3];
+    fl_event_init(&events[0], FL_EVENT_SCALAR, "loss", 0.1, 7, -1);
+    fl_event_init(&events[1], FL_EVENT_SCALAR, "odd,\"name\"", 0.0 / 0.0, 8, 2);
+    fl_event_init(&events[2], FL_EVENT_MARKER, "epoch_end", 0, 9, -1);
+    for (int round = 0; round < 2; round++) { /* the second open appends: no second header */
+        fl_sink *c, *j;
+        CHECK(fl_sink_open_csv(csv, &c) == FL_OK);
+        CHECK(fl_sink_open_jsonl(jsonl, &j) == FL_OK);
+        CHECK(fl_sink_write(c, events, 3) == FL_OK && fl_sink_write(j, events, 3) == FL_OK);
+        CHECK(fl_sink_close(c) == FL_OK && fl_sink_close(j) == FL_OK);
+        fl_sink_free(c);
+        fl_sink_free(j);
+    }
+    read_file(csv, text, sizeof text);
+    CHECK(strncmp(text, "wall_time,step,name,value,kind,source\n", 38) == 0);
+    CHECK(count_lines(text, "wall_time") == 1);
+    CHECK(count_lines(text, ",7,loss,0.1,scalar,-1") == 2);
+    CHECK(count_lines(text, ",8,\"odd,\"\"name\"\"\",nan,scalar,2") == 2);
+    CHECK(count_lines(text, ",9,epoch_end,0,marker,-1") == 2);
+    read_file(jsonl, text, sizeof text);
+    CHECK(count_lines(text, "\"step\": 7, \"name\": \"loss\", \"value\": 0.1, \"kind\": \"scalar\"") == 2);
+    CHECK(count_lines(text, "\"name\": \"odd,\\\"name\\\"\", \"value\": NaN") == 2);
+}
+
+static void test_sink_errors_name_the_path(void) {
+    fl_sink *s;
+    CHECK(fl_sink_open_csv("/nonexistent-dir/x.csv", &s) == FL_ESYS && s == NULL);
+    CHECK(strstr(fl_error_detail(), "/nonexistent-dir/x.csv") != NULL);
+    CHECK(fl_sink_open_jsonl("/dev/full", &s) == FL_OK); /* every write fails: ENOSPC */
+    fl_event e;
+    fl_event_init(&e, FL_EVENT_SCALAR, "x", 1, 1, -1);
+    fl_sink_write(s, &e, 1);
+    CHECK(fl_sink_flush(s) == FL_ESYS);
+    const char *message;
+    CHECK(fl_sink_error(s, &message) == FL_ESYS);
+    CHECK(strstr(message, "/dev/full") && strstr(message, strerror(ENOSPC)));
+    fl_sink_write(s, &e, 1);
+    CHECK(fl_sink_dropped(s) == 1);
+    fl_sink_free(s);
+}
+
+/* Walks TFRecord framing, checking both CRCs of every record; returns the record count. */
+static int check_tfrecords(const unsigned char *p, size_t n, const char *must_contain) {
+    int records = 0, found = 0;
+    while (n >= 12) {
+        uint64_t len;
+        uint32_t len_crc, data_crc;
+        memcpy(&len, p, 8);
+        memcpy(&len_crc, p + 8, 4);
+        if (len_crc != fl_crc32c_masked(p, 8) || n < 16 + len)
+            return -1;
+        memcpy(&data_crc, p + 12 + len, 4);
+        if (data_crc != fl_crc32c_masked(p + 12, len))
+            return -1;
+        found |= memmem(p + 12, len, must_contain, strlen(must_contain)) != NULL;
+        p += 16 + len;
+        n -= 16 + len;
+        records++;
+    }
+    return n == 0 && found ? records : -1;
+}
+
+static void test_tensorboard_file_is_framed_with_valid_crcs(void) {
+    char logdir[512];
+    snprintf(logdir, sizeof logdir, "%s/tb/run1", tmpdir);
+    fl_sink *s;
+    CHECK(fl_sink_open_tensorboard(logdir, &s) == FL_OK);
+    CHECK(strstr(fl_sink_path(s), "/events.out.tfevents.") != NULL);
+    fl_event events[2];
+    fl_event_init(&events[0], FL_EVENT_SCALAR, "train/loss", 0.5, 3, -1);
+    fl_event_init(&events[1], FL_EVENT_MARKER, "not written", 0, 3, -1);
+    CHECK(fl_sink_write(s, events, 2) == FL_OK && fl_sink_flush(s) == FL_OK);
+    static unsigned char bytes[4096];
+    FILE *f = fopen(fl_sink_path(s), "rb");
+    size_t n = f ? fread(bytes, 1, sizeof bytes, f) : 0;
+    if (f)
+        fclose(f);
+    CHECK(check_tfrecords(bytes, n, "brain.Event:2") == 2);
+    CHECK(check_tfrecords(bytes, n, "train/loss") == 2);
+    CHECK(memmem(bytes, n, "not written", 11) == NULL);
+    fl_sink_free(s);
+}
+
+/* ---- GPU sources ---- */
+
+static void test_gpu_falls_back_to_nvidia_smi_then_to_none(void) {
+    fl_gpu *gpu;
+    CHECK(fl_gpu_open("libno-such-nvml.so", "printf '1024, 81920, 37\\n2048, 81920, 5\\n'; true",
+                      &gpu) == FL_OK);
+    CHECK(fl_gpu_source_of(gpu) == FL_GPU_SMI);
+    CHECK(strstr(fl_gpu_reason(gpu), "libno-such-nvml.so") != NULL);
+    fl_gpu_stats stats[4];
+    int count;
+    CHECK(fl_gpu_sample(gpu, stats, 4, &count) == FL_OK && count == 2);
+    CHECK(stats[0].memory_used_bytes == 1024.0 * 1048576 && stats[1].utilization_percent == 5);
+    fl_gpu_close(gpu);
+    CHECK(fl_gpu_open("libno-such-nvml.so", "false", &gpu) == FL_OK);
+    CHECK(fl_gpu_source_of(gpu) == FL_GPU_NONE);
+    CHECK(strstr(fl_gpu_reason(gpu), "host metrics only") != NULL);
+    CHECK(fl_gpu_sample(gpu, stats, 4, &count) == FL_OK && count == 0);
+    fl_gpu_close(gpu);
+}
+
+/* ---- the monitor ---- */
+
+typedef struct producer {
+    fl_monitor *monitor;
+    int index;
+} producer;
+
+static void *put_scalars(void *arg) {
+    producer *p = arg;
+    for (int i = 0; i < 2500; i++) {
+        fl_event e;
+        fl_event_init(&e, FL_EVENT_SCALAR, "worker/value", i, i, p->index);
+        while (fl_monitor_put(p->monitor, &e, 0.01) != FL_OK)
+            ;
+    }
+    return NULL;
+}
+
+static void test_monitor_writes_every_record_and_samples(void) {
+    char csv[512], text[1 << 20];
+    snprintf(csv, sizeof csv, "%s/monitor.csv", tmpdir);
+    fl_sink *sinks[2];
+    fl_queue *forward;
+    CHECK(fl_sink_open_csv(csv, &sinks[0]) == FL_OK);
+    CHECK(fl_queue_new(0, sizeof(fl_item), &forward) == FL_OK);
+    CHECK(fl_sink_open_queue(forward, &sinks[1]) == FL_OK);
+    fl_gpu *gpu;
+    fl_gpu_open("libno-such-nvml.so", "printf '100, 200, 50\\n'", &gpu);
+    fl_metrics *metrics;
+    fl_metrics_new(&metrics);
+    fl_monitor_config config = {.interval_s = 0.02, .flush_interval_s = 0.05, .queue_size = 64,
+                                .sample_host = 1};
+    fl_monitor *m;
+    CHECK(fl_monitor_new(&config, sinks, 2, gpu, &m) == FL_OK);
+    CHECK(fl_monitor_watch(m, metrics) == FL_OK);
+    fl_metrics_free(metrics); /* the monitor keeps its own reference */
+    pthread_t threads[4];
+    producer args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (producer){m, i};
+        pthread_create(&threads[i], NULL, put_scalars, &args[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    int err;
+    uint64_t ticket = fl_monitor_request_flush(m, -1, &err);
+    CHECK(ticket > 0 && fl_monitor_flushed(m, ticket, 5.0) == FL_OK);
+    read_file(csv, text, sizeof text);
+    CHECK(count_lines(text, ",worker/value,") == 10000);
+    nanosleep(&(struct timespec){0, 60 * 1000 * 1000}, NULL); /* a few sampling rounds */
+    fl_monitor_close(m, 0); /* returns at once; the writer finishes on its own */
+    CHECK(fl_monitor_wait_closed(m, 5.0) == FL_OK);
+    read_file(csv, text, sizeof text);
+    CHECK(count_lines(text, ",host/rss_bytes,") >= 2);
+    CHECK(count_lines(text, ",gpu0/memory_used_bytes,104857600,scalar,0") >= 1);
+    CHECK(count_lines(text, ",monitor/dropped,") >= 1);
+    fl_monitor_stats stats;
+    fl_monitor_stats_get(m, &stats);
+    CHECK(stats.records >= 10000 && stats.samples >= 2);
+    CHECK(fl_queue_size(forward) + fl_sink_dropped(sinks[1]) == stats.records);
+    char message[256];
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 0);
+    fl_event late;
+    fl_event_init(&late, FL_EVENT_SCALAR, "late", 1, 1, -1);
+    CHECK(fl_monitor_put(m, &late, 0) == FL_ECLOSED);
+    fl_monitor_release(m);
+    fl_queue_free(forward);
+}
+
+static void test_monitor_reports_a_failing_sink_once(void) {
+    fl_sink *sink;
+    CHECK(fl_sink_open_csv("/dev/full", &sink) == FL_OK || sink == NULL);
+    if (sink == NULL) /* the header write failed at open: also a reported error */
+        return;
+    fl_monitor_config config = {.interval_s = 0, .flush_interval_s = 0.01, .queue_size = 16};
+    fl_monitor *m;
+    CHECK(fl_monitor_new(&config, &sink, 1, NULL, &m) == FL_OK);
+    fl_event e;
+    fl_event_init(&e, FL_EVENT_SCALAR, "x", 1, 1, -1);
+    CHECK(fl_monitor_put(m, &e, 1.0) == FL_OK);
+    fl_monitor_close(m, 1);
+    char message[256];
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 1);
+    CHECK(strstr(message, "/dev/full") != NULL);
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 0);
+    fl_monitor_release(m);
+}
+
+int main(void) {
+    if (mkdtemp(tmpdir) == NULL)
+        return 1;
+    RUN(test_metrics_8_threads_1e5_updates_exact);
+    RUN(test_csv_and_jsonl_format_records);
+    RUN(test_sink_errors_name_the_path);
+    RUN(test_tensorboard_file_is_framed_with_valid_crcs);
+    RUN(test_gpu_falls_back_to_nvidia_smi_then_to_none);
+    RUN(test_monitor_writes_every_record_and_samples);
+    RUN(test_monitor_reports_a_failing_sink_once);
+    char cleanup[600];
+    snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
+    return system(cleanup) != 0 || check_failures != 0;
+}
