@@ -41,12 +41,13 @@ struct fl_monitor {
     pthread_cond_t wake;
     int stopping, closed, threads_taken, writer_done;
     uint64_t flush_issued, flushed;
-    char errors[FL_MONITOR_MAX_SINKS][ERROR_TEXT];
+    char errors[FL_MONITOR_MAX_SINKS][ERROR_TEXT]; /* each sink's first error, and reported ones */
     size_t errors_queued, errors_taken;
     watched watch[FL_MONITOR_MAX_WATCHED];
     size_t n_watched;
 
     atomic_uint_fast64_t records, dropped_samples, dropped_records, samples;
+    atomic_int errors_untaken; /* lets fl_monitor_has_error() skip the lock */
     atomic_int_fast64_t last_step;
 };
 
@@ -82,6 +83,7 @@ static void collect_errors(fl_monitor *m) {
         m->sink_error_taken[i] = 1;
         pthread_mutex_lock(&m->lock);
         snprintf(m->errors[m->errors_queued++], ERROR_TEXT, "%s", message);
+        atomic_fetch_add_explicit(&m->errors_untaken, 1, memory_order_relaxed);
         pthread_mutex_unlock(&m->lock);
     }
 }
@@ -400,10 +402,27 @@ int fl_monitor_wait_closed(fl_monitor *m, double timeout_s) {
 int fl_monitor_take_error(fl_monitor *m, char *message, size_t len) {
     pthread_mutex_lock(&m->lock);
     int found = m->errors_taken < m->errors_queued;
-    if (found)
+    if (found) {
         snprintf(message, len, "%s", m->errors[m->errors_taken++]);
+        atomic_fetch_sub_explicit(&m->errors_untaken, 1, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&m->lock);
     return found;
+}
+
+int fl_monitor_has_error(fl_monitor *m) {
+    return atomic_load_explicit(&m->errors_untaken, memory_order_relaxed) > 0;
+}
+
+int fl_monitor_report_error(fl_monitor *m, const char *message) {
+    pthread_mutex_lock(&m->lock);
+    int room = m->errors_queued < FL_MONITOR_MAX_SINKS;
+    if (room) {
+        snprintf(m->errors[m->errors_queued++], ERROR_TEXT, "%s", message);
+        atomic_fetch_add_explicit(&m->errors_untaken, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return room ? FL_OK : FL_EAGAIN;
 }
 
 void fl_monitor_stats_get(fl_monitor *m, fl_monitor_stats *out) {

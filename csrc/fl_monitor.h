@@ -72,6 +72,13 @@ int fl_monitor_wait_closed(fl_monitor *monitor, double timeout_s);
  * Each sink's first error is reported once. */
 int fl_monitor_take_error(fl_monitor *monitor, char *message, size_t len);
 
+/* 1 when an error waits to be taken (a lock-free check for hot paths). */
+int fl_monitor_has_error(fl_monitor *monitor);
+
+/* Queues an error found outside the monitor (a failing Python callback) to be reported
+ * like a sink's. Returns 0, or FL_EAGAIN when FL_MONITOR_MAX_SINKS errors already wait. */
+int fl_monitor_report_error(fl_monitor *monitor, const char *message);
+
 typedef struct fl_monitor_stats {
     uint64_t records;         /* records the writer handed to the sinks */
     uint64_t dropped_samples; /* sampled records that found the queue full */
