@@ -170,7 +170,8 @@ static void sample_host(fl_monitor *m, fl_host_sampler *host) {
     if (fl_host_sample(host, &stats) != FL_OK)
         return;
     sample(m, "host/rss_bytes", stats.rss_bytes, -1);
-    sample(m, "host/cpu_percent", stats.cpu_percent, -1);
+    if (stats.cpu_percent >= 0)
+        sample(m, "host/cpu_percent", stats.cpu_percent, -1);
     if (stats.mem_available_bytes >= 0)
         sample(m, "host/mem_available_bytes", stats.mem_available_bytes, -1);
 }
@@ -315,7 +316,9 @@ int fl_monitor_new(const fl_monitor_config *config, fl_sink **sinks, size_t n, f
 
 int fl_monitor_put(fl_monitor *m, const fl_event *event, double timeout_s) {
     fl_item item = {.tag = FL_ITEM_EVENT, .as.event = *event};
-    if (event->kind == FL_EVENT_SCALAR)
+    if (event->step < 0)
+        item.as.event.step = atomic_load_explicit(&m->last_step, memory_order_relaxed);
+    else
         atomic_store_explicit(&m->last_step, event->step, memory_order_relaxed);
     return fl_queue_put(m->queue, &item, timeout_s);
 }

@@ -39,8 +39,9 @@ enum { FL_MONITOR_MAX_SINKS = 32, FL_MONITOR_MAX_WATCHED = 32 };
 int fl_monitor_new(const fl_monitor_config *config, fl_sink **sinks, size_t n, fl_gpu *gpu,
                    fl_monitor **out);
 
-/* Queues a record, waiting up to timeout_s for room. Remembers the step of scalar records
- * (sampled records are stamped with the latest). Returns 0, FL_EAGAIN/FL_ETIMEDOUT (full)
+/* Queues a record, waiting up to timeout_s for room. A record with a step >= 0 sets the
+ * monitor's latest step; one with step < 0 (and every sampled record) is stamped with it,
+ * so everything lines up in step-indexed plots. Returns 0, FL_EAGAIN/FL_ETIMEDOUT (full)
  * or FL_ECLOSED. Any thread. */
 int fl_monitor_put(fl_monitor *monitor, const fl_event *event, double timeout_s);
 

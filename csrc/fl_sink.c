@@ -178,7 +178,7 @@ int fl_sink_open_queue(fl_queue *queue, fl_sink **out) {
     fl_sink *sink = *out = new_sink(SINK_QUEUE);
     if (sink == NULL)
         return FL_ENOMEM;
-    sink->queue = queue;
+    sink->queue = fl_queue_retain(queue); /* the Python Queue may go before the writer does */
     return FL_OK;
 }
 
@@ -228,6 +228,8 @@ int fl_sink_flush(fl_sink *sink) {
 }
 
 int fl_sink_close(fl_sink *sink) {
+    if (sink->queue != NULL)
+        fl_queue_close(sink->queue); /* the reader's stream ends once it has drained it */
     if (sink->fd >= 0) {
         fl_sink_flush(sink);
         if (close(sink->fd) != 0 && sink->error == 0)
@@ -243,6 +245,7 @@ void fl_sink_free(fl_sink *sink) {
         return;
     fl_sink_close(sink);
     fl_buf_free(&sink->pending);
+    fl_queue_free(sink->queue);
     free(sink);
 }
 

@@ -33,7 +33,7 @@ int fl_sink_open_jsonl(const char *path, fl_sink **out);
 int fl_sink_open_tensorboard(const char *logdir, fl_sink **out);
 
 /* Forwards every record to `queue` (of fl_item) without ever waiting: a record that does
- * not fit is dropped and counted. The queue must outlive the sink. */
+ * not fit is dropped and counted. The sink holds a reference on the queue until freed. */
 int fl_sink_open_queue(fl_queue *queue, fl_sink **out);
 
 /* Formats n records (buffered). Returns 0, or the sink's first error. */
@@ -42,7 +42,8 @@ int fl_sink_write(fl_sink *sink, const fl_event *events, size_t n);
 /* Writes out what is buffered. Returns 0 or the first error. */
 int fl_sink_flush(fl_sink *sink);
 
-/* Flushes and closes the file. Idempotent. Returns 0 or the first error. */
+/* Flushes and closes the file (a queue sink closes its queue, ending its reader's stream).
+ * Idempotent. Returns 0 or the first error. */
 int fl_sink_close(fl_sink *sink);
 
 /* Closes if needed and frees. NULL is a no-op. */

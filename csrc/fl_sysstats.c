@@ -51,7 +51,8 @@ int fl_host_sample(fl_host_sampler *sampler, fl_host_stats *out) {
     out->rss_bytes = (double)pages_resident * (double)sysconf(_SC_PAGESIZE);
     double cpu = cpu_seconds(), wall = fl_monotonic();
     double elapsed = wall - sampler->last_wall_s;
-    out->cpu_percent = elapsed > 0 ? 100.0 * (cpu - sampler->last_cpu_s) / elapsed : 0;
+    /* under 10 ms the rusage tick (typically 1-4 ms) makes the ratio noise */
+    out->cpu_percent = elapsed >= 0.01 ? 100.0 * (cpu - sampler->last_cpu_s) / elapsed : -1;
     sampler->last_cpu_s = cpu;
     sampler->last_wall_s = wall;
     out->mem_available_bytes = mem_available();

@@ -12,7 +12,7 @@
 
 typedef struct fl_host_stats {
     double rss_bytes;           /* resident memory of this process */
-    double cpu_percent;         /* this process, since the previous sample; 200 = two cores */
+    double cpu_percent;         /* since the previous sample (200 = two cores); -1 if < 10 ms */
     double mem_available_bytes; /* MemAvailable of the host; -1 when unknown */
 } fl_host_stats;
 

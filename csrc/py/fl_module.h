@@ -20,10 +20,16 @@
 typedef struct fl_module_state {
     PyTypeObject *queue_type;
     PyTypeObject *event_type;
-    PyObject *error;           /* fastloop.Error */
-    PyObject *closed;          /* fastloop.Closed */
-    PyObject *empty;           /* fastloop.Empty */
-    PyObject *full;            /* fastloop.QueueFull */
+    PyTypeObject *metrics_type;
+    PyTypeObject *metric_stats_type;
+    PyTypeObject *monitor_type;
+    PyTypeObject *checkpointer_type;
+    PyObject *error;            /* fastloop.Error */
+    PyObject *closed;           /* fastloop.Closed */
+    PyObject *empty;            /* fastloop.Empty */
+    PyObject *full;             /* fastloop.QueueFull */
+    PyObject *sink_error;       /* fastloop.SinkError */
+    PyObject *checkpoint_error; /* fastloop.CheckpointError */
     pthread_mutex_t pool_lock; /* guards pool, pool_pid and pool_users */
     fl_pool *pool;             /* intra-op worker threads, started on first use */
     pid_t pool_pid;            /* the process that made `pool` (a forked child must not use it) */
@@ -114,6 +120,9 @@ int fl_parse_seed(PyObject *seed, uint64_t *out);
 /* ---- type and function registration ---- */
 
 int fl_queue_module_init(PyObject *module, fl_module_state *state);
+int fl_metrics_module_init(PyObject *module, fl_module_state *state);
+int fl_monitor_module_init(PyObject *module, fl_module_state *state);
+int fl_checkpoint_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
 

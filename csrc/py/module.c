@@ -90,11 +90,15 @@ static int module_exec(PyObject *module) {
     int rc = import_error(errors, "Error", &state->error) ||
              import_error(errors, "Closed", &state->closed) ||
              import_error(errors, "Empty", &state->empty) ||
-             import_error(errors, "QueueFull", &state->full);
+             import_error(errors, "QueueFull", &state->full) ||
+             import_error(errors, "SinkError", &state->sink_error) ||
+             import_error(errors, "CheckpointError", &state->checkpoint_error);
     Py_DECREF(errors);
     if (rc != 0)
         return -1;
-    if (fl_queue_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
+    if (fl_queue_module_init(module, state) < 0 || fl_metrics_module_init(module, state) < 0 ||
+        fl_monitor_module_init(module, state) < 0 ||
+        fl_checkpoint_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
         fl_testing_module_init(module) < 0)
         return -1;
     return 0;
@@ -108,6 +112,12 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state->closed);
     Py_VISIT(state->empty);
     Py_VISIT(state->full);
+    Py_VISIT(state->checkpoint_error);
+    Py_VISIT(state->sink_error);
+    Py_VISIT(state->checkpointer_type);
+    Py_VISIT(state->monitor_type);
+    Py_VISIT(state->metric_stats_type);
+    Py_VISIT(state->metrics_type);
     return 0;
 }
 
@@ -119,6 +129,12 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(state->closed);
     Py_CLEAR(state->empty);
     Py_CLEAR(state->full);
+    Py_CLEAR(state->checkpoint_error);
+    Py_CLEAR(state->sink_error);
+    Py_CLEAR(state->checkpointer_type);
+    Py_CLEAR(state->monitor_type);
+    Py_CLEAR(state->metric_stats_type);
+    Py_CLEAR(state->metrics_type);
     return 0;
 }
 

@@ -11,10 +11,21 @@ computes or waits.
 from __future__ import annotations
 
 from . import errors
-from ._core import Event, Queue
-from .errors import Closed, CudaError, CudaUnavailable, Empty, Error, QueueFull
+from ._core import Event, MetricStats, Metrics, Queue
+from .errors import (
+    CheckpointError,
+    Closed,
+    CudaError,
+    CudaUnavailable,
+    Empty,
+    Error,
+    QueueFull,
+    SinkError,
+)
 from . import ops
 from . import cuda
+from .checkpoint import Checkpoint, Checkpointer
+from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 
 __version__ = "0.1.0"
 
@@ -23,10 +34,21 @@ __all__ = [
     "Event",
     "ops",
     "cuda",
+    "Monitor",
+    "CSVSink",
+    "JSONLSink",
+    "TensorBoardSink",
+    "CallbackSink",
+    "Metrics",
+    "MetricStats",
+    "Checkpointer",
+    "Checkpoint",
     "Error",
     "Closed",
     "Empty",
     "QueueFull",
+    "SinkError",
+    "CheckpointError",
     "CudaError",
     "CudaUnavailable",
     "__version__",

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import queue as _queue
 
-__all__ = ["Error", "Closed", "Empty", "QueueFull", "CudaError", "CudaUnavailable"]
+__all__ = [
+    "Error",
+    "Closed",
+    "Empty",
+    "QueueFull",
+    "SinkError",
+    "CheckpointError",
+    "CudaError",
+    "CudaUnavailable",
+]
 
 
 class Error(Exception):
@@ -39,6 +48,23 @@ class QueueFull(Error, _queue.Full):
 
     >>> q = fastloop.Queue(maxsize=1); q.put(1)
     >>> q.put_nowait(2)  # raises fastloop.QueueFull (also a queue.Full)
+    """
+
+
+class SinkError(Error, OSError):
+    """A monitor sink failed (disk full, permission denied, a callback raised); the message
+    names the file or callback. Raised by the next Monitor call, or by close().
+
+    >>> mon = fastloop.Monitor(sinks=[fastloop.CSVSink("/dev/full")])
+    >>> mon.scalar("loss", 1.0, 0); mon.flush()  # raises SinkError naming /dev/full
+    """
+
+
+class CheckpointError(Error, OSError):
+    """A checkpoint could not be written or read; the message names the file and step.
+    A background write's error is raised by the next save() or by close().
+
+    >>> ckpt.load(7)  # raises CheckpointError: no checkpoint for step 7 in 'ckpts'
     """
 
 

@@ -1,0 +1,264 @@
+/* py_checkpoint.c - fastloop._core._Checkpointer, the C half of fastloop.Checkpointer.
+ * save() waits (interruptibly, GIL released) for the previous snapshot to be written, copies
+ * the arrays into the staging buffer with the GIL released, and hands it to the writer. */
+#include "fl_module.h"
+#include "fl_numpy.h"
+
+#include <limits.h>
+
+#include "../fl_checkpoint.h"
+#include "../fl_error.h"
+
+typedef struct {
+    PyObject_HEAD
+    fl_checkpointer *checkpointer;
+    PyObject *directory;
+} CheckpointerObject;
+
+static fl_module_state *ckpt_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
+
+/* Raises a pending background write error as fastloop.CheckpointError; -1 when it did. */
+static int raise_write_error(PyObject *self) {
+    char message[PATH_MAX + 300];
+    if (!fl_checkpointer_take_error(((CheckpointerObject *)self)->checkpointer, message, sizeof message))
+        return 0;
+    PyErr_SetString(ckpt_state(self)->checkpoint_error, message);
+    return -1;
+}
+
+typedef struct {
+    fl_checkpointer *checkpointer;
+    size_t n, bytes;
+    fl_npz_entry *entries;
+    unsigned char *data;
+} begin_call;
+
+static int attempt_begin(void *ctx, double timeout_s) {
+    begin_call *call = ctx;
+    return fl_checkpointer_begin(call->checkpointer, call->n, call->bytes, timeout_s,
+                                 &call->entries, &call->data);
+}
+
+/* Checks one (name, array, descr) entry; fills its metadata; returns its size or -1. */
+static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_npz_entry *entry, size_t offset) {
+    PyObject *name_obj, *array_obj, *descr_obj;
+    if (!PyTuple_Check(item) ||
+        !PyArg_ParseTuple(item, "UOU;entries are (name, array, descr) tuples", &name_obj,
+                          &array_obj, &descr_obj))
+        return -1;
+    Py_ssize_t name_len, descr_len;
+    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
+    const char *descr = PyUnicode_AsUTF8AndSize(descr_obj, &descr_len);
+    if (name == NULL || descr == NULL)
+        return -1;
+    if (name_len == 0 || name_len >= FL_NPZ_NAME_MAX || descr_len >= FL_NPZ_DESCR_MAX) {
+        PyErr_Format(PyExc_ValueError, "state key %R must be 1 to %d bytes (dtype text under %d)",
+                     name_obj, FL_NPZ_NAME_MAX - 1, FL_NPZ_DESCR_MAX);
+        return -1;
+    }
+    char arg[FL_NPZ_NAME_MAX + 16];
+    snprintf(arg, sizeof arg, "state[%s]", name);
+    if (fl_check_array(array_obj, arg) == NULL)
+        return -1;
+    PyArrayObject *array = (PyArrayObject *)array_obj;
+    if (PyArray_NDIM(array) > FL_NPZ_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "'%s' has more than %d dimensions", arg, FL_NPZ_MAX_DIMS);
+        return -1;
+    }
+    memcpy(entry->name, name, (size_t)name_len + 1);
+    memcpy(entry->descr, descr, (size_t)descr_len + 1);
+    entry->ndim = PyArray_NDIM(array);
+    for (int d = 0; d < entry->ndim; d++)
+        entry->shape[d] = PyArray_DIM(array, d);
+    entry->offset = offset;
+    entry->nbytes = (size_t)PyArray_NBYTES(array);
+    (void)index;
+    return PyArray_NBYTES(array);
+}
+
+static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"entries", "step", "timeout", NULL};
+    PyObject *entries_obj, *timeout_obj = Py_None;
+    long long step;
+    double timeout;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|O:save", keywords, &entries_obj, &step,
+                                     &timeout_obj) ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
+        return NULL;
+    if (step < 0) {
+        PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", step);
+        return NULL;
+    }
+    PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
+    if (entries == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(entries);
+    size_t bytes = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyArrayObject *array = (PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1);
+        bytes += PyArray_Check((PyObject *)array) ? (size_t)PyArray_NBYTES(array) : 0;
+    }
+    begin_call call = {((CheckpointerObject *)self)->checkpointer, (size_t)n, bytes, NULL, NULL};
+    int rc = fl_wait_interruptibly(attempt_begin, &call, timeout);
+    if (rc != FL_OK) {
+        Py_DECREF(entries);
+        if (rc == FL_EINTR)
+            return NULL;
+        if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
+            PyErr_SetString(PyExc_TimeoutError, "save: the previous checkpoint is still being "
+                                                "written after the timeout");
+            return NULL;
+        }
+        if (rc == FL_ECLOSED) {
+            PyErr_SetString(ckpt_state(self)->closed, "save() on a closed Checkpointer");
+            return NULL;
+        }
+        return fl_raise(ckpt_state(self), rc, "save");
+    }
+    size_t offset = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call.entries[i], offset);
+        if (size < 0) {
+            fl_checkpointer_abort(call.checkpointer);
+            Py_DECREF(entries);
+            return NULL;
+        }
+        offset += (size_t)size;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(call.data + call.entries[i].offset,
+               PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1)),
+               call.entries[i].nbytes);
+    Py_END_ALLOW_THREADS
+    fl_checkpointer_commit(call.checkpointer, step);
+    Py_DECREF(entries);
+    Py_RETURN_NONE;
+}
+
+static int attempt_wait(void *ctx, double timeout_s) { return fl_checkpointer_wait(ctx, timeout_s); }
+
+static PyObject *ckpt_wait(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"timeout", NULL};
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:wait", keywords, &timeout_obj) ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+        return NULL;
+    int rc = fl_wait_interruptibly(attempt_wait, ((CheckpointerObject *)self)->checkpointer, timeout);
+    if (rc == FL_EINTR || raise_write_error(self) < 0)
+        return NULL;
+    return PyBool_FromLong(rc == FL_OK);
+}
+
+static PyObject *ckpt_close(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"wait", NULL};
+    int wait = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &wait))
+        return NULL;
+    fl_checkpointer *c = ((CheckpointerObject *)self)->checkpointer;
+    if (wait && fl_wait_interruptibly(attempt_wait, c, -1) == FL_EINTR)
+        return NULL;
+    fl_checkpointer_close(c, 0); /* the writer is idle or finishing: it exits by itself */
+    if (wait && raise_write_error(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ckpt_stats(PyObject *self, PyObject *unused) {
+    (void)unused;
+    fl_checkpoint_stats s;
+    fl_checkpointer_stats(((CheckpointerObject *)self)->checkpointer, &s);
+    return Py_BuildValue("{s:K,s:K,s:d,s:L}", "written", (unsigned long long)s.written, "bytes",
+                         (unsigned long long)s.bytes, "last_write_s", s.last_write_s,
+                         "last_step", (long long)s.last_step);
+}
+
+static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"directory", "keep", NULL};
+    PyObject *dir_bytes = NULL;
+    int keep = 3;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|i:_Checkpointer", keywords,
+                                     PyUnicode_FSConverter, &dir_bytes, &keep))
+        return NULL;
+    fl_module_state *state = fl_state_from_type(type);
+    CheckpointerObject *self = (CheckpointerObject *)type->tp_alloc(type, 0);
+    int rc = FL_ENOMEM;
+    if (self != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = fl_checkpointer_new(PyBytes_AS_STRING(dir_bytes), keep, &self->checkpointer);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != FL_OK) {
+        Py_XDECREF(self);
+        Py_DECREF(dir_bytes);
+        if (rc == FL_ESYS) {
+            PyErr_SetString(state->checkpoint_error, fl_error_detail());
+            fl_error_clear();
+            return NULL;
+        }
+        return fl_raise(state, rc, "Checkpointer");
+    }
+    self->directory = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(dir_bytes));
+    Py_DECREF(dir_bytes);
+    return (PyObject *)self;
+}
+
+/* Dropped without close(): a pending snapshot is still written by the writer thread, which
+ * then frees the checkpointer; nothing blocks here. */
+static void ckpt_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    CheckpointerObject *ckpt = (CheckpointerObject *)self;
+    if (ckpt->checkpointer != NULL) {
+        fl_checkpointer_close(ckpt->checkpointer, 0);
+        fl_checkpointer_release(ckpt->checkpointer);
+    }
+    Py_XDECREF(ckpt->directory);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *ckpt_get_directory(PyObject *self, void *closure) {
+    (void)closure;
+    return Py_NewRef(((CheckpointerObject *)self)->directory);
+}
+
+static PyMethodDef ckpt_methods[] = {
+    {"save", (PyCFunction)(void (*)(void))ckpt_save, METH_VARARGS | METH_KEYWORDS,
+     "save($self, /, entries, step, timeout=None)\n--\n\nSnapshot (name, array, descr) "
+     "entries as checkpoint `step`."},
+    {"wait", (PyCFunction)(void (*)(void))ckpt_wait, METH_VARARGS | METH_KEYWORDS,
+     "wait($self, /, timeout=None)\n--\n\nWait until nothing is being written; False on timeout."},
+    {"close", (PyCFunction)(void (*)(void))ckpt_close, METH_VARARGS | METH_KEYWORDS,
+     "close($self, /, wait=True)\n--\n\nRefuse new saves; with wait, finish the pending write."},
+    {"stats", ckpt_stats, METH_NOARGS, "stats($self, /)\n--\n\nCounts and the last write's time."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ckpt_getset[] = {
+    {"directory", ckpt_get_directory, NULL, "Where checkpoints are written.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot ckpt_slots[] = {
+    {Py_tp_doc, "The C half of fastloop.Checkpointer (use fastloop.Checkpointer)."},
+    {Py_tp_new, ckpt_new},
+    {Py_tp_dealloc, ckpt_dealloc},
+    {Py_tp_methods, ckpt_methods},
+    {Py_tp_getset, ckpt_getset},
+    {0, NULL},
+};
+
+static PyType_Spec ckpt_spec = {
+    .name = "fastloop._core._Checkpointer",
+    .basicsize = sizeof(CheckpointerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = ckpt_slots,
+};
+
+int fl_checkpoint_module_init(PyObject *module, fl_module_state *state) {
+    state->checkpointer_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ckpt_spec, NULL);
+    if (state->checkpointer_type == NULL || PyModule_AddType(module, state->checkpointer_type) < 0)
+        return -1;
+    return 0;
+}

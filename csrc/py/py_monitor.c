@@ -1,0 +1,448 @@
+/* py_monitor.c - fastloop._core._Monitor, the C half of fastloop.Monitor: argument checks
+ * around fl_monitor. scalar() is the hot path: positional fast-call parsing, a lock-free
+ * check for pending sink errors, and one non-blocking put with the GIL held. */
+#include "fl_module.h"
+
+#include "../fl_error.h"
+#include "../fl_monitor.h"
+#include "py_metrics.h"
+#include "py_queue.h"
+
+typedef struct {
+    PyObject_HEAD
+    fl_monitor *monitor;
+    double record_wait_s; /* how long scalar()/event() may wait for room */
+    PyObject *keep_alive; /* the sink specs given (the C side holds its own references) */
+} MonitorObject;
+
+static fl_module_state *monitor_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
+
+/* Raises the oldest unreported sink error as fastloop.SinkError; returns -1 when it did. */
+static int raise_pending_error(PyObject *self) {
+    fl_monitor *m = ((MonitorObject *)self)->monitor;
+    char message[600];
+    if (!fl_monitor_has_error(m) || !fl_monitor_take_error(m, message, sizeof message))
+        return 0;
+    PyErr_SetString(monitor_state(self)->sink_error, message);
+    return -1;
+}
+
+typedef struct {
+    fl_monitor *monitor;
+    fl_event event;
+} put_call;
+
+static int attempt_put(void *ctx, double timeout_s) {
+    put_call *call = ctx;
+    return fl_monitor_put(call->monitor, &call->event, timeout_s);
+}
+
+/* Queues a record: at once if there is room, else waiting up to record_wait_s with the GIL
+ * released; a record that still does not fit is counted as dropped (never an error). */
+static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, double value,
+                        PyObject *step_obj) {
+    MonitorObject *mon = (MonitorObject *)self;
+    if (raise_pending_error(self) < 0)
+        return NULL;
+    Py_ssize_t len;
+    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &len);
+    if (name == NULL)
+        return NULL;
+    if (len == 0 || len >= FL_EVENT_NAME_MAX) {
+        PyErr_Format(PyExc_ValueError, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
+                     FL_EVENT_NAME_MAX - 1, len, name_obj);
+        return NULL;
+    }
+    int64_t step = -1;
+    if (step_obj != NULL && step_obj != Py_None) {
+        step = PyLong_AsLongLong(step_obj);
+        if (step == -1 && PyErr_Occurred())
+            return NULL;
+        if (step < 0) {
+            PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", (long long)step);
+            return NULL;
+        }
+    }
+    put_call call = {.monitor = mon->monitor};
+    fl_event_init(&call.event, kind, NULL, value, step, -1); /* step -1: the latest seen */
+    memcpy(call.event.name, name, (size_t)len);
+    int rc = fl_wait_interruptibly(attempt_put, &call, mon->record_wait_s);
+    if (rc == FL_EINTR)
+        return NULL;
+    if (rc == FL_ECLOSED) {
+        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        return NULL;
+    }
+    if (rc != FL_OK)
+        fl_monitor_count_dropped(mon->monitor);
+    Py_RETURN_NONE;
+}
+
+static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                             const char *what, PyObject **parsed, int n_params) {
+    static const char *names[] = {"name", "value", "step"};
+    const char *order[3] = {names[0], names[1], names[2]};
+    if (n_params == 3 && strcmp(what, "event") == 0) { /* event(name, step=None, value=0.0) */
+        order[1] = "step";
+        order[2] = "value";
+    }
+    if (nargs > n_params) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments", what, n_params);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        parsed[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        int slot = -1;
+        for (int i = 0; key && i < n_params; i++)
+            if (strcmp(key, order[i]) == 0)
+                slot = i;
+        if (slot < 0 || parsed[slot] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument '%s'", what,
+                         key ? key : "?");
+            return -1;
+        }
+        parsed[slot] = args[nargs + k];
+    }
+    if (parsed[0] == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s() missing required argument 'name'", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *monitor_scalar(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, value, step */
+    if (nargs >= 2 && nargs <= 3 && kwnames == NULL) { /* the common call: no keywords */
+        parsed[0] = args[0];
+        parsed[1] = args[1];
+        parsed[2] = nargs == 3 ? args[2] : NULL;
+    } else if (parse_record_args(args, nargs, kwnames, "scalar", parsed, 3) < 0) {
+        return NULL;
+    }
+    if (parsed[1] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "scalar() missing required argument 'value'");
+        return NULL;
+    }
+    double value = PyFloat_AsDouble(parsed[1]);
+    if (value == -1.0 && PyErr_Occurred())
+        return NULL;
+    return record(self, FL_EVENT_SCALAR, parsed[0], value, parsed[2]);
+}
+
+static PyObject *monitor_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, step, value */
+    if (parse_record_args(args, nargs, kwnames, "event", parsed, 3) < 0)
+        return NULL;
+    double value = 0.0;
+    if (parsed[2] != NULL && (value = PyFloat_AsDouble(parsed[2])) == -1.0 && PyErr_Occurred())
+        return NULL;
+    return record(self, FL_EVENT_MARKER, parsed[0], value, parsed[1]);
+}
+
+static int attempt_flushed(void *ctx, double timeout_s) {
+    put_call *call = ctx; /* event.step holds the ticket */
+    return fl_monitor_flushed(call->monitor, (uint64_t)call->event.step, timeout_s);
+}
+
+typedef struct {
+    fl_monitor *monitor;
+    uint64_t ticket;
+} flush_call;
+
+static int attempt_request(void *ctx, double timeout_s) {
+    flush_call *call = ctx;
+    int err;
+    call->ticket = fl_monitor_request_flush(call->monitor, timeout_s, &err);
+    return err;
+}
+
+static PyObject *monitor_flush(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"timeout", NULL};
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:flush", keywords, &timeout_obj) ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+        return NULL;
+    flush_call request = {((MonitorObject *)self)->monitor, 0};
+    int rc = fl_wait_interruptibly(attempt_request, &request, timeout);
+    if (rc == FL_OK) {
+        put_call wait = {.monitor = request.monitor};
+        wait.event.step = (int64_t)request.ticket;
+        rc = fl_wait_interruptibly(attempt_flushed, &wait, timeout);
+    }
+    if (rc == FL_EINTR || raise_pending_error(self) < 0)
+        return NULL;
+    if (rc == FL_ECLOSED)
+        Py_RETURN_TRUE; /* closed: everything queued has been written */
+    return PyBool_FromLong(rc == FL_OK);
+}
+
+static int attempt_wait_closed(void *ctx, double timeout_s) {
+    return fl_monitor_wait_closed(ctx, timeout_s);
+}
+
+static PyObject *monitor_close(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"wait", NULL};
+    int wait = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &wait))
+        return NULL;
+    fl_monitor *m = ((MonitorObject *)self)->monitor;
+    fl_monitor_close(m, 0); /* never join with the GIL held; wait below, interruptibly */
+    if (wait && fl_wait_interruptibly(attempt_wait_closed, m, -1) == FL_EINTR)
+        return NULL;
+    if (wait && raise_pending_error(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *monitor_wait_closed(PyObject *self, PyObject *args) {
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "|O:wait_closed", &timeout_obj) ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+        return NULL;
+    int rc = fl_wait_interruptibly(attempt_wait_closed, ((MonitorObject *)self)->monitor, timeout);
+    if (rc == FL_EINTR)
+        return NULL;
+    return PyBool_FromLong(rc == FL_OK);
+}
+
+static PyObject *monitor_take_error(PyObject *self, PyObject *unused) {
+    (void)unused;
+    char message[600];
+    if (!fl_monitor_take_error(((MonitorObject *)self)->monitor, message, sizeof message))
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(message, strlen(message), "replace");
+}
+
+static PyObject *monitor_report_error(PyObject *self, PyObject *message_obj) {
+    const char *message = PyUnicode_AsUTF8(message_obj);
+    if (message == NULL)
+        return NULL;
+    fl_monitor_report_error(((MonitorObject *)self)->monitor, message);
+    Py_RETURN_NONE;
+}
+
+static PyObject *monitor_watch(PyObject *self, PyObject *metrics_obj) {
+    MonitorObject *mon = (MonitorObject *)self;
+    fl_metrics *metrics = fl_metrics_from_python(metrics_obj, monitor_state(self));
+    if (metrics == NULL)
+        return NULL;
+    int rc = fl_monitor_watch(mon->monitor, metrics);
+    if (rc != FL_OK)
+        return fl_raise(monitor_state(self), rc, "watch");
+    Py_RETURN_NONE;
+}
+
+static PyObject *monitor_stats(PyObject *self, PyObject *unused) {
+    (void)unused;
+    fl_monitor_stats s;
+    fl_monitor_stats_get(((MonitorObject *)self)->monitor, &s);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "records", (unsigned long long)s.records,
+                         "dropped_samples", (unsigned long long)s.dropped_samples,
+                         "dropped_records", (unsigned long long)s.dropped_records, "samples",
+                         (unsigned long long)s.samples);
+}
+
+static PyObject *monitor_get_gpu_source(PyObject *self, void *closure) {
+    (void)closure;
+    static const char *names[] = {"none", "nvml", "nvidia-smi"};
+    return PyUnicode_FromString(names[fl_monitor_gpu_source(((MonitorObject *)self)->monitor)]);
+}
+
+static PyObject *monitor_get_gpu_reason(PyObject *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(fl_monitor_gpu_reason(((MonitorObject *)self)->monitor));
+}
+
+/* ---- construction ---- */
+
+/* Opens the sink described by a ("csv"|"jsonl"|"tensorboard", path) or ("queue", Queue)
+ * tuple; NULL with an exception (SinkError naming the path for an unopenable file). */
+static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
+    const char *kind;
+    PyObject *target;
+    if (!PyArg_ParseTuple(spec, "sO;a sink is a (kind, target) tuple", &kind, &target))
+        return NULL;
+    fl_sink *sink = NULL;
+    int rc;
+    if (strcmp(kind, "queue") == 0) {
+        fl_queue *queue = fl_queue_from_python(target, state);
+        if (queue == NULL)
+            return NULL;
+        rc = fl_sink_open_queue(queue, &sink);
+    } else {
+        PyObject *path_bytes = NULL;
+        if (!PyUnicode_FSConverter(target, &path_bytes))
+            return NULL;
+        const char *path = PyBytes_AS_STRING(path_bytes);
+        if (strcmp(kind, "csv") == 0)
+            rc = fl_sink_open_csv(path, &sink);
+        else if (strcmp(kind, "jsonl") == 0)
+            rc = fl_sink_open_jsonl(path, &sink);
+        else if (strcmp(kind, "tensorboard") == 0)
+            rc = fl_sink_open_tensorboard(path, &sink);
+        else
+            rc = fl_error_set(FL_EINVAL, "unknown sink kind '%s'", kind);
+        Py_DECREF(path_bytes);
+    }
+    if (rc == FL_ESYS) {
+        PyErr_SetString(state->sink_error, fl_error_detail());
+        fl_error_clear();
+        return NULL;
+    }
+    if (rc != FL_OK)
+        return (fl_sink *)fl_raise(state, rc, "sink");
+    return sink;
+}
+
+static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"sinks",       "interval", "flush_interval", "queue_size",
+                               "host",        "gpu",      "nvml_library",   "smi_command",
+                               "record_wait", NULL};
+    PyObject *sinks_obj;
+    double interval = 30.0, flush_interval = 5.0, record_wait = 0.01;
+    Py_ssize_t queue_size = 65536;
+    int host = 1, gpu = 1;
+    const char *nvml_library = NULL, *smi_command = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddnppzzd:_Monitor", keywords, &sinks_obj,
+                                     &interval, &flush_interval, &queue_size, &host, &gpu,
+                                     &nvml_library, &smi_command, &record_wait))
+        return NULL;
+    if (queue_size < 1 || record_wait < 0 || flush_interval <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "queue_size must be >= 1, record_wait >= 0 and flush_interval > 0");
+        return NULL;
+    }
+    fl_module_state *state = fl_state_from_type(type);
+    PyObject *sinks = PySequence_Tuple(sinks_obj);
+    if (sinks == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(sinks);
+    if (n > FL_MONITOR_MAX_SINKS) {
+        Py_DECREF(sinks);
+        PyErr_Format(PyExc_ValueError, "at most %d sinks", FL_MONITOR_MAX_SINKS);
+        return NULL;
+    }
+    fl_sink *opened[FL_MONITOR_MAX_SINKS];
+    Py_ssize_t i = 0;
+    for (; i < n; i++)
+        if ((opened[i] = open_sink(state, PyTuple_GET_ITEM(sinks, i))) == NULL)
+            break;
+    if (i < n) { /* free what opened before the failing one */
+        while (i-- > 0)
+            fl_sink_free(opened[i]);
+        Py_DECREF(sinks);
+        return NULL;
+    }
+    fl_gpu *gpus = NULL;
+    int rc = FL_OK;
+    if (gpu) {
+        Py_BEGIN_ALLOW_THREADS /* probing may run nvidia-smi */
+        rc = fl_gpu_open(nvml_library, smi_command, &gpus);
+        Py_END_ALLOW_THREADS
+    }
+    MonitorObject *self = rc == FL_OK ? (MonitorObject *)type->tp_alloc(type, 0) : NULL;
+    if (self == NULL) {
+        for (i = 0; i < n; i++)
+            fl_sink_free(opened[i]);
+        fl_gpu_close(gpus);
+        Py_DECREF(sinks);
+        return rc == FL_OK ? NULL : PyErr_NoMemory();
+    }
+    fl_monitor_config config = {interval, flush_interval, (size_t)queue_size, host};
+    rc = fl_monitor_new(&config, opened, (size_t)n, gpus, &self->monitor); /* owns them now */
+    if (rc != FL_OK) {
+        Py_DECREF(self);
+        Py_DECREF(sinks);
+        return fl_raise(state, rc, "Monitor");
+    }
+    self->record_wait_s = record_wait;
+    self->keep_alive = sinks;
+    return (PyObject *)self;
+}
+
+static int monitor_traverse(PyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((MonitorObject *)self)->keep_alive);
+    return 0;
+}
+
+static int monitor_clear(PyObject *self) {
+    Py_CLEAR(((MonitorObject *)self)->keep_alive);
+    return 0;
+}
+
+/* A monitor dropped without close() finishes in the background: the C side keeps what it
+ * uses alive by its own references, so this never blocks. */
+static void monitor_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    MonitorObject *mon = (MonitorObject *)self;
+    if (mon->monitor != NULL) {
+        fl_monitor_close(mon->monitor, 0);
+        fl_monitor_release(mon->monitor);
+    }
+    monitor_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef monitor_methods[] = {
+    {"scalar", (PyCFunction)(void (*)(void))monitor_scalar, METH_FASTCALL | METH_KEYWORDS,
+     "scalar($self, name, value, step=None)\n--\n\nQueue a scalar record."},
+    {"event", (PyCFunction)(void (*)(void))monitor_event, METH_FASTCALL | METH_KEYWORDS,
+     "event($self, name, step=None, value=0.0)\n--\n\nQueue a marker record."},
+    {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
+     "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "
+     "timeout."},
+    {"close", (PyCFunction)(void (*)(void))monitor_close, METH_VARARGS | METH_KEYWORDS,
+     "close($self, /, wait=True)\n--\n\nStop; with wait, until the sinks are written and closed."},
+    {"wait_closed", monitor_wait_closed, METH_VARARGS,
+     "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},
+    {"take_error", monitor_take_error, METH_NOARGS,
+     "take_error($self, /)\n--\n\nThe oldest unreported sink error, or None."},
+    {"report_error", monitor_report_error, METH_O,
+     "report_error($self, message, /)\n--\n\nQueue an error to be raised like a sink's."},
+    {"watch", monitor_watch, METH_O,
+     "watch($self, metrics, /)\n--\n\nSample a fastloop.Metrics every interval."},
+    {"stats", monitor_stats, METH_NOARGS,
+     "stats($self, /)\n--\n\nRecords written, dropped (sampled/owner) and sampling rounds."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef monitor_getset[] = {
+    {"gpu_source", monitor_get_gpu_source, NULL, "'nvml', 'nvidia-smi' or 'none'.", NULL},
+    {"gpu_reason", monitor_get_gpu_reason, NULL, "How GPUs are read, or why not.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot monitor_slots[] = {
+    {Py_tp_doc, "The C half of fastloop.Monitor (use fastloop.Monitor)."},
+    {Py_tp_new, monitor_new},
+    {Py_tp_dealloc, monitor_dealloc},
+    {Py_tp_traverse, monitor_traverse},
+    {Py_tp_clear, monitor_clear},
+    {Py_tp_methods, monitor_methods},
+    {Py_tp_getset, monitor_getset},
+    {0, NULL},
+};
+
+static PyType_Spec monitor_spec = {
+    .name = "fastloop._core._Monitor",
+    .basicsize = sizeof(MonitorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = monitor_slots,
+};
+
+int fl_monitor_module_init(PyObject *module, fl_module_state *state) {
+    state->monitor_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &monitor_spec, NULL);
+    if (state->monitor_type == NULL || PyModule_AddType(module, state->monitor_type) < 0)
+        return -1;
+    return 0;
+}

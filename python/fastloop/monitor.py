@@ -1,0 +1,274 @@
+"""fastloop.Monitor: background sampling of host and GPU metrics, and non-blocking logging
+of your own scalars, written to CSV, JSON-lines, TensorBoard and Python callbacks by a C
+writer thread -- so the training step never waits on I/O.
+
+    with fastloop.Monitor(interval=30, sinks=[fastloop.CSVSink("m.csv"),
+                                              fastloop.TensorBoardSink("runs/a")]) as mon:
+        for step in range(steps):
+            mon.scalar("loss", loss, step)      # ~0.2 us, no I/O, any thread
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Union
+
+from . import _lifecycle
+from ._core import Event, Metrics, Queue, _Monitor
+from .errors import SinkError
+
+__all__ = ["Monitor", "CSVSink", "JSONLSink", "TensorBoardSink", "CallbackSink"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class CSVSink:
+    """Writes one CSV row per record, under the header
+    ``wall_time,step,name,value,kind,source`` (written once; an existing file is appended to).
+
+    >>> fastloop.Monitor(sinks=[fastloop.CSVSink("runs/a/metrics.csv")])
+    """
+
+    path: PathLike
+
+
+@dataclass(frozen=True)
+class JSONLSink:
+    """Writes one JSON object per line: wall_time, step, name, value, kind, source
+    (NaN/Infinity as Python's json writes them).
+
+    >>> fastloop.Monitor(sinks=[fastloop.JSONLSink("runs/a/metrics.jsonl")])
+    """
+
+    path: PathLike
+
+
+@dataclass(frozen=True)
+class TensorBoardSink:
+    """Writes a TensorBoard event file (events.out.tfevents.*) in `logdir`, which
+    ``tensorboard --logdir`` and EventAccumulator read. Scalars become scalar summaries
+    (float32); markers are not written.
+
+    >>> fastloop.Monitor(sinks=[fastloop.TensorBoardSink("runs/a")])
+    """
+
+    logdir: PathLike
+
+
+@dataclass(frozen=True)
+class CallbackSink:
+    """Calls ``fn(event)`` for every record, on a Python thread of its own, so a slow
+    callback (an alert, a webhook) never holds up the writer. Records arrive through a
+    fastloop.Queue of `maxsize`; when the callback falls that far behind, new records skip
+    it (counted). An exception from fn is raised as SinkError by the next Monitor call.
+
+    >>> fastloop.Monitor(sinks=[fastloop.CallbackSink(lambda e: e.value > 10 and alert(e))])
+    """
+
+    fn: Callable[[Event], Any]
+    maxsize: int = 65536
+
+
+Sink = Union[CSVSink, JSONLSink, TensorBoardSink, CallbackSink]
+
+_gpu_notice_given = False
+
+
+def _gpu_notice(reason: str) -> None:
+    """One notice per process that GPU metrics are unavailable, with the reason."""
+    global _gpu_notice_given
+    if not _gpu_notice_given:
+        _gpu_notice_given = True
+        warnings.warn(f"fastloop.Monitor: {reason}", RuntimeWarning, stacklevel=3)
+
+
+class _CallbackThread:
+    """Runs a CallbackSink's fn on each record taken from its queue, until it is closed."""
+
+    def __init__(self, sink: CallbackSink, report: Callable[[str], None]) -> None:
+        self.queue: Queue = Queue(maxsize=sink.maxsize)
+        self.fn = sink.fn
+        self.report = report
+        self.failed = False
+        self.thread = threading.Thread(target=self._run, name="fastloop-callback", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for event in self.queue:  # ends when the queue is closed and drained
+            try:
+                self.fn(event)
+            except Exception as error:
+                if not self.failed:  # report the first failure; keep delivering
+                    self.failed = True
+                    self.report(f"callback {getattr(self.fn, '__qualname__', self.fn)!s} "
+                                f"raised {type(error).__name__}: {error}")
+
+    def stop(self, timeout: float | None) -> None:
+        self.queue.close()
+        self.thread.join(timeout)
+
+
+class Monitor:
+    """Samples host metrics (RSS, CPU %, available memory), every GPU's memory and
+    utilization (NVML, else nvidia-smi, else a one-time notice), and watched Metrics every
+    `interval` seconds on a C thread, and writes those and your own records to `sinks` from
+    another C thread, flushing every `flush_interval` seconds and at close.
+
+    Queue-full policy: sampled records that find the queue full are dropped; your scalar()
+    and event() calls wait up to `record_wait` seconds (GIL released) and are then dropped.
+    Both counts are in stats() and are written as the metric ``monitor/dropped``.
+    A failing sink (disk full, permission denied, a callback raising) is reported as
+    SinkError by the next scalar()/event()/flush() call or by close() -- never swallowed.
+
+        with fastloop.Monitor(interval=10, sinks=[fastloop.CSVSink("m.csv")]) as mon:
+            mon.scalar("loss", 0.37, step=100)
+    """
+
+    def __init__(
+        self,
+        interval: float = 30.0,
+        sinks: Iterable[Sink] = (),
+        *,
+        flush_interval: float = 5.0,
+        host: bool = True,
+        gpu: bool = True,
+        metrics: Metrics | None = None,
+        queue_size: int = 65536,
+        record_wait: float = 0.01,
+    ) -> None:
+        sinks = list(sinks)
+        self._callbacks: list[_CallbackThread] = []
+        specs: list[tuple[str, Any]] = []
+        for sink in sinks:
+            if isinstance(sink, CSVSink):
+                specs.append(("csv", os.fspath(sink.path)))
+            elif isinstance(sink, JSONLSink):
+                specs.append(("jsonl", os.fspath(sink.path)))
+            elif isinstance(sink, TensorBoardSink):
+                specs.append(("tensorboard", os.fspath(sink.logdir)))
+            elif isinstance(sink, CallbackSink):
+                callback = _CallbackThread(sink, self._report)
+                self._callbacks.append(callback)
+                specs.append(("queue", callback.queue))
+            else:
+                raise TypeError(f"sinks must be CSVSink, JSONLSink, TensorBoardSink or CallbackSink, "
+                                f"not {type(sink).__name__}")
+        if interval < 0:
+            raise ValueError(f"'interval' must be >= 0 (0: no sampling), not {interval}")
+        try:
+            self._core = _Monitor(
+                specs, interval=interval, flush_interval=flush_interval, queue_size=queue_size,
+                host=host, gpu=gpu, nvml_library=os.environ.get("FASTLOOP_NVML_LIBRARY"),
+                smi_command=os.environ.get("FASTLOOP_NVIDIA_SMI"), record_wait=record_wait,
+            )
+        except BaseException:
+            for callback in self._callbacks:
+                callback.stop(timeout=1.0)
+            raise
+        self._closed = False
+        self.scalar = self._core.scalar  # the C methods directly: no Python frame per call
+        self.event = self._core.event
+        if gpu and interval > 0 and self._core.gpu_source == "none":
+            _gpu_notice(self._core.gpu_reason)
+        if metrics is not None:
+            self.attach(metrics)
+        _lifecycle.register(self)
+
+    def scalar(self, name: str, value: float, step: int | None = None) -> None:  # replaced per instance
+        """Queue a scalar record (no I/O; safe from any thread). step=None uses the latest
+        step given to any record, so samples and scalars line up.
+
+        >>> mon.scalar("loss", 0.37, step=100)
+        """
+        self._core.scalar(name, value, step)
+
+    def event(self, name: str, step: int | None = None, value: float = 0.0) -> None:  # replaced per instance
+        """Queue a marker record (epoch end, checkpoint written, ...); TensorBoard skips it.
+
+        >>> mon.event("epoch_end", step=1000)
+        """
+        self._core.event(name, step, value)
+
+    def attach(self, source: Metrics | Any) -> None:
+        """Sample a fastloop.Metrics (or anything with a ``metrics`` attribute, such as a
+        Loader) every interval, as ``<name>/per_s`` and ``<name>/mean``.
+
+        >>> mon.attach(metrics)   # metrics.add("samples", 256) -> samples/per_s
+        """
+        metrics = source if isinstance(source, Metrics) else getattr(source, "metrics", None)
+        if not isinstance(metrics, Metrics):
+            raise TypeError(f"attach() takes a fastloop.Metrics or an object with one in .metrics, "
+                            f"not {type(source).__name__}")
+        self._core.watch(metrics)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record queued so far is written by every file sink (and handed
+        to the callbacks). Returns False when `timeout` passed first.
+
+        >>> mon.flush(timeout=5)
+        True
+        """
+        return self._core.flush(timeout)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop sampling, write what is queued, flush and close the sinks. With wait=False
+        returns at once (the writer finishes in the background; exit still waits for it).
+        Raises SinkError for a sink error not reported yet.
+
+        >>> mon.close()
+        """
+        if self._closed and not wait:
+            return
+        self._closed = True
+        if not wait:
+            self._core.close(wait=False)
+            _lifecycle.draining(self)
+            return
+        self._core.close(wait=True)
+        for callback in self._callbacks:
+            callback.stop(timeout=None)
+        error = self._core.take_error()
+        if error is not None:
+            raise SinkError(error)
+
+    def _report(self, message: str) -> None:
+        self._core.report_error(message)
+
+    def _close_at_exit(self, deadline: float) -> None:
+        import time
+
+        self._core.close(wait=False)
+        self._core.wait_closed(max(0.0, deadline - time.monotonic()))
+        for callback in self._callbacks:
+            callback.stop(timeout=max(0.0, deadline - time.monotonic()))
+
+    def stats(self) -> dict[str, int]:
+        """Records written; sampled and own records dropped; sampling rounds done.
+
+        >>> mon.stats()["dropped_records"]
+        0
+        """
+        return self._core.stats()
+
+    @property
+    def gpu_source(self) -> str:
+        """How GPUs are read: 'nvml', 'nvidia-smi' or 'none' (see gpu_reason)."""
+        return self._core.gpu_source
+
+    @property
+    def gpu_reason(self) -> str:
+        """A sentence on how GPUs are read, or why they are not."""
+        return self._core.gpu_reason
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fastloop.Monitor {'closed' if self._closed else 'running'} gpu={self.gpu_source}>"
