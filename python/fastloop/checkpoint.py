@@ -116,6 +116,7 @@ class Checkpointer:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the last save() is on disk; False when `timeout` passed first.
+        Raises CheckpointError when that write failed.
 
         >>> ckpt.save(state, 10); ckpt.wait()
         True

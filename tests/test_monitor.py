@@ -1,0 +1,300 @@
+"""fastloop.Monitor: every sink format, callbacks on their own thread, GPU sources, the
+queue-full policy, errors reported (never swallowed) and clean exits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import fastloop
+from fastloop import monitor as monitor_module
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_notice(monkeypatch):
+    """Most tests do not care that this machine has no GPU."""
+    monkeypatch.setattr(monitor_module, "_gpu_notice_given", True)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
+    path = tmp_path / "m.csv"
+    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)], gpu=False) as mon:
+        for step in range(5):
+            mon.scalar("train/loss", 1.0 / (step + 1), step)
+        mon.event("epoch_end", step=4)
+        time.sleep(0.1)
+    rows = read_csv(path)
+    losses = [r for r in rows if r["name"] == "train/loss"]
+    assert [(int(r["step"]), float(r["value"])) for r in losses] == [(s, 1.0 / (s + 1)) for s in range(5)]
+    assert {r["kind"] for r in losses} == {"scalar"}
+    assert [r["kind"] for r in rows if r["name"] == "epoch_end"] == ["marker"]
+    sampled = {r["name"] for r in rows if r["name"].startswith(("host/", "monitor/"))}
+    assert {"host/rss_bytes", "host/mem_available_bytes", "monitor/dropped"} <= sampled
+    assert all(int(r["step"]) == 4 for r in rows if r["name"] == "host/rss_bytes")  # the latest step
+    with fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(path)]) as mon:  # appending
+        mon.scalar("train/loss", 0.1, 5)
+    with open(path) as f:
+        assert f.read().count("wall_time,step,name") == 1
+
+
+def test_jsonl_lines_parse_including_nan(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with fastloop.Monitor(interval=0, sinks=[fastloop.JSONLSink(path)]) as mon:
+        mon.scalar("acc", 0.5, 1)
+        mon.scalar("weird \"name\"", float("nan"), 2)
+    lines = [json.loads(line) for line in open(path)]
+    assert lines[0] == {"wall_time": lines[0]["wall_time"], "step": 1, "name": "acc", "value": 0.5,
+                        "kind": "scalar", "source": -1}
+    assert lines[1]["name"] == 'weird "name"' and math.isnan(lines[1]["value"])
+    assert abs(lines[0]["wall_time"] - time.time()) < 60
+
+
+def test_tensorboard_reads_the_event_file(tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logdir = tmp_path / "runs" / "a"
+    with fastloop.Monitor(interval=0.02, sinks=[fastloop.TensorBoardSink(logdir)], gpu=False) as mon:
+        for step in range(100):
+            mon.scalar("train/loss", 1.0 / (step + 1), step)
+            mon.scalar("lr", 0.01, step)
+        mon.event("epoch_end", step=99)  # not a scalar: TensorBoard skips it
+        time.sleep(0.05)
+    files = os.listdir(logdir)
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents.")
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/loss", "lr", "host/rss_bytes"} <= set(tags) and "epoch_end" not in tags
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(100))
+    assert all(abs(e.value - 1.0 / (e.step + 1)) < 1e-6 for e in loss)
+    assert abs(loss[0].wall_time - time.time()) < 60
+
+
+def test_callback_runs_on_its_own_thread_and_a_slow_one_blocks_nothing(tmp_path):
+    seen, threads = [], set()
+    release = threading.Event()
+
+    def slow(event):
+        threads.add(threading.current_thread().name)
+        release.wait(5)  # stuck until the test lets go
+        seen.append(event)
+
+    path = tmp_path / "m.csv"
+    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CallbackSink(slow), fastloop.CSVSink(path)])
+    start = time.monotonic()
+    for step in range(1000):
+        mon.scalar("x", step, step)
+    assert mon.flush(timeout=5)  # the CSV is written although the callback is stuck
+    assert time.monotonic() - start < 2.0
+    assert len(read_csv(path)) == 1000
+    release.set()
+    mon.close()
+    assert [e.step for e in seen] == list(range(1000))
+    assert threads == {"fastloop-callback"}
+
+
+def test_a_failing_callback_is_reported_once_and_others_keep_going(tmp_path):
+    def boom(event):
+        raise RuntimeError(f"webhook down at step {event.step}")
+
+    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CallbackSink(boom), fastloop.CSVSink(tmp_path / "m.csv")])
+    mon.scalar("x", 1, 1)
+    deadline = time.monotonic() + 5
+    with pytest.raises(fastloop.SinkError, match="webhook down at step 1"):
+        while time.monotonic() < deadline:
+            mon.scalar("x", 2, 2)
+            time.sleep(0.01)
+    mon.scalar("x", 3, 3)  # reported once: later calls go on
+    mon.close()
+    assert len(read_csv(tmp_path / "m.csv")) >= 3
+
+
+def test_a_full_disk_raises_sink_error_naming_the_file():
+    mon = fastloop.Monitor(interval=0, sinks=[fastloop.JSONLSink("/dev/full")])
+    mon.scalar("x", 1.0, 0)
+    with pytest.raises(fastloop.SinkError, match="/dev/full") as raised:
+        mon.flush()
+    assert isinstance(raised.value, OSError)
+    mon.scalar("x", 2.0, 1)  # reported once; logging carries on (the sink is off)
+    mon.close()
+
+
+def test_unopenable_sinks_fail_at_construction(tmp_path):
+    with pytest.raises(fastloop.SinkError, match="no-such-dir"):
+        fastloop.Monitor(sinks=[fastloop.CSVSink(tmp_path / "no-such-dir" / "m.csv")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(fastloop.SinkError, match="file"):
+        fastloop.Monitor(sinks=[fastloop.TensorBoardSink(tmp_path / "file" / "run")])
+    with pytest.raises(TypeError, match="CSVSink"):
+        fastloop.Monitor(sinks=["m.csv"])
+
+
+def test_scalars_from_many_threads_are_all_written(tmp_path):
+    path = tmp_path / "m.csv"
+    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(path)], queue_size=1 << 16)
+
+    def log(worker):
+        for i in range(5000):
+            mon.scalar(f"worker{worker}", i, i)
+
+    threads = [threading.Thread(target=log, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mon.close()
+    rows = read_csv(path)
+    for w in range(4):
+        assert [int(r["step"]) for r in rows if r["name"] == f"worker{w}"] == list(range(5000))
+    assert mon.stats()["records"] == 20000 and mon.stats()["dropped_records"] == 0
+
+
+def test_a_full_queue_drops_records_and_counts_every_one(tmp_path):
+    # a one-slot queue and a writer that cannot keep up with a tight loop
+    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(tmp_path / "m.csv")], queue_size=1, record_wait=0)
+    for i in range(20000):
+        mon.scalar("x", i, i)
+    mon.close()
+    stats = mon.stats()
+    assert stats["records"] + stats["dropped_records"] == 20000
+    assert len(read_csv(tmp_path / "m.csv")) == stats["records"]
+
+
+def test_watched_metrics_are_reported_as_rates_and_means(tmp_path):
+    path = tmp_path / "m.csv"
+    metrics = fastloop.Metrics()
+    with fastloop.Monitor(interval=0.05, sinks=[fastloop.CSVSink(path)], gpu=False, metrics=metrics):
+        for _ in range(6):
+            metrics.add("loader/samples", 256)
+            metrics.add("loss", 0.5)
+            time.sleep(0.03)
+    rows = read_csv(path)
+    rates = [float(r["value"]) for r in rows if r["name"] == "loader/samples/per_s"]
+    assert rates and max(rates) > 0
+    assert {float(r["value"]) for r in rows if r["name"] == "loss/mean"} == {0.5}
+    with pytest.raises(TypeError, match="Metrics"):
+        fastloop.Monitor(interval=0).attach(object())
+
+
+def test_gpu_metrics_through_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(tmp_path / "missing-libnvidia-ml.so"))
+    monkeypatch.setenv("FASTLOOP_NVIDIA_SMI", "printf '1024, 81559, 37\\n512, 81559, 3\\n'; true")
+    path = tmp_path / "m.csv"
+    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
+        assert mon.gpu_source == "nvidia-smi" and "missing-libnvidia-ml.so" in mon.gpu_reason
+        time.sleep(0.05)
+    rows = {(r["name"], r["source"]): float(r["value"]) for r in read_csv(path)}
+    assert rows[("gpu0/memory_used_bytes", "0")] == 1024 * 2**20
+    assert rows[("gpu1/utilization_percent", "1")] == 3
+
+
+FAKE_NVML = r"""
+typedef struct { unsigned long long total, free, used; } mem;
+typedef struct { unsigned int gpu, memory; } util;
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **d) { *d = (void *)(long)(i + 1); return 0; }
+int nvmlDeviceGetMemoryInfo(void *d, mem *m) { m->total = 80ull << 30; m->used = (long)d << 30; m->free = 0; return 0; }
+int nvmlDeviceGetUtilizationRates(void *d, util *u) { u->gpu = 40 + (long)d; u->memory = 0; return 0; }
+const char *nvmlErrorString(int rc) { return "fake"; }
+"""
+
+
+def test_gpu_metrics_through_nvml_loaded_at_run_time(tmp_path, monkeypatch):
+    source = tmp_path / "fake_nvml.c"
+    source.write_text(FAKE_NVML)
+    library = tmp_path / "libnvidia-ml.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(library))
+    path = tmp_path / "m.csv"
+    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
+        assert mon.gpu_source == "nvml"
+        time.sleep(0.05)
+    rows = {r["name"]: float(r["value"]) for r in read_csv(path)}
+    assert rows["gpu0/memory_used_bytes"] == 2**30 and rows["gpu1/memory_used_bytes"] == 2 * 2**30
+    assert rows["gpu1/memory_total_bytes"] == 80 * 2**30 and rows["gpu0/utilization_percent"] == 41
+
+
+def test_no_gpu_gives_one_clear_notice(monkeypatch, tmp_path):
+    monkeypatch.setattr(monitor_module, "_gpu_notice_given", False)
+    monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(tmp_path / "none.so"))
+    monkeypatch.setenv("FASTLOOP_NVIDIA_SMI", "false")
+    with pytest.warns(RuntimeWarning, match="no GPU metrics.*host metrics only"):
+        fastloop.Monitor(interval=1).close()
+    with warnings_recorded() as recorded:
+        fastloop.Monitor(interval=1).close()
+    assert not [w for w in recorded if "GPU" in str(w.message)]
+
+
+def warnings_recorded():
+    import warnings
+
+    return warnings.catch_warnings(record=True)
+
+
+def test_bad_records_and_closed_monitor():
+    mon = fastloop.Monitor(interval=0)
+    with pytest.raises(ValueError, match="1 to 47 bytes"):
+        mon.scalar("n" * 48, 1.0)
+    with pytest.raises(ValueError):
+        mon.scalar("", 1.0)
+    with pytest.raises(TypeError):
+        mon.scalar("x", "high")
+    with pytest.raises(ValueError, match="'step' must be >= 0"):
+        mon.scalar("x", 1.0, -3)
+    with pytest.raises(TypeError):
+        mon.scalar("x")
+    mon.scalar(name="x", value=1.0, step=3)  # keywords work too
+    mon.event("done", value=2.0)
+    mon.close()
+    with pytest.raises(fastloop.Closed):
+        mon.scalar("x", 1.0)
+    with pytest.raises(ValueError, match="interval"):
+        fastloop.Monitor(interval=-1)
+
+
+def test_close_without_waiting_returns_at_once_and_still_writes(tmp_path):
+    path = tmp_path / "m.csv"
+    mon = fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(path)], gpu=False)
+    for i in range(10000):
+        mon.scalar("x", i, i)
+    start = time.monotonic()
+    mon.close(wait=False)
+    assert time.monotonic() - start < 0.1
+    assert mon._core.wait_closed(10)
+    assert len([r for r in read_csv(path) if r["name"] == "x"]) == 10000
+
+
+EXIT_SCRIPT = """
+import sys, time, fastloop
+mon = fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(sys.argv[1])], gpu=False)
+for i in range(50000):
+    mon.scalar("x", i, i)
+print(time.monotonic(), flush=True)
+# no close(): the exit handler must write everything and not hang
+"""
+
+
+def test_exiting_with_a_live_monitor_writes_everything_quickly(tmp_path):
+    path = tmp_path / "m.csv"
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(path)], capture_output=True, text=True, timeout=60)
+    ended = time.monotonic()
+    assert out.returncode == 0, out.stderr
+    exit_took = ended - float(out.stdout.strip())
+    assert exit_took < 5.0, f"exit took {exit_took:.2f} s"
+    assert len([r for r in read_csv(path) if r["name"] == "x"]) == 50000
