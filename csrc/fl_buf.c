@@ -57,7 +57,35 @@ void fl_buf_printf(fl_buf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
+void fl_buf_int(fl_buf *b, int64_t value) {
+    char text[24], *p = text + sizeof text;
+    uint64_t magnitude = value < 0 ? 0 - (uint64_t)value : (uint64_t)value;
+    do {
+        *--p = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (value < 0)
+        *--p = '-';
+    fl_buf_append(b, p, (size_t)(text + sizeof text - p));
+}
+
+void fl_buf_seconds(fl_buf *b, double seconds) {
+    uint64_t micros = seconds > 0 ? (uint64_t)(seconds * 1e6 + 0.5) : 0;
+    fl_buf_int(b, (int64_t)(micros / 1000000));
+    char fraction[7];
+    uint64_t rest = micros % 1000000;
+    for (int i = 6; i >= 1; i--, rest /= 10)
+        fraction[i] = (char)('0' + rest % 10);
+    fraction[0] = '.';
+    fl_buf_append(b, fraction, sizeof fraction);
+}
+
 void fl_buf_double(fl_buf *b, double value) {
+    if (value == (double)(int64_t)value && value > -9007199254740992.0 &&
+        value < 9007199254740992.0) { /* integral and exact in an int64: no printf */
+        fl_buf_int(b, (int64_t)value);
+        return;
+    }
     if (isnan(value)) {
         fl_buf_append(b, "nan", 3);
         return;

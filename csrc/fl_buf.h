@@ -21,8 +21,15 @@ void fl_buf_append(fl_buf *b, const void *data, size_t len);
 void fl_buf_printf(fl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Appends the shortest decimal text that reads back as exactly `value` ("0.1", "1e+300",
- * "nan", "inf", "-inf"). */
+ * "nan", "inf", "-inf"); integral values below 2^53 take a fast path ("42"). */
 void fl_buf_double(fl_buf *b, double value);
+
+/* Appends a signed integer in decimal. */
+void fl_buf_int(fl_buf *b, int64_t value);
+
+/* Appends a non-negative number of seconds with exactly six decimals ("1712345678.123456"),
+ * rounded to the microsecond; negative input is written as 0. */
+void fl_buf_seconds(fl_buf *b, double seconds);
 
 /* Protobuf wire format: a field's key, then its value. */
 void fl_pb_varint(fl_buf *b, uint64_t value);

@@ -136,6 +136,7 @@ static int write_checkpoint(fl_checkpointer *c) {
 
 static void *writer_main(void *arg) {
     fl_checkpointer *c = arg;
+    fl_thread_background();
     pthread_mutex_lock(&c->lock);
     for (;;) {
         while (c->state != PENDING && !(c->closed && c->state == IDLE))

@@ -38,7 +38,9 @@ struct fl_monitor {
     int has_sampler, has_writer;
 
     pthread_mutex_t lock;
-    pthread_cond_t wake;
+    pthread_cond_t wake;        /* the sampler sleeps on it; flush and close waiters too */
+    pthread_cond_t writer_wake; /* the writer sleeps on it between polls */
+    int writer_wanted;          /* a flush or close wants the writer before its next poll */
     int stopping, closed, threads_taken, writer_done;
     uint64_t flush_issued, flushed;
     char errors[FL_MONITOR_MAX_SINKS][ERROR_TEXT]; /* each sink's first error, and reported ones */
@@ -62,6 +64,7 @@ static void destroy(fl_monitor *m) {
     }
     fl_gpu_close(m->gpu);
     fl_queue_free(m->queue);
+    pthread_cond_destroy(&m->writer_wake);
     pthread_cond_destroy(&m->wake);
     pthread_mutex_destroy(&m->lock);
     free(m);
@@ -127,15 +130,39 @@ static void mark_flushed(fl_monitor *m, uint64_t ticket, int done) {
     pthread_mutex_unlock(&m->lock);
 }
 
+/* Sleeps until the next poll, the next flush, or a wake-up (flush request, close). The
+ * writer never waits on the queue itself: a waiting reader would make every put pay a
+ * wake-up (a futex call and a context switch), and logging needs no such latency. */
+static void writer_sleep(fl_monitor *m, double next_flush) {
+    double until = fl_monotonic() + FL_MONITOR_POLL_S;
+    if (next_flush < until)
+        until = next_flush;
+    pthread_mutex_lock(&m->lock);
+    if (!m->stopping && !m->writer_wanted && until > fl_monotonic()) {
+        struct timespec deadline = fl_deadline_after(until - fl_monotonic());
+        fl_cond_wait_until(&m->writer_wake, &m->lock, &deadline);
+    }
+    m->writer_wanted = 0;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* Wakes the writer now (a flush was requested, or the monitor is closing). */
+static void wake_writer(fl_monitor *m) {
+    pthread_mutex_lock(&m->lock);
+    m->writer_wanted = 1;
+    pthread_cond_signal(&m->writer_wake);
+    pthread_mutex_unlock(&m->lock);
+}
+
 static void *writer_main(void *arg) {
     fl_monitor *m = arg;
+    fl_thread_background();
     fl_item items[BATCH];
     fl_event events[BATCH];
     double next_flush = fl_monotonic() + m->config.flush_interval_s;
     for (;;) {
-        double wait = next_flush - fl_monotonic();
         size_t n = 0;
-        int rc = fl_queue_get_many(m->queue, items, BATCH, wait > 0 ? wait : 0, &n);
+        int rc = fl_queue_get_many(m->queue, items, BATCH, 0, &n);
         uint64_t ticket = write_batch(m, items, n, events);
         if (ticket != 0 || fl_monotonic() >= next_flush) {
             flush_sinks(m);
@@ -145,6 +172,8 @@ static void *writer_main(void *arg) {
         }
         if (rc == FL_ECLOSED)
             break;
+        if (n < BATCH) /* drained: rest until there is more to do */
+            writer_sleep(m, next_flush);
     }
     for (size_t i = 0; i < m->n_sinks; i++)
         fl_sink_close(m->sinks[i]);
@@ -243,6 +272,7 @@ static void sample_all(fl_monitor *m, fl_host_sampler *host) {
 
 static void *sampler_main(void *arg) {
     fl_monitor *m = arg;
+    fl_thread_background();
     fl_host_sampler host;
     fl_host_sampler_init(&host);
     double next = fl_monotonic();
@@ -290,6 +320,8 @@ int fl_monitor_new(const fl_monitor_config *config, fl_sink **sinks, size_t n, f
     pthread_mutex_init(&m->lock, NULL);
     int rc = fl_cond_init(&m->wake);
     if (rc == FL_OK)
+        rc = fl_cond_init(&m->writer_wake);
+    if (rc == FL_OK)
         rc = fl_queue_new(config->queue_size, sizeof(fl_item), &m->queue);
     if (rc == FL_OK) {
         atomic_fetch_add(&m->refs, 1);
@@ -335,6 +367,8 @@ uint64_t fl_monitor_request_flush(fl_monitor *m, double timeout_s, int *err) {
     item.as.event.kind = FLUSH_MARKER;
     item.as.event.step = (int64_t)ticket;
     *err = fl_queue_put(m->queue, &item, timeout_s);
+    if (*err == FL_OK)
+        wake_writer(m);
     return *err == FL_OK ? ticket : 0;
 }
 
@@ -378,6 +412,7 @@ void fl_monitor_close(fl_monitor *m, int wait) {
     pthread_mutex_unlock(&m->lock);
     if (m->queue != NULL)
         fl_queue_close(m->queue);
+    wake_writer(m);
     if (!first) {
         if (wait)
             fl_monitor_wait_closed(m, -1);

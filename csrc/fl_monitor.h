@@ -2,7 +2,8 @@
  * metrics every interval, and a writer thread that drains every record (sampled or put by
  * the owner) into the sinks, flushing them on an interval.
  *
- * Records travel through one bounded fl_queue of fl_item. Putting one never does I/O.
+ * Records travel through one bounded fl_queue of fl_item. Putting one never does I/O and
+ * never wakes a thread: the writer polls every FL_MONITOR_POLL_S.
  * Policy when the queue is full: sampled records are dropped (counted as dropped_samples);
  * the owner's records are refused with FL_EAGAIN and the owner decides how long to retry
  * (fastloop.Monitor waits a bounded time, then counts them as dropped_records).
@@ -32,6 +33,10 @@ typedef struct fl_monitor_config {
 } fl_monitor_config;
 
 enum { FL_MONITOR_MAX_SINKS = 32, FL_MONITOR_MAX_WATCHED = 32 };
+
+/* The writer drains the queue this often (and at once on flush or close): records reach
+ * the sinks' buffers within this time, the files within the flush interval. */
+#define FL_MONITOR_POLL_S 0.02
 
 /* Starts a monitor writing to `sinks` (ownership of the n sinks and of `gpu`, which may be
  * NULL, passes to the monitor even on failure). Returns 0 and sets *out, or FL_EINVAL,

@@ -83,23 +83,35 @@ static void csv_text(fl_buf *b, const char *text) {
 }
 
 static void format_csv(fl_buf *b, const fl_event *e) {
-    fl_buf_printf(b, "%.6f,%lld,", e->wall_time, (long long)e->step);
+    fl_buf_seconds(b, e->wall_time);
+    fl_buf_append(b, ",", 1);
+    fl_buf_int(b, e->step);
+    fl_buf_append(b, ",", 1);
     csv_text(b, e->name);
     fl_buf_append(b, ",", 1);
     fl_buf_double(b, e->value);
-    fl_buf_printf(b, ",%s,%d\n", kind_name(e->kind), e->source);
+    const char *kind = kind_name(e->kind);
+    fl_buf_append(b, ",", 1);
+    fl_buf_append(b, kind, strlen(kind));
+    fl_buf_append(b, ",", 1);
+    fl_buf_int(b, e->source);
+    fl_buf_append(b, "\n", 1);
 }
 
 static void json_string(fl_buf *b, const char *text) {
     fl_buf_append(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fl_buf_printf(b, "\\%c", *p);
-        else if (*p < 0x20)
+    const unsigned char *run = (const unsigned char *)text, *p = run;
+    for (; *p; p++) { /* copy runs of plain bytes at once; escape the rest */
+        if (*p != '"' && *p != '\\' && *p >= 0x20)
+            continue;
+        fl_buf_append(b, run, (size_t)(p - run));
+        if (*p < 0x20)
             fl_buf_printf(b, "\\u%04x", *p);
         else
-            fl_buf_append(b, p, 1);
+            fl_buf_printf(b, "\\%c", *p);
+        run = p + 1;
     }
+    fl_buf_append(b, run, (size_t)(p - run));
     fl_buf_append(b, "\"", 1);
 }
 
@@ -115,12 +127,21 @@ static void json_number(fl_buf *b, double value) {
 }
 
 static void format_jsonl(fl_buf *b, const fl_event *e) {
-    fl_buf_printf(b, "{\"wall_time\": %.6f, \"step\": %lld, \"name\": ", e->wall_time,
-                  (long long)e->step);
+    static const char wall[] = "{\"wall_time\": ", step[] = ", \"step\": ", name[] = ", \"name\": ",
+                      value[] = ", \"value\": ", kind[] = ", \"kind\": \"", source[] = "\", \"source\": ";
+    fl_buf_append(b, wall, sizeof wall - 1);
+    fl_buf_seconds(b, e->wall_time);
+    fl_buf_append(b, step, sizeof step - 1);
+    fl_buf_int(b, e->step);
+    fl_buf_append(b, name, sizeof name - 1);
     json_string(b, e->name);
-    fl_buf_append(b, ", \"value\": ", 11);
+    fl_buf_append(b, value, sizeof value - 1);
     json_number(b, e->value);
-    fl_buf_printf(b, ", \"kind\": \"%s\", \"source\": %d}\n", kind_name(e->kind), e->source);
+    fl_buf_append(b, kind, sizeof kind - 1);
+    fl_buf_append(b, kind_name(e->kind), strlen(kind_name(e->kind)));
+    fl_buf_append(b, source, sizeof source - 1);
+    fl_buf_int(b, e->source);
+    fl_buf_append(b, "}\n", 2);
 }
 
 /* ---- opening ---- */

@@ -2,6 +2,9 @@
 #include "fl_thread.h"
 
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "fl_error.h"
 
@@ -12,4 +15,14 @@ int fl_thread_start(pthread_t *thread, void *(*main)(void *), void *arg) {
     int rc = pthread_create(thread, NULL, main, arg);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return rc == 0 ? FL_OK : FL_ESYS;
+}
+
+void fl_thread_background(void) {
+#ifdef SYS_gettid
+    /* Linux keeps a nice value per thread: PRIO_PROCESS with a thread id sets just this one */
+    int tid = (int)syscall(SYS_gettid);
+    int current = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (current < 10)
+        setpriority(PRIO_PROCESS, (id_t)tid, 10);
+#endif
 }

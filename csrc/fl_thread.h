@@ -8,4 +8,9 @@
 /* pthread_create() with all signals blocked in the new thread. Returns 0 or FL_ESYS. */
 int fl_thread_start(pthread_t *thread, void *(*main)(void *), void *arg);
 
+/* Lowers the calling thread's CPU priority (nice +10 on Linux) so a background thread
+ * (a log writer, a sampler) yields to the training threads when cores are contended. Best
+ * effort: never fails. */
+void fl_thread_background(void);
+
 #endif

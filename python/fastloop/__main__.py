@@ -14,14 +14,19 @@ import sys
 
 def run_bench(quick: bool, out_dir: str) -> int:
     """All suites side by side: the speed targets, then threads vs processes."""
-    from .bench import preprocess, targets
+    import warnings
+
+    from .bench import logistics, preprocess, targets
     from .bench.report import format_table, machine_summary
 
+    warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
     print(f"fastloop benchmarks ({'quick' if quick else 'full'}) on {machine_summary()}\n")
     print("== targets")
-    results = targets.main(quick=quick)
+    results = targets.run(quick=quick, log=print) + logistics.run(quick=quick, log=print)
+    print(format_table(targets.HEADERS, targets.table_rows(results)))
     print("\n== threads vs processes")
     preprocess.main(quick=quick, out_dir=out_dir)
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "targets.md"), "w") as f:
         f.write(f"# fastloop targets\n\n{machine_summary()}\n\n")
         f.write(format_table(targets.HEADERS, targets.table_rows(results), markdown=True) + "\n")
