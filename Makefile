@@ -58,7 +58,9 @@ test: build ctest pytest
 demo: build
 	$(PY) -m fastloop demo
 
+# torch is optional: it adds the SummaryWriter / torch.save comparisons.
 bench: build
+	$(PY) -m pip install -q torch==2.13.0 || echo "torch not installed: its comparisons are skipped"
 	$(PY) -m fastloop bench
 
 # A fresh venv, an isolated `pip install .` (PEP 517, build deps from the index), a smoke test.
