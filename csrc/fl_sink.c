@@ -48,8 +48,17 @@ static int record_error(fl_sink *sink, int err) {
     return sink->error;
 }
 
+/* Opens `path` for writing, creating its directory first (as the TensorBoard sink does). */
 static int open_file(fl_sink *sink, const char *path, int flags) {
     snprintf(sink->path, sizeof sink->path, "%s", path);
+    char *slash = strrchr(sink->path, '/');
+    if (slash != NULL && slash != sink->path) {
+        *slash = '\0';
+        int rc = fl_file_make_dirs(sink->path);
+        *slash = '/';
+        if (rc != FL_OK)
+            return rc;
+    }
     sink->fd = open(path, flags | O_WRONLY | O_CLOEXEC, 0666);
     if (sink->fd < 0)
         return fl_error_set(FL_ESYS, "cannot open %s: %s", path, strerror(errno));

@@ -6,8 +6,8 @@
  * error (disk full, permission denied, ...) a sink writes nothing more and keeps that
  * error, with the path in its message, for its owner to report.
  *
- * The open functions return 0 and set *out, or return an error (detail: the path and the
- * system's reason) with *out NULL.
+ * The open functions create missing parent directories, then return 0 and set *out, or
+ * return an error (detail: the path and the system's reason) with *out NULL.
  */
 #ifndef FL_SINK_H
 #define FL_SINK_H

@@ -134,10 +134,12 @@ def test_a_full_disk_raises_sink_error_naming_the_file():
     mon.close()
 
 
-def test_unopenable_sinks_fail_at_construction(tmp_path):
-    with pytest.raises(fastloop.SinkError, match="no-such-dir"):
-        fastloop.Monitor(sinks=[fastloop.CSVSink(tmp_path / "no-such-dir" / "m.csv")])
+def test_sinks_create_their_directory_and_unopenable_ones_fail_at_construction(tmp_path):
+    fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(tmp_path / "new" / "dir" / "m.csv")]).close()
+    assert (tmp_path / "new" / "dir" / "m.csv").exists()
     (tmp_path / "file").write_text("")
+    with pytest.raises(fastloop.SinkError, match="file"):
+        fastloop.Monitor(sinks=[fastloop.CSVSink(tmp_path / "file" / "m.csv")])
     with pytest.raises(fastloop.SinkError, match="file"):
         fastloop.Monitor(sinks=[fastloop.TensorBoardSink(tmp_path / "file" / "run")])
     with pytest.raises(TypeError, match="CSVSink"):

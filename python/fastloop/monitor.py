@@ -27,7 +27,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @dataclass(frozen=True)
 class CSVSink:
-    """Writes one CSV row per record, under the header
+    """Writes one CSV row per record (creating the file's directory), under the header
     ``wall_time,step,name,value,kind,source`` (written once; an existing file is appended to).
 
     >>> fastloop.Monitor(sinks=[fastloop.CSVSink("runs/a/metrics.csv")])
@@ -38,7 +38,8 @@ class CSVSink:
 
 @dataclass(frozen=True)
 class JSONLSink:
-    """Writes one JSON object per line: wall_time, step, name, value, kind, source
+    """Writes one JSON object per line (creating the file's directory): wall_time, step,
+    name, value, kind, source
     (NaN/Infinity as Python's json writes them).
 
     >>> fastloop.Monitor(sinks=[fastloop.JSONLSink("runs/a/metrics.jsonl")])

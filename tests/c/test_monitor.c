@@ -119,8 +119,8 @@ static void test_csv_and_jsonl_format_records(void) {
 
 static void test_sink_errors_name_the_path(void) {
     fl_sink *s;
-    CHECK(fl_sink_open_csv("/nonexistent-dir/x.csv", &s) == FL_ESYS && s == NULL);
-    CHECK(strstr(fl_error_detail(), "/nonexistent-dir/x.csv") != NULL);
+    CHECK(fl_sink_open_csv("/dev/null/x.csv", &s) == FL_ESYS && s == NULL); /* not a dir */
+    CHECK(strstr(fl_error_detail(), "/dev/null") != NULL);
     CHECK(fl_sink_open_jsonl("/dev/full", &s) == FL_OK); /* every write fails: ENOSPC */
     fl_event e;
     fl_event_init(&e, FL_EVENT_SCALAR, "x", 1, 1, -1);
