@@ -39,8 +39,7 @@ class CSVSink:
 @dataclass(frozen=True)
 class JSONLSink:
     """Writes one JSON object per line (creating the file's directory): wall_time, step,
-    name, value, kind, source
-    (NaN/Infinity as Python's json writes them).
+    name, value, kind, source (NaN/Infinity as Python's json writes them).
 
     >>> fastloop.Monitor(sinks=[fastloop.JSONLSink("runs/a/metrics.jsonl")])
     """
