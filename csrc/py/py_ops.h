@@ -39,4 +39,18 @@ void fl_image_shape(PyObject *x, fl_layout layout, fl_images dims, Py_ssize_t sh
         }                                               \
     } while (0)
 
+/* Runs one kernel call: `call` is an expression that uses `exec` (an fl_exec for `threads`
+ * threads) and yields an fl_err; the GIL is released for it when `nbytes` is large enough.
+ * On failure *out is replaced by NULL with the exception set, prefixed by `what`. */
+#define FL_RUN_KERNEL(module, threads, nbytes, what, out, call)          \
+    do {                                                                 \
+        fl_module_state *kernel_state = fl_state_from_module(module);    \
+        fl_exec exec = fl_exec_acquire(kernel_state, (threads));         \
+        int kernel_rc;                                                   \
+        FL_RUN_RELEASING_GIL((nbytes), kernel_rc = (call));              \
+        fl_exec_release(kernel_state, exec);                             \
+        if (kernel_rc != 0)                                              \
+            Py_SETREF((out), fl_raise(kernel_state, kernel_rc, (what))); \
+    } while (0)
+
 #endif

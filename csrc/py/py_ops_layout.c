@@ -122,17 +122,11 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
         fl_output_array(out_obj, PyArray_NDIM((PyArrayObject *)x), shape, (PyObject *)descr, x, 0);
     if (out == NULL)
         goto done;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
-    int rc;
-    FL_RUN_RELEASING_GIL(PyArray_NBYTES((PyArrayObject *)out),
-                         rc = fl_crop(exec, PyArray_DATA((PyArrayObject *)x),
-                                      PyArray_DATA((PyArrayObject *)out),
-                                      (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims,
-                                      out_h, out_w, tops, lefts));
-    fl_exec_release(state, exec);
-    if (rc != FL_OK)
-        Py_SETREF(out, fl_raise(state, rc, "crop"));
+    FL_RUN_KERNEL(module, threads, PyArray_NBYTES((PyArrayObject *)out), "crop", out,
+                  fl_crop(exec, PyArray_DATA((PyArrayObject *)x),
+                          PyArray_DATA((PyArrayObject *)out),
+                          (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims, out_h, out_w,
+                          tops, lefts));
 done:
     PyMem_Free(tops);
     return out;
@@ -192,13 +186,11 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
                           PyArray_DIMS((PyArrayObject *)x), (PyObject *)descr, x, 1);
     if (out == NULL)
         goto done;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
-    FL_RUN_RELEASING_GIL(
-        PyArray_NBYTES((PyArrayObject *)x),
-        fl_hflip(exec, PyArray_DATA((PyArrayObject *)x), PyArray_DATA((PyArrayObject *)out),
-                 (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims, flip));
-    fl_exec_release(state, exec);
+    FL_RUN_KERNEL(
+        module, threads, PyArray_NBYTES((PyArrayObject *)x), "hflip", out,
+        (fl_hflip(exec, PyArray_DATA((PyArrayObject *)x), PyArray_DATA((PyArrayObject *)out),
+                  (size_t)PyArray_ITEMSIZE((PyArrayObject *)x), layout, dims, flip),
+         FL_OK));
 done:
     PyMem_Free(flip);
     return out;
@@ -284,12 +276,10 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     }
     if (out == NULL)
         goto done;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
     size_t nbytes = (size_t)PyArray_NBYTES(first);
-    FL_RUN_RELEASING_GIL(nbytes * (size_t)count, fl_stack(exec, srcs, (size_t)count, nbytes,
-                                                          PyArray_DATA((PyArrayObject *)out)));
-    fl_exec_release(state, exec);
+    FL_RUN_KERNEL(
+        module, threads, nbytes * (size_t)count, "stack", out,
+        (fl_stack(exec, srcs, (size_t)count, nbytes, PyArray_DATA((PyArrayObject *)out)), FL_OK));
 done:
     PyMem_Free(srcs);
     Py_DECREF(arrays);

@@ -125,17 +125,11 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
                         : NULL;
     if (out == NULL)
         goto done;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
-    int rc;
-    FL_RUN_RELEASING_GIL(PyArray_NBYTES((PyArrayObject *)x),
-                         rc = fl_normalize(exec, PyArray_DATA((PyArrayObject *)x), dtype,
-                                           src_layout, PyArray_DATA((PyArrayObject *)out),
-                                           dst_layout, dims, PyArray_DATA((PyArrayObject *)mean),
-                                           PyArray_DATA((PyArrayObject *)std)));
-    fl_exec_release(state, exec);
-    if (rc != FL_OK)
-        Py_SETREF(out, fl_raise(state, rc, "normalize"));
+    FL_RUN_KERNEL(module, threads, PyArray_NBYTES((PyArrayObject *)x), "normalize", out,
+                  fl_normalize(exec, PyArray_DATA((PyArrayObject *)x), dtype, src_layout,
+                               PyArray_DATA((PyArrayObject *)out), dst_layout, dims,
+                               PyArray_DATA((PyArrayObject *)mean),
+                               PyArray_DATA((PyArrayObject *)std)));
 done:
     Py_XDECREF(mean);
     Py_XDECREF(std);
@@ -165,16 +159,9 @@ PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
         fl_output_array(out_obj, PyArray_NDIM(input), PyArray_DIMS(input), (PyObject *)descr, x, 0);
     if (out == NULL)
         return NULL;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
-    int rc;
-    FL_RUN_RELEASING_GIL(PyArray_NBYTES(input),
-                         rc = fl_cast(exec, PyArray_DATA(input), src_dtype,
-                                      PyArray_DATA((PyArrayObject *)out), dst_dtype,
-                                      (size_t)PyArray_SIZE(input)));
-    fl_exec_release(state, exec);
-    if (rc != FL_OK)
-        Py_SETREF(out, fl_raise(state, rc, "cast"));
+    FL_RUN_KERNEL(module, threads, PyArray_NBYTES(input), "cast", out,
+                  fl_cast(exec, PyArray_DATA(input), src_dtype, PyArray_DATA((PyArrayObject *)out),
+                          dst_dtype, (size_t)PyArray_SIZE(input)));
     return out;
 }
 
@@ -200,15 +187,9 @@ PyObject *fl_py_divide_by_max(PyObject *module, PyObject *args, PyObject *kwargs
                                     out_type == PyArray_TYPE(input));
     if (out == NULL)
         return NULL;
-    fl_module_state *state = fl_state_from_module(module);
-    fl_exec exec = fl_exec_acquire(state, threads);
-    int rc;
-    FL_RUN_RELEASING_GIL(PyArray_NBYTES(input),
-                         rc = fl_divide_by_max(exec, PyArray_DATA(input), dtype,
-                                               PyArray_DATA((PyArrayObject *)out),
-                                               (size_t)PyArray_SIZE(input)));
-    fl_exec_release(state, exec);
-    if (rc != FL_OK)
-        Py_SETREF(out, fl_raise(state, rc, "divide_by_max"));
+    FL_RUN_KERNEL(module, threads, PyArray_NBYTES(input), "divide_by_max", out,
+                  fl_divide_by_max(exec, PyArray_DATA(input), dtype,
+                                   PyArray_DATA((PyArrayObject *)out),
+                                   (size_t)PyArray_SIZE(input)));
     return out;
 }
