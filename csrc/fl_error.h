@@ -17,7 +17,8 @@
     X(ECLOSED, "closed")                          \
     X(EINTR, "interrupted")                       \
     X(ESYS, "system call failed")                 \
-    X(EOVERFLOW, "size overflow")
+    X(EOVERFLOW, "size overflow")                                                                  \
+    X(EEND, "end of data")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

@@ -44,8 +44,9 @@ int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout
             fl_images dims, size_t out_h, size_t out_w, const int64_t *tops, const int64_t *lefts);
 
 /* Fills tops/lefts (n each) with uniform random offsets of an out_h x out_w crop inside an
- * h x w image, drawn per sample from (seed, first_index + i). out_h <= h, out_w <= w. */
-void fl_crop_offsets_random(uint64_t seed, uint64_t first_index, size_t n, size_t h, size_t w,
+ * h x w image, drawn per sample from (seed, ids[i]), or (seed, i) when ids is NULL.
+ * out_h <= h, out_w <= w. */
+void fl_crop_offsets_random(uint64_t seed, const int64_t *ids, size_t n, size_t h, size_t w,
                             size_t out_h, size_t out_w, int64_t *tops, int64_t *lefts);
 
 /* Mirrors image i left-right where flip[i] != 0, else copies it. dst may be src (in place),
@@ -53,8 +54,9 @@ void fl_crop_offsets_random(uint64_t seed, uint64_t first_index, size_t n, size_
 void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
               fl_images dims, const uint8_t *flip);
 
-/* Sets flip[i] = 1 with probability p, drawn per sample from (seed, first_index + i). */
-void fl_hflip_draw(uint64_t seed, uint64_t first_index, double p, size_t n, uint8_t *flip);
+/* Sets flip[i] = 1 with probability p, drawn per sample from (seed, ids[i]), or (seed, i)
+ * when ids is NULL. */
+void fl_hflip_draw(uint64_t seed, const int64_t *ids, double p, size_t n, uint8_t *flip);
 
 /* Copies `count` buffers of `nbytes` each, back to back, into dst (a batch). Never fails. */
 void fl_stack(fl_exec exec, const void *const *srcs, size_t count, size_t nbytes, void *dst);

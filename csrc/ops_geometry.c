@@ -68,10 +68,13 @@ int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout
     return FL_OK;
 }
 
-void fl_crop_offsets_random(uint64_t seed, uint64_t first_index, size_t n, size_t h, size_t w,
+/* The id a random draw of sample i uses. */
+static uint64_t sample_id(const int64_t *ids, size_t i) { return ids ? (uint64_t)ids[i] : i; }
+
+void fl_crop_offsets_random(uint64_t seed, const int64_t *ids, size_t n, size_t h, size_t w,
                             size_t out_h, size_t out_w, int64_t *tops, int64_t *lefts) {
     for (size_t i = 0; i < n; i++) {
-        fl_rng rng = fl_rng_for_sample(seed, first_index + i);
+        fl_rng rng = fl_rng_for_sample(seed, sample_id(ids, i));
         tops[i] = (int64_t)fl_rng_below(&rng, h - out_h + 1);
         lefts[i] = (int64_t)fl_rng_below(&rng, w - out_w + 1);
     }
@@ -163,9 +166,9 @@ void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layo
     fl_exec_run(exec, dims.n * job.rows_per_image, grain, hflip_range, &job);
 }
 
-void fl_hflip_draw(uint64_t seed, uint64_t first_index, double p, size_t n, uint8_t *flip) {
+void fl_hflip_draw(uint64_t seed, const int64_t *ids, double p, size_t n, uint8_t *flip) {
     for (size_t i = 0; i < n; i++) {
-        fl_rng rng = fl_rng_for_sample(seed, first_index + i);
+        fl_rng rng = fl_rng_for_sample(seed, sample_id(ids, i));
         flip[i] = fl_rng_uniform(&rng) < p;
     }
 }

@@ -39,7 +39,7 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
         offsets = NULL;
     if (offsets == NULL || PyUnicode_Check(offsets)) {
         if (offsets == NULL || PyUnicode_CompareWithASCIIString(offsets, "random") == 0) {
-            fl_crop_offsets_random(seed, 0, dims.n, dims.h, dims.w, out_h, out_w, tops, lefts);
+            fl_crop_offsets_random(seed, NULL, dims.n, dims.h, dims.w, out_h, out_w, tops, lefts);
             return 0;
         }
         if (PyUnicode_CompareWithASCIIString(offsets, "center") == 0) {
@@ -178,7 +178,7 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
         if (explicit_flips(flip_obj, dims.n, flip) < 0)
             goto done;
     } else {
-        fl_hflip_draw(seed, 0, p, dims.n, flip);
+        fl_hflip_draw(seed, NULL, p, dims.n, flip);
     }
     PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)x);
     Py_INCREF(descr);

@@ -98,8 +98,8 @@ static void test_crop_and_hflip_move_the_right_pixels(void) {
         int64_t tops[4], lefts[4];
         uint8_t flags[4];
         fill_bytes(src, count * 2);
-        fl_crop_offsets_random((uint64_t)trial, 0, d.n, d.h, d.w, oh, ow, tops, lefts);
-        fl_hflip_draw((uint64_t)trial, 0, 0.5, d.n, flags);
+        fl_crop_offsets_random((uint64_t)trial, NULL, d.n, d.h, d.w, oh, ow, tops, lefts);
+        fl_hflip_draw((uint64_t)trial, NULL, 0.5, d.n, flags);
         fl_exec exec = {pool, 1 + trial % 3};
         CHECK(fl_crop(exec, src, crop, 2, layout, d, oh, ow, tops, lefts) == FL_OK);
         fl_hflip(exec, src, flip, 2, layout, d, flags);
@@ -180,11 +180,11 @@ static void test_large_inputs_split_across_threads_match_serial(void) {
     CHECK(memcmp(af, bf, count * sizeof(float)) == 0);
     int64_t tops[16], lefts[16];
     uint8_t flags[16];
-    fl_crop_offsets_random(5, 0, d.n, d.h, d.w, 200, 200, tops, lefts);
+    fl_crop_offsets_random(5, NULL, d.n, d.h, d.w, 200, 200, tops, lefts);
     CHECK(fl_crop(serial, img, a8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
     CHECK(fl_crop(pooled, img, b8, 1, FL_HWC, d, 200, 200, tops, lefts) == FL_OK);
     CHECK(memcmp(a8, b8, d.n * 200 * 200 * 3) == 0);
-    fl_hflip_draw(5, 0, 0.5, d.n, flags);
+    fl_hflip_draw(5, NULL, 0.5, d.n, flags);
     fl_hflip(serial, img, a8, 1, FL_HWC, d, flags);
     fl_hflip(pooled, img, b8, 1, FL_HWC, d, flags);
     CHECK(memcmp(a8, b8, count) == 0);

@@ -1,0 +1,42 @@
+/* fl_sampler.h - which samples make up each epoch, and in what order: an optional seeded
+ * shuffle (a new order every epoch, the same on every rank) split into disjoint shards by
+ * rank, then cut into batches.
+ *
+ * Shard r takes every world_size-th sample of the epoch's order, starting at r: the shards
+ * are disjoint and together hold every sample exactly once (their sizes differ by at most
+ * one). Pure functions of their arguments; thread-safe; no Python.
+ */
+#ifndef FL_SAMPLER_H
+#define FL_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fl_sampler {
+    uint64_t n;      /* samples in the dataset */
+    int shuffle;     /* 0: in order */
+    uint64_t seed;   /* shuffle seed */
+    int rank;        /* 0 <= rank < world_size */
+    int world_size;  /* >= 1 */
+    size_t batch_size;
+    int drop_last;   /* 1: no final partial batch */
+} fl_sampler;
+
+/* Checks the fields. Returns 0 or FL_EINVAL with a detail. */
+int fl_sampler_check(const fl_sampler *s);
+
+/* Samples in this rank's shard. */
+uint64_t fl_sampler_shard_size(const fl_sampler *s);
+
+/* Batches per epoch for this shard. */
+uint64_t fl_sampler_batches(const fl_sampler *s);
+
+/* Writes this shard's sample indices for `epoch` into order (shard_size entries). Needs
+ * n * 8 bytes of scratch when shuffling (the full permutation): returns 0 or FL_ENOMEM. */
+int fl_sampler_epoch(const fl_sampler *s, uint64_t epoch, int64_t *order);
+
+/* The seed of an epoch's random augmentations: mixes seed and epoch so every epoch draws
+ * anew while staying reproducible. */
+uint64_t fl_sampler_epoch_seed(uint64_t seed, uint64_t epoch);
+
+#endif
