@@ -9,7 +9,7 @@ CC ?= gcc
 
 CORE_SOURCES := $(wildcard csrc/*.c)
 CORE_HEADERS := $(wildcard csrc/*.h csrc/*.inc)
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_loader
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all

@@ -3,8 +3,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
-static _Thread_local char error_detail[256];
+static _Thread_local char error_detail[1024]; /* room for a path and its context */
 
 const char *fl_strerror(int err) {
     switch (err) {
@@ -39,6 +40,24 @@ int fl_error_set(int err, const char *fmt, ...) {
     va_start(args, fmt);
     vsnprintf(error_detail, sizeof error_detail, fmt, args);
     va_end(args);
+    return err;
+}
+
+int fl_error_prefix(int err, const char *fmt, ...) {
+    char previous[sizeof error_detail], context[128];
+    snprintf(previous, sizeof previous, "%s", error_detail); /* the detail is also the target */
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(context, sizeof context, fmt, args);
+    va_end(args);
+    const char *reason = previous[0] ? previous : fl_strerror(err);
+    size_t used = strlen(context), room = sizeof error_detail - 1;
+    memcpy(error_detail, context, used);
+    memcpy(error_detail + used, ": ", 2); /* context is under 128 bytes: this fits */
+    used += 2;
+    size_t tail = strlen(reason) < room - used ? strlen(reason) : room - used; /* truncate */
+    memcpy(error_detail + used, reason, tail);
+    error_detail[used + tail] = '\0';
     return err;
 }
 

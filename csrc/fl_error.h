@@ -46,9 +46,13 @@ const char *fl_strerror(int err);
 /* Returns the symbolic name ("FL_ETIMEDOUT") of a code, or "FL_UNKNOWN". Never fails. */
 const char *fl_err_name(int err);
 
-/* Records a printf-style detail for the last error on this thread (truncated to 255 bytes)
+/* Records a printf-style detail for the last error on this thread (truncated to 1023 bytes)
  * and returns err, so a failing path can say `return fl_error_set(FL_EINVAL, "...")`. */
 int fl_error_set(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prepends printf-style context and ": " to this thread's detail message (which may be
+ * empty) and returns err: `return fl_error_prefix(rc, "sample %lld", i)`. */
+int fl_error_prefix(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Returns this thread's last detail message ("" if none); valid until the next
  * fl_error_set() or fl_error_clear() on this thread. */

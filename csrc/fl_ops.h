@@ -49,6 +49,11 @@ int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout
 void fl_crop_offsets_random(uint64_t seed, const int64_t *ids, size_t n, size_t h, size_t w,
                             size_t out_h, size_t out_w, int64_t *tops, int64_t *lefts);
 
+/* Fills tops/lefts (n each) with the offsets of a centered out_h x out_w crop, rounded as
+ * torchvision's center_crop does (int(round(d / 2)), halves rounding to even). */
+void fl_crop_offsets_center(size_t n, size_t h, size_t w, size_t out_h, size_t out_w,
+                            int64_t *tops, int64_t *lefts);
+
 /* Mirrors image i left-right where flip[i] != 0, else copies it. dst may be src (in place),
  * but must not otherwise overlap it. Never fails. */
 void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,

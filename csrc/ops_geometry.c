@@ -80,6 +80,20 @@ void fl_crop_offsets_random(uint64_t seed, const int64_t *ids, size_t n, size_t 
     }
 }
 
+/* Python's round(d / 2), which rounds halves to even: 2.5 -> 2, 3.5 -> 4. */
+static int64_t center_offset(size_t full, size_t part) {
+    size_t twice = full - part, half = twice / 2;
+    return (int64_t)(twice % 2 == 0 || half % 2 == 0 ? half : half + 1);
+}
+
+void fl_crop_offsets_center(size_t n, size_t h, size_t w, size_t out_h, size_t out_w,
+                            int64_t *tops, int64_t *lefts) {
+    for (size_t i = 0; i < n; i++) {
+        tops[i] = center_offset(h, out_h);
+        lefts[i] = center_offset(w, out_w);
+    }
+}
+
 /* ---- hflip ---- */
 
 typedef struct hflip_job {

@@ -25,12 +25,6 @@ static int parse_crop_size(PyObject *size, size_t *out_h, size_t *out_w) {
     return 0;
 }
 
-/* torchvision's center_crop: int(round((full - part) / 2)), Python rounding half to even. */
-static int64_t center_offset(size_t full, size_t part) {
-    size_t twice = full - part, half = twice / 2;
-    return (int64_t)(twice % 2 == 0 || half % 2 == 0 ? half : half + 1);
-}
-
 /* Fills tops/lefts from `offsets`: "random", "center", a (top, left) pair for every image,
  * or an (N, 2) integer array with one pair per image. */
 static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t out_h,
@@ -43,10 +37,7 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
             return 0;
         }
         if (PyUnicode_CompareWithASCIIString(offsets, "center") == 0) {
-            for (size_t i = 0; i < dims.n; i++) {
-                tops[i] = center_offset(dims.h, out_h);
-                lefts[i] = center_offset(dims.w, out_w);
-            }
+            fl_crop_offsets_center(dims.n, dims.h, dims.w, out_h, out_w, tops, lefts);
             return 0;
         }
         PyErr_Format(PyExc_ValueError,

@@ -1,0 +1,261 @@
+/* test_loader.c - sampler (every sample once per epoch, disjoint shards), pipeline (equal to
+ * the ops it is made of), and the threaded loader: every sample exactly once and in order,
+ * batches equal to the source through the pipeline, slots recycled, stop and restart,
+ * worker errors naming the file and index. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fl_error.h"
+#include "fl_loader.h"
+#include "fl_pipeline.h"
+#include "fl_sampler.h"
+
+static char tmpdir[] = "/tmp/fl_test_loader_XXXXXX";
+
+/* ---- sampler ---- */
+
+static void test_every_index_once_per_epoch_and_shards_partition(void) {
+    enum { N = 1000000 };
+    static unsigned char seen[N];
+    fl_sampler s = {.n = N, .shuffle = 1, .seed = 7, .world_size = 1, .batch_size = 256};
+    static int64_t order[N], again[N];
+    for (uint64_t epoch = 0; epoch < 2; epoch++) {
+        CHECK(fl_sampler_epoch(&s, epoch, order) == FL_OK);
+        memset(seen, 0, N);
+        int ok = 1;
+        for (size_t i = 0; i < N; i++)
+            ok &= order[i] >= 0 && order[i] < N && seen[order[i]]++ == 0;
+        CHECK(ok);
+    }
+    CHECK(fl_sampler_epoch(&s, 1, again) == FL_OK && memcmp(order, again, sizeof order) == 0);
+    CHECK(fl_sampler_epoch(&s, 2, again) == FL_OK && memcmp(order, again, sizeof order) != 0);
+    memset(seen, 0, N); /* three ranks: disjoint, together everything */
+    size_t total = 0;
+    for (int rank = 0; rank < 3; rank++) {
+        fl_sampler shard = s;
+        shard.rank = rank;
+        shard.world_size = 3;
+        uint64_t size = fl_sampler_shard_size(&shard);
+        CHECK(size == 333333 || size == 333334);
+        CHECK(fl_sampler_epoch(&shard, 5, order) == FL_OK);
+        int ok = 1;
+        for (size_t i = 0; i < size; i++)
+            ok &= seen[order[i]]++ == 0;
+        CHECK(ok);
+        total += size;
+    }
+    CHECK(total == N);
+    fl_sampler bad = s;
+    bad.rank = 3;
+    bad.world_size = 3;
+    CHECK(fl_sampler_check(&bad) == FL_EINVAL);
+    s.drop_last = 1;
+    CHECK(fl_sampler_batches(&s) == N / 256);
+    s.drop_last = 0;
+    CHECK(fl_sampler_batches(&s) == N / 256 + 1);
+}
+
+/* ---- pipeline ---- */
+
+static fl_pipeline *crop_flip_normalize(void) {
+    fl_pipeline *p;
+    float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.2f, 0.25f, 0.3f};
+    if (fl_pipeline_new(FL_CHW, &p) != FL_OK || fl_pipeline_crop(p, 6, 5, 0) != FL_OK ||
+        fl_pipeline_hflip(p, 0.5) != FL_OK || fl_pipeline_normalize(p, mean, std, 3, FL_CHW) != FL_OK)
+        return NULL;
+    return p;
+}
+
+static void test_pipeline_equals_its_ops(void) {
+    fl_pipeline *p = crop_flip_normalize();
+    CHECK(p != NULL);
+    fl_images in = {4, 9, 8, 3}, out;
+    fl_dtype dtype;
+    fl_layout layout;
+    size_t scratch_per_image;
+    CHECK(fl_pipeline_plan(p, in, FL_UINT8, &out, &dtype, &layout, &scratch_per_image) == FL_OK);
+    CHECK(out.h == 6 && out.w == 5 && out.c == 3 && dtype == FL_FLOAT32 && layout == FL_CHW);
+    unsigned char src[4 * 9 * 8 * 3], cropped[4 * 6 * 5 * 3], flipped[4 * 6 * 5 * 3];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (unsigned char)(i * 7);
+    float got[4 * 6 * 5 * 3], want[4 * 6 * 5 * 3];
+    unsigned char scratch[4 * 256];
+    int64_t ids[4] = {10, 3, 77, 5}, tops[4], lefts[4];
+    uint8_t flips[4];
+    CHECK(fl_pipeline_run(p, (fl_exec){NULL, 1}, src, in, FL_UINT8, got, scratch, 99, ids) == FL_OK);
+    /* the same by hand: each step draws from its own stream of the seed */
+    fl_crop_offsets_random(99 ^ 0xD1B54A32D192ED03ULL, ids, 4, 9, 8, 6, 5, tops, lefts);
+    CHECK(fl_crop((fl_exec){NULL, 1}, src, cropped, 1, FL_CHW, in, 6, 5, tops, lefts) == FL_OK);
+    fl_hflip_draw(99 ^ (0xD1B54A32D192ED03ULL * 2), ids, 0.5, 4, flips);
+    fl_images mid = {4, 6, 5, 3};
+    fl_hflip((fl_exec){NULL, 1}, cropped, flipped, 1, FL_CHW, mid, flips);
+    float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.2f, 0.25f, 0.3f};
+    CHECK(fl_normalize((fl_exec){NULL, 1}, flipped, FL_UINT8, FL_CHW, want, FL_CHW, mid, mean, std) == FL_OK);
+    CHECK(memcmp(got, want, sizeof got) == 0);
+    fl_images small = {1, 4, 4, 3};
+    CHECK(fl_pipeline_plan(p, small, FL_UINT8, &out, &dtype, &layout, &scratch_per_image) == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "crop") != NULL);
+    fl_images gray = {1, 9, 8, 1};
+    CHECK(fl_pipeline_plan(p, gray, FL_UINT8, &out, &dtype, &layout, &scratch_per_image) == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "channels") != NULL);
+    fl_pipeline_free(p);
+}
+
+/* ---- the loader ---- */
+
+enum { SAMPLES = 1000, C = 3, H = 9, W = 8 };
+static unsigned char images[SAMPLES][C * H * W];
+static int64_t labels[SAMPLES];
+
+static fl_loader *make_loader(int workers, int shuffle, fl_pipeline *p, int rank, int world) {
+    fl_field fields[2] = {
+        {.base = images, .sample_bytes = C * H * W},
+        {.base = labels, .sample_bytes = sizeof(int64_t)},
+    };
+    fl_loader_config config = {
+        .sampler = {.n = SAMPLES, .shuffle = shuffle, .seed = 3, .rank = rank, .world_size = world,
+                    .batch_size = 64},
+        .workers = workers, .slots = 4, .fields = fields, .n_fields = 2, .pipeline = p,
+        .image = {1, H, W, C}, .image_dtype = FL_UINT8,
+    };
+    fl_loader *l = NULL;
+    CHECK(fl_loader_new(&config, &l) == FL_OK);
+    return l;
+}
+
+/* Runs one epoch; checks order, contents, and marks labels seen. Returns batches. */
+static int run_epoch(fl_loader *l, uint64_t epoch, fl_pipeline *p, unsigned char *seen, int hold) {
+    CHECK(fl_loader_start_epoch(l, epoch) == FL_OK);
+    int slot, batches = 0, held[8], n_held = 0;
+    size_t count;
+    int rc;
+    while ((rc = fl_loader_next(l, 10.0, &slot, &count)) == FL_OK) {
+        unsigned char *data = fl_loader_slot(l, slot);
+        const int64_t *got_labels = (const int64_t *)(data + fl_loader_field_offset(l, 1));
+        for (size_t i = 0; i < count; i++)
+            seen[got_labels[i]]++;
+        if (p != NULL) { /* field 0 equals the pipeline run on those ids */
+            static float want[64 * C * 6 * 5];
+            static unsigned char gathered[64 * C * H * W], scratch[64 * 512];
+            for (size_t i = 0; i < count; i++)
+                memcpy(gathered + i * C * H * W, images[got_labels[i]], C * H * W);
+            fl_images in = {count, H, W, C};
+            fl_pipeline_run(p, (fl_exec){NULL, 1}, gathered, in, FL_UINT8, want, scratch,
+                            fl_sampler_epoch_seed(3, epoch), got_labels);
+            CHECK(memcmp(want, data, count * C * 6 * 5 * sizeof(float)) == 0);
+        } else {
+            for (size_t i = 0; i < count; i++)
+                CHECK(memcmp(data + i * C * H * W, images[got_labels[i]], C * H * W) == 0);
+        }
+        if (n_held < hold)
+            held[n_held++] = slot; /* keep some slots lent for a while */
+        else
+            fl_loader_release(l, slot);
+        batches++;
+    }
+    CHECK(rc == FL_EEND);
+    CHECK(fl_loader_lent(l) == n_held);
+    for (int i = 0; i < n_held; i++)
+        fl_loader_release(l, held[i]);
+    return batches;
+}
+
+static void test_threaded_loader_delivers_every_sample_once_through_the_pipeline(void) {
+    for (int i = 0; i < SAMPLES; i++) {
+        labels[i] = i;
+        for (int k = 0; k < C * H * W; k++)
+            images[i][k] = (unsigned char)(i * 31 + k);
+    }
+    fl_pipeline *p = crop_flip_normalize();
+    for (int workers = 0; workers <= 3; workers++) {
+        for (int piped = 0; piped <= 1; piped++) {
+            fl_loader *l = make_loader(workers, 1, piped ? p : NULL, 0, 1);
+            for (uint64_t epoch = 0; epoch < 3; epoch++) {
+                unsigned char seen[SAMPLES] = {0};
+                CHECK(run_epoch(l, epoch, piped ? p : NULL, seen, 2) == 16);
+                int once = 1;
+                for (int i = 0; i < SAMPLES; i++)
+                    once &= seen[i] == 1;
+                CHECK(once);
+            }
+            fl_loader_free(l);
+        }
+    }
+    fl_pipeline_free(p);
+}
+
+static void test_shards_of_a_loader_partition_the_data(void) {
+    unsigned char seen[SAMPLES] = {0};
+    for (int rank = 0; rank < 3; rank++) {
+        fl_loader *l = make_loader(2, 1, NULL, rank, 3);
+        run_epoch(l, 4, NULL, seen, 0);
+        fl_loader_free(l);
+    }
+    int once = 1;
+    for (int i = 0; i < SAMPLES; i++)
+        once &= seen[i] == 1;
+    CHECK(once);
+}
+
+static void test_stopping_mid_epoch_then_a_new_epoch_works(void) {
+    fl_loader *l = make_loader(2, 0, NULL, 0, 1);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    int slot;
+    size_t count;
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_OK);
+    fl_loader_stop(l); /* the consumer walked away; its slot stays lent */
+    CHECK(fl_loader_lent(l) == 1);
+    fl_loader_release(l, slot);
+    unsigned char seen[SAMPLES] = {0};
+    CHECK(run_epoch(l, 1, NULL, seen, 0) == 16);
+    CHECK(fl_loader_next(l, 0, &slot, &count) == FL_EEND);
+    fl_loader_free(l);
+}
+
+static void test_a_missing_file_names_the_path_and_sample(void) {
+    enum { FILES = 10 };
+    char paths[FILES][256];
+    const char *list[FILES];
+    for (int i = 0; i < FILES; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/sample%d.raw", tmpdir, i);
+        list[i] = paths[i];
+        if (i != 7) {
+            FILE *f = fopen(paths[i], "wb");
+            int64_t value = i * 100;
+            fwrite(&value, sizeof value, 1, f);
+            fclose(f);
+        }
+    }
+    fl_field field = {.paths = list, .raw = 1, .sample_bytes = sizeof(int64_t)};
+    fl_loader_config config = {
+        .sampler = {.n = FILES, .world_size = 1, .batch_size = 4},
+        .workers = 2, .slots = 3, .fields = &field, .n_fields = 1,
+    };
+    fl_loader *l;
+    CHECK(fl_loader_new(&config, &l) == FL_OK);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    int slot;
+    size_t count;
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_OK && count == 4);
+    CHECK(((int64_t *)fl_loader_slot(l, slot))[3] == 300);
+    fl_loader_release(l, slot);
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_ESYS);
+    CHECK(strstr(fl_loader_error(l), "sample 7: cannot open") && strstr(fl_loader_error(l), "sample7.raw"));
+    fl_loader_free(l);
+}
+
+int main(void) {
+    if (mkdtemp(tmpdir) == NULL)
+        return 1;
+    RUN(test_every_index_once_per_epoch_and_shards_partition);
+    RUN(test_pipeline_equals_its_ops);
+    RUN(test_threaded_loader_delivers_every_sample_once_through_the_pipeline);
+    RUN(test_shards_of_a_loader_partition_the_data);
+    RUN(test_stopping_mid_epoch_then_a_new_epoch_works);
+    RUN(test_a_missing_file_names_the_path_and_sample);
+    char cleanup[300];
+    snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
+    return system(cleanup) != 0 || check_failures != 0;
+}
