@@ -17,8 +17,9 @@
     X(ECLOSED, "closed")                          \
     X(EINTR, "interrupted")                       \
     X(ESYS, "system call failed")                 \
-    X(EOVERFLOW, "size overflow")                                                                  \
-    X(EEND, "end of data")
+    X(EOVERFLOW, "size overflow")                 \
+    X(EEND, "end of data")                        \
+    X(EWORKER, "a worker process failed")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

@@ -24,6 +24,10 @@ typedef struct fl_module_state {
     PyTypeObject *metric_stats_type;
     PyTypeObject *monitor_type;
     PyTypeObject *checkpointer_type;
+    PyTypeObject *pipeline_type;
+    PyTypeObject *loader_type;
+    PyTypeObject *lease_type;
+    PyTypeObject *npy_mapping_type;
     PyObject *error;            /* fastloop.Error */
     PyObject *closed;           /* fastloop.Closed */
     PyObject *empty;            /* fastloop.Empty */
@@ -123,6 +127,10 @@ int fl_queue_module_init(PyObject *module, fl_module_state *state);
 int fl_metrics_module_init(PyObject *module, fl_module_state *state);
 int fl_monitor_module_init(PyObject *module, fl_module_state *state);
 int fl_checkpoint_module_init(PyObject *module, fl_module_state *state);
+int fl_pipeline_module_init(PyObject *module, fl_module_state *state);
+int fl_loader_module_init(PyObject *module, fl_module_state *state);
+int fl_procloader_module_init(PyObject *module, fl_module_state *state);
+int fl_npy_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
 

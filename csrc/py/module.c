@@ -98,7 +98,9 @@ static int module_exec(PyObject *module) {
         return -1;
     if (fl_queue_module_init(module, state) < 0 || fl_metrics_module_init(module, state) < 0 ||
         fl_monitor_module_init(module, state) < 0 ||
-        fl_checkpoint_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
+        fl_checkpoint_module_init(module, state) < 0 || fl_pipeline_module_init(module, state) < 0 ||
+        fl_loader_module_init(module, state) < 0 || fl_procloader_module_init(module, state) < 0 ||
+        fl_npy_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
         fl_testing_module_init(module) < 0)
         return -1;
     return 0;
@@ -112,6 +114,10 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state->closed);
     Py_VISIT(state->empty);
     Py_VISIT(state->full);
+    Py_VISIT(state->npy_mapping_type);
+    Py_VISIT(state->lease_type);
+    Py_VISIT(state->loader_type);
+    Py_VISIT(state->pipeline_type);
     Py_VISIT(state->checkpoint_error);
     Py_VISIT(state->sink_error);
     Py_VISIT(state->checkpointer_type);
@@ -129,6 +135,10 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(state->closed);
     Py_CLEAR(state->empty);
     Py_CLEAR(state->full);
+    Py_CLEAR(state->npy_mapping_type);
+    Py_CLEAR(state->lease_type);
+    Py_CLEAR(state->loader_type);
+    Py_CLEAR(state->pipeline_type);
     Py_CLEAR(state->checkpoint_error);
     Py_CLEAR(state->sink_error);
     Py_CLEAR(state->checkpointer_type);

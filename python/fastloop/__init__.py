@@ -21,11 +21,13 @@ from .errors import (
     Error,
     QueueFull,
     SinkError,
+    WorkerError,
 )
 from . import ops
 from . import cuda
 from .checkpoint import Checkpoint, Checkpointer
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
+from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,11 @@ __all__ = [
     "Event",
     "ops",
     "cuda",
+    "Loader",
+    "Folder",
+    "load_npy",
+    "get_worker_info",
+    "WorkerInfo",
     "Monitor",
     "CSVSink",
     "JSONLSink",
@@ -48,6 +55,7 @@ __all__ = [
     "Empty",
     "QueueFull",
     "SinkError",
+    "WorkerError",
     "CheckpointError",
     "CudaError",
     "CudaUnavailable",

@@ -14,6 +14,7 @@ __all__ = [
     "Empty",
     "QueueFull",
     "SinkError",
+    "WorkerError",
     "CheckpointError",
     "CudaError",
     "CudaUnavailable",
@@ -49,6 +50,20 @@ class QueueFull(Error, _queue.Full):
     >>> q = fastloop.Queue(maxsize=1); q.put(1)
     >>> q.put_nowait(2)  # raises fastloop.QueueFull (also a queue.Full)
     """
+
+
+class WorkerError(Error, RuntimeError):
+    """A Loader worker failed: a process died (``pid`` and ``signal`` say how) or raised
+    where its exception could not be re-created in the main process. ``index`` is the
+    sample being fetched, when known.
+
+    >>> for batch in loader: ...   # raises WorkerError: worker 1 (pid 4242) was killed by signal 9
+    """
+
+    def __init__(self, message: str, *, pid: int | None = None, signal: int | None = None,
+                 worker: int | None = None, index: int | None = None) -> None:
+        super().__init__(message)
+        self.pid, self.signal, self.worker, self.index = pid, signal, worker, index
 
 
 class SinkError(Error, OSError):

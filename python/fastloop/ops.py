@@ -1,4 +1,4 @@
-"""Fused, GIL-free preprocessing kernels on NumPy arrays.
+"""Fused, GIL-free preprocessing kernels on NumPy arrays, and pipelines of them.
 
 Every function checks dtype, shape and contiguity at the call (a TypeError or ValueError
 naming the argument), reads its input once and writes its output once, accepts ``out=``
@@ -9,10 +9,170 @@ to reuse a buffer, releases the GIL while it runs (inputs of 2 KiB and more), an
     >>> x = numpy.zeros((8, 224, 224, 3), numpy.uint8)
     >>> fastloop.ops.normalize(x, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]).shape
     (8, 3, 224, 224)
+
+A ``Pipeline`` chains crop, flip, normalize and cast into one C call per batch -- what
+``fastloop.Loader`` workers run with no Python at all:
+
+    >>> aug = fastloop.ops.Pipeline([RandomCrop(56), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
+    >>> aug(batch_u8, seed=epoch).shape
+    (256, 3, 56, 56)
 """
 
 from __future__ import annotations
 
-from ._core import cast, crop, divide_by_max, hflip, normalize, stack
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
 
-__all__ = ["normalize", "cast", "crop", "hflip", "stack", "divide_by_max"]
+import numpy as np
+import numpy.typing as npt
+
+from ._core import _Pipeline, cast, crop, divide_by_max, hflip, normalize, stack
+
+__all__ = [
+    "normalize",
+    "cast",
+    "crop",
+    "hflip",
+    "stack",
+    "divide_by_max",
+    "Pipeline",
+    "RandomCrop",
+    "CenterCrop",
+    "RandomHFlip",
+    "Normalize",
+    "Cast",
+]
+
+
+def _size(size: int | tuple[int, int]) -> tuple[int, int]:
+    h, w = (size, size) if isinstance(size, int) else size
+    return int(h), int(w)
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """Crop each image to `size` (int or (h, w)) at a uniform random position.
+
+    >>> Pipeline([RandomCrop(56)], layout="CHW")
+    """
+
+    size: int | tuple[int, int]
+
+    def _spec(self) -> tuple:
+        return ("crop", *_size(self.size), False)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop each image to `size` at its center (torchvision's rounding).
+
+    >>> Pipeline([CenterCrop(224)])
+    """
+
+    size: int | tuple[int, int]
+
+    def _spec(self) -> tuple:
+        return ("crop", *_size(self.size), True)
+
+
+@dataclass(frozen=True)
+class RandomHFlip:
+    """Mirror each image left-right with probability p.
+
+    >>> Pipeline([RandomHFlip(p=0.5)])
+    """
+
+    p: float = 0.5
+
+    def _spec(self) -> tuple:
+        return ("hflip", float(self.p))
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """(x * scale - mean) / std per channel to float32 (scale 1/255 for uint8); layout
+    "CHW"/"HWC" keeps the layout, "HWC->CHW"/"CHW->HWC" changes it.
+
+    >>> Pipeline([Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], layout="HWC->CHW")])
+    """
+
+    mean: Union[float, Sequence[float]]
+    std: Union[float, Sequence[float]]
+    layout: str | None = None  # None: keep the pipeline's layout
+
+    def _spec(self, current: str, channels: int) -> tuple:
+        out = current if self.layout is None else self.layout.split("->")[-1]
+        if self.layout is not None and "->" in self.layout and self.layout.split("->")[0] != current:
+            raise ValueError(f"Normalize(layout={self.layout!r}) follows a step that yields {current} images")
+        mean = np.broadcast_to(np.asarray(self.mean, np.float32), (channels,))
+        std = np.broadcast_to(np.asarray(self.std, np.float32), (channels,))
+        return ("normalize", np.ascontiguousarray(mean), np.ascontiguousarray(std), out)
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Convert to dtype (float -> int saturates, as fastloop.ops.cast).
+
+    >>> Pipeline([RandomCrop(56), Cast(numpy.float16)])
+    """
+
+    dtype: npt.DTypeLike
+
+    def _spec(self) -> tuple:
+        return ("cast", np.dtype(self.dtype))
+
+
+Step = Union[RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast]
+
+
+class Pipeline:
+    """A sequence of steps run on whole batches in C with the GIL released: what Loader
+    workers apply to the first field of every batch. Random choices for each image are
+    drawn from (seed, step, the image's dataset index), so an image gets the same
+    augmentation whichever worker or batch handles it.
+
+    `layout` is the input images' layout: "HWC" (height, width, channels) or "CHW".
+
+        aug = Pipeline([RandomCrop(56), RandomHFlip(), Normalize(mean, std)], layout="CHW")
+        y = aug(x_u8, seed=epoch)            # or: fastloop.Loader(x_u8, transform=aug)
+    """
+
+    def __init__(self, steps: Sequence[Step], layout: str = "HWC", channels: int | None = None) -> None:
+        if layout not in ("HWC", "CHW"):
+            raise ValueError(f"'layout' must be 'HWC' or 'CHW', not {layout!r}")
+        self.steps = tuple(steps)
+        self.layout = layout
+        self._channels = channels
+        self._built: dict[int, _Pipeline] = {}
+        for step in self.steps:
+            if not isinstance(step, (RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast)):
+                raise TypeError(f"pipeline steps are RandomCrop, CenterCrop, RandomHFlip, Normalize or Cast, "
+                                f"not {type(step).__name__}")
+
+    def _core(self, channels: int) -> _Pipeline:
+        """The C pipeline for images with `channels` channels (mean/std broadcast to them)."""
+        if channels not in self._built:
+            specs, current = [], self.layout
+            for step in self.steps:
+                if isinstance(step, Normalize):
+                    spec = step._spec(current, channels)
+                    current = spec[3]
+                else:
+                    spec = step._spec()
+                specs.append(spec)
+            self._built[channels] = _Pipeline(self.layout, specs)
+        return self._built[channels]
+
+    def channels_of(self, x_shape: Sequence[int]) -> int:
+        """Channel count of images (or batches) of this shape in the pipeline's layout."""
+        return int(x_shape[-1] if self.layout == "HWC" else x_shape[-3])
+
+    def __call__(self, x: np.ndarray, seed: int | None = None, ids: Any = None, threads: int = 1) -> np.ndarray:
+        """Run on one image or a batch. ids: the images' dataset indices for the random
+        draws (default 0..n-1)."""
+        if not isinstance(x, np.ndarray) or x.ndim not in (3, 4):
+            raise ValueError(f"'x' must be an image or a batch of images (3 or 4 dimensions)")
+        return self._core(self.channels_of(x.shape)).run(x, seed, ids, threads)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({list(self.steps)!r}, layout={self.layout!r})"

@@ -1,0 +1,38 @@
+/* py_batch.h - turning a loader slot into the batch Python receives: NumPy views of each
+ * field whose base is a _SlotLease that gives the slot back when the last view goes, or
+ * copies when lending the slot would leave the workers none to fill. Shared by the threads
+ * (_Loader) and processes (_ProcLoader) loaders. */
+#ifndef FL_PY_BATCH_H
+#define FL_PY_BATCH_H
+
+#include "fl_module.h"
+
+typedef void (*fl_slot_release_fn)(void *core, int slot);
+
+typedef struct fl_slot_batch {
+    PyObject *owner;            /* kept alive by the lease: owns the slot memory */
+    void *core;                 /* passed to release */
+    fl_slot_release_fn release;
+    int slot;
+    unsigned char *data;        /* the slot's memory */
+    const size_t *offsets;      /* per field: where its batch starts in data */
+    size_t count;               /* samples in this batch */
+    PyObject *descrs, *shapes;  /* tuples: per field dtype and sample shape */
+    int copy_out;               /* 1: copy the arrays and release the slot at once */
+} fl_slot_batch;
+
+/* The batch as a tuple of arrays. The slot is released here when copying (or on error),
+ * else by the lease. NULL with an exception on failure. */
+PyObject *fl_batch_from_slot(fl_module_state *state, const fl_slot_batch *batch);
+
+/* The size in bytes of one sample of (descr, shape). */
+Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape);
+
+/* Offsets of each field's batch in a slot (aligned to 64 bytes) for batch_size samples of
+ * per-sample sizes `sample_bytes`; returns the slot size. */
+size_t fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size,
+                      size_t *offsets);
+
+int fl_batch_module_init(PyObject *module, fl_module_state *state);
+
+#endif

@@ -1,0 +1,249 @@
+"""fastloop.Loader against torch's DataLoader, side by side in one run, on the same data and
+the same transform: 20,000 images 3x64x64 uint8 in memory, random crop 56 + horizontal flip +
+normalize, batch 256, shuffled.
+
+* torch DataLoader, num_workers 0, 1, 2, the transform written with torch ops per sample
+* fastloop threads 1, 2 and processes 1, 2, the transform a C Pipeline
+* a Python-transform dataset (the same transform per sample in NumPy): fastloop processes
+  1, 2 vs torch workers 1, 2
+
+Reported: samples/s over an epoch, time to the first batch (worker start-up included), and
+the peak memory of the whole process tree as PSS (shared pages split between processes).
+
+    $ python -m fastloop bench
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import fastloop
+from fastloop.ops import Normalize, Pipeline, RandomCrop, RandomHFlip
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+CROP, BATCH = 56, 256
+
+
+def make_data(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8), rng.integers(0, 1000, n, dtype=np.int64)
+
+
+# ---- memory of a process tree ----
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def tree_pss_bytes(root: int | None = None) -> int:
+    """PSS of a process and all its descendants (Linux /proc), in bytes; 0 if unreadable."""
+    total, stack = 0, [root or os.getpid()]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+        stack += _children(pid)
+    return total
+
+
+class PeakPss:
+    """Samples the PSS of this process tree every few milliseconds while active."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        self.every_s, self.peak, self._stop = every_s, 0, threading.Event()
+
+    def __enter__(self) -> "PeakPss":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_pss_bytes())
+            self._stop.wait(self.every_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_pss_bytes())
+
+
+# ---- the contenders ----
+
+
+def numpy_transform(sample: tuple[np.ndarray, np.int64]) -> tuple[np.ndarray, np.int64]:
+    """The transform per sample in NumPy: what a Python-transform dataset does."""
+    image, label = sample
+    top, left = np.random.randint(0, 64 - CROP + 1, 2)
+    image = image[:, top:top + CROP, left:left + CROP]
+    if np.random.random() < 0.5:
+        image = image[:, :, ::-1]
+    mean = np.asarray(MEAN, np.float32)[:, None, None]
+    std = np.asarray(STD, np.float32)[:, None, None]
+    return (image.astype(np.float32) / 255 - mean) / std, label
+
+
+class NumpyDataset:
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return numpy_transform((self.images[i], self.labels[i]))
+
+
+def torch_dataset(images: np.ndarray, labels: np.ndarray, numpy_ops: bool):
+    """A torch Dataset with the transform in torch ops (or in NumPy, for the Python case)."""
+    import torch
+
+    mean = torch.tensor(MEAN).view(3, 1, 1)
+    std = torch.tensor(STD).view(3, 1, 1)
+    x, y = torch.from_numpy(images), torch.from_numpy(labels)
+
+    class TorchOps(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(y)
+
+        def __getitem__(self, i: int):
+            top, left = torch.randint(0, 64 - CROP + 1, (2,)).tolist()
+            image = x[i, :, top:top + CROP, left:left + CROP]
+            if torch.rand(()) < 0.5:
+                image = image.flip(-1)
+            return (image.float() / 255 - mean) / std, y[i]
+
+    class NumpyOps(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(labels)
+
+        def __getitem__(self, i: int):
+            return numpy_transform((images[i], labels[i]))
+
+    return NumpyOps() if numpy_ops else TorchOps()
+
+
+@dataclass
+class Row:
+    dataset: str
+    loader: str
+    workers: int
+    samples_per_s: float
+    first_batch_s: float
+    peak_pss_mib: float
+
+
+def measure(name: str, dataset: str, workers: int, make: Callable[[], Any], n: int) -> Row:
+    """One epoch: time to the first batch, samples/s over the epoch, peak tree PSS."""
+    with PeakPss() as pss:
+        loader = make()
+        start = time.perf_counter()
+        batches = iter(loader)
+        first = next(batches)
+        first_s = time.perf_counter() - start
+        seen = len(first[1])
+        del first
+        for _, labels in batches:
+            seen += len(labels)
+        elapsed = time.perf_counter() - start
+        if hasattr(loader, "close"):
+            loader.close()
+        del batches, loader
+    assert seen == n, f"{name}: {seen} samples, expected {n}"
+    return Row(dataset, name, workers, seen / elapsed, first_s, pss.peak / 2**20)
+
+
+def run(quick: bool = False, log: Callable[[str], None] = lambda _: None) -> list[Row]:
+    n = 4096 if quick else 20_000
+    images, labels = make_data(n)
+    aug = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
+    rows: list[Row] = []
+
+    def add(name: str, dataset: str, workers: int, make: Callable[[], Any]) -> None:
+        rows.append(measure(name, dataset, workers, make, n))
+        r = rows[-1]
+        log(f"  {dataset:13s} {name:22s} x{workers}: {r.samples_per_s:9.0f} samples/s, "
+            f"first batch {r.first_batch_s * 1e3:7.1f} ms, peak PSS {r.peak_pss_mib:6.0f} MiB")
+
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+
+        torch.set_num_threads(1)  # as in a worker; the in-process case gets one core too
+    except ImportError:
+        torch = None
+        log("  (torch not installed: pip install torch==2.13.0 for the torch rows)")
+    c_ops = "arrays + C ops"
+    for workers in (1, 2):
+        add("fastloop threads", c_ops, workers,
+            lambda w=workers: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=w, transform=aug))
+    for workers in (1, 2):
+        add("fastloop processes", c_ops, workers,
+            lambda w=workers: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=w, transform=aug,
+                                              mode="processes"))
+    if torch is not None:
+        for workers in (0, 1, 2):
+            add("torch DataLoader", c_ops, workers,
+                lambda w=workers: DataLoader(torch_dataset(images, labels, False), BATCH, shuffle=True, num_workers=w))
+    py = "Python transform"
+    for workers in (1, 2):
+        add("fastloop processes", py, workers,
+            lambda w=workers: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, workers=w))
+    if torch is not None:
+        for workers in (1, 2):
+            add("torch DataLoader", py, workers,
+                lambda w=workers: DataLoader(torch_dataset(images, labels, True), BATCH, shuffle=True, num_workers=w))
+    return rows
+
+
+HEADERS = ["dataset", "loader", "workers", "samples/s", "first batch ms", "peak PSS MiB"]
+
+
+def table_rows(rows: list[Row]) -> list[list[object]]:
+    return [[r.dataset, r.loader, r.workers, r.samples_per_s, r.first_batch_s * 1e3, r.peak_pss_mib] for r in rows]
+
+
+def summary(rows: list[Row]) -> list[str]:
+    """The target ratios, as sentences."""
+    lines = []
+
+    def best(dataset: str, loader: str, workers: set[int] | None = None) -> Row | None:
+        rs = [r for r in rows if r.dataset == dataset and r.loader == loader and (workers is None or r.workers in workers)]
+        return max(rs, key=lambda r: r.samples_per_s) if rs else None
+
+    c_ops, py = "arrays + C ops", "Python transform"
+    threads, torch_best = best(c_ops, "fastloop threads"), best(c_ops, "torch DataLoader")
+    if threads and torch_best:
+        lines.append(f"fastloop threads {threads.samples_per_s:.0f}/s vs torch's best ({torch_best.workers} workers) "
+                     f"{torch_best.samples_per_s:.0f}/s: {threads.samples_per_s / torch_best.samples_per_s:.1f}x (target >= 4x)")
+        torch_workers = [r for r in rows if r.dataset == c_ops and r.loader == "torch DataLoader" and r.workers > 0]
+        fastest_first = min(r.first_batch_s for r in rows if r.dataset == c_ops and r.loader.startswith("fastloop threads"))
+        if torch_workers:
+            ratio = fastest_first / min(r.first_batch_s for r in torch_workers)
+            lines.append(f"time to first batch: fastloop threads {fastest_first * 1e3:.1f} ms vs torch with workers "
+                         f"{min(r.first_batch_s for r in torch_workers) * 1e3:.0f} ms: {ratio:.3f} (target <= 0.1)")
+    for w in (1, 2):
+        ours, theirs = best(py, "fastloop processes", {w}), best(py, "torch DataLoader", {w})
+        if ours and theirs:
+            lines.append(f"Python transform, {w} worker(s): fastloop processes {ours.samples_per_s:.0f}/s at "
+                         f"{ours.peak_pss_mib:.0f} MiB vs torch {theirs.samples_per_s:.0f}/s at {theirs.peak_pss_mib:.0f} MiB "
+                         f"(target: >= torch's speed, lower PSS)")
+    return lines

@@ -1,0 +1,436 @@
+"""fastloop.Loader: batches from arrays, memory-mapped .npy files, folders of per-sample
+files or any map-style dataset, assembled by C threads (for C pipelines) or by forked worker
+processes writing into shared memory (for Python code), handed out as zero-copy NumPy arrays.
+
+    loader = fastloop.Loader((images, labels), batch_size=256, shuffle=True, seed=0, workers=2,
+                             transform=Pipeline([RandomCrop(56), RandomHFlip(), Normalize(m, s)], layout="CHW"))
+    for epoch in range(10):
+        for x, y in loader:       # x: float32 (256, 3, 56, 56), y: the labels of those samples
+            ...
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import random
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence, Union
+
+import numpy as np
+
+from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
+from .errors import WorkerError
+from .ops import Pipeline
+
+__all__ = ["Loader", "Folder", "load_npy", "get_worker_info", "WorkerInfo"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who this process is inside a Loader's worker processes (see get_worker_info()).
+
+    >>> fastloop.get_worker_info()   # in a worker: WorkerInfo(id=1, num_workers=2, seed=...)
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+_worker_info: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """In a Loader worker process, its WorkerInfo; in the main process, None (as
+    torch.utils.data.get_worker_info).
+
+    >>> def transform(sample): info = fastloop.get_worker_info(); ...
+    """
+    return _worker_info
+
+
+class Folder:
+    """A folder of per-sample files, one sample each: ``.npy`` files (checked against the
+    first file's dtype and shape) or raw files of `dtype` and `shape`. Paths are made
+    absolute and sorted now; files are opened lazily by the workers.
+
+    >>> Loader((Folder("train/x", "*.npy"), labels), batch_size=64, workers=2)
+    >>> Folder("frames", "*.raw", dtype="uint8", shape=(3, 64, 64))
+    """
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"], pattern: str = "*.npy", *,
+                 dtype: Any = None, shape: Sequence[int] | None = None) -> None:
+        self.root = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"not a directory: {self.root}")
+        self.paths = sorted(glob.glob(os.path.join(glob.escape(self.root), pattern)))
+        if not self.paths:
+            raise FileNotFoundError(f"no files match {pattern!r} in {self.root}")
+        self.raw = dtype is not None
+        if self.raw:
+            if shape is None:
+                raise ValueError("raw files need both 'dtype' and 'shape'")
+            self.dtype, self.shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        else:
+            descr, fortran, sample_shape = _npy_header(self.paths[0])
+            if fortran:
+                raise ValueError(f"{self.paths[0]}: Fortran-ordered arrays are not supported; save C order")
+            self.dtype, self.shape = np.dtype(descr), tuple(sample_shape)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _field(self) -> tuple:
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return ("files", [os.fsencode(p) for p in self.paths], self.raw, nbytes, self.dtype, self.shape,
+                os.fsencode(self.paths[0]))
+
+    def __repr__(self) -> str:
+        return f"Folder({self.root!r}, {len(self.paths)} files of {self.dtype} {self.shape})"
+
+
+def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: str) -> BaseException:
+    """The exception to raise for a worker failure: the worker's own exception type when it
+    can be re-created (as torch.utils.data does), carrying the sample index and traceback."""
+    if kind == "died":
+        return WorkerError(text, pid=pid, signal=signal or None, worker=worker)
+    name, _, rest = text.partition("\x1e")
+    message, _, traceback = rest.partition("\x1e")
+    full = (f"{name.rsplit('.', 1)[-1]} in worker {worker} (pid {pid}) on sample {index}: {message}\n"
+            f"Worker traceback:\n{traceback}")
+    module, _, qualname = name.rpartition(".")
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            error = cls(full)
+            error.index = index  # type: ignore[attr-defined]
+            return error
+    except Exception:
+        pass
+    return WorkerError(full, pid=pid, worker=worker, index=index)
+
+
+class _ArraysDataset:
+    """Samples of several arrays, as tuples: what a Python transform over arrays receives."""
+
+    def __init__(self, arrays: Sequence[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, i: int) -> Any:
+        return tuple(a[i] for a in self.arrays) if len(self.arrays) > 1 else self.arrays[0][i]
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+class Loader:
+    """Batches of `source` for training loops, as torch.utils.data.DataLoader gives them.
+
+    source: an array (or .npy memory map), a tuple of them (inputs, labels, ...), a Folder,
+      a tuple mixing arrays and Folders, or any map-style dataset (``__len__`` and
+      ``__getitem__``, e.g. a torch Dataset) returning a sample or a tuple of fields.
+    transform: a fastloop.ops.Pipeline (runs in C on the first field of each batch, no GIL
+      at all) or a Python callable applied to each sample.
+    mode: "threads" (C threads fill batch slots; for arrays, files and C pipelines),
+      "processes" (forked workers run Python code and write into shared memory) or "auto"
+      (processes when a Python dataset or transform is involved, else threads).
+    workers: worker threads or processes (0: batches are made in the calling thread).
+
+    Sampling: shuffle with `seed` (a new order each epoch, reproducible), sharded by
+    rank/world_size (default: the RANK and WORLD_SIZE environment variables torchrun sets;
+    shards are disjoint and together cover the data), drop_last, in-order delivery,
+    `prefetch` batches in flight per worker. Random augmentations are drawn per sample from
+    (seed, epoch, sample index), so they do not depend on the worker count; worker processes
+    get numpy and random seeded from (seed, worker id), and `worker_init_fn(worker_id)`.
+
+    Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
+    keep so many that the workers would have no free slot, further batches come as copies.
+
+    With Python code (a dataset or transform), the first sample is fetched once in this
+    process to learn the batch layout (every sample must have the same shapes), so code
+    calling get_worker_info() must accept None there, as with torch's num_workers=0.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int = 1,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        workers: int = 0,
+        mode: str = "auto",
+        transform: Pipeline | Callable[[Any], Any] | None = None,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        persistent_workers: bool = True,
+        pin_memory: bool = False,
+        device: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        timeout: float | None = None,
+        worker_init_fn: Callable[[int], Any] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
+        if workers < 0 or prefetch < 1:
+            raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
+        if mode not in ("auto", "threads", "processes"):
+            raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
+        if device not in (None, "cpu"):
+            from . import cuda
+
+            cuda.require()  # raises CudaUnavailable saying why on a machine without a GPU
+            raise NotImplementedError("device='cuda' needs fastloop's device arrays (the model-core issue); "
+                                      "copy batches with torch.from_numpy(x).to('cuda', non_blocking=True)")
+        self.pin_memory = pin_memory  # a no-op without CUDA (batches are host arrays either way)
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.timeout, self.persistent_workers = timeout, persistent_workers
+        self.metrics = Metrics()
+        self._single = False
+        self._epoch = 0
+        self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
+        fields, dataset = self._classify(source)
+        pipeline = transform if isinstance(transform, Pipeline) else None
+        if transform is not None and pipeline is None and not callable(transform):
+            raise TypeError(f"'transform' must be a fastloop.ops.Pipeline or a callable, not {type(transform).__name__}")
+        python_transform = None if pipeline is not None else transform
+        needs_python = dataset is not None or python_transform is not None
+        if mode == "auto":
+            mode = "processes" if needs_python and workers > 0 else "threads"
+        if mode == "threads" and needs_python and workers > 0:
+            raise ValueError("a Python dataset or transform runs in worker processes: use mode='processes' "
+                             "(or workers=0 to run it in this process)")
+        self.mode, self.workers = mode, workers
+        if mode == "processes" and workers == 0:
+            raise ValueError("mode='processes' needs workers >= 1")
+        if dataset is None and (python_transform is not None or mode == "processes"):
+            if any(isinstance(f, Folder) for f in fields):
+                raise ValueError("Folder sources are read by C threads: use mode='threads'")
+            dataset = _ArraysDataset(fields)
+        if dataset is None:
+            self._core = self._threads(fields, pipeline, workers, prefetch)
+        elif mode == "processes":
+            self._core = self._processes(dataset, python_transform, pipeline, workers, prefetch, worker_init_fn)
+        else:
+            self._core = _InProcess(self, dataset, python_transform, pipeline)
+
+    # ---- construction ----
+
+    def _classify(self, source: Any) -> tuple[list, Any]:
+        """(fields, None) for arrays/Folders, or ([], dataset) for a Python dataset."""
+        if isinstance(source, (np.ndarray, Folder)):
+            self._single = True
+            return [source], None
+        if isinstance(source, (tuple, list)) and source and all(isinstance(s, (np.ndarray, Folder)) for s in source):
+            return list(source), None
+        if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+            return [], source
+        raise TypeError(f"'source' must be an array, a Folder, a tuple of them, or a map-style dataset "
+                        f"(__len__ and __getitem__), not {type(source).__name__}")
+
+    def _sampling(self) -> dict:
+        return dict(batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, rank=self.rank,
+                    world_size=self.world_size, drop_last=self.drop_last)
+
+    def _threads(self, fields: list, pipeline: Pipeline | None, workers: int, prefetch: int) -> _Loader:
+        specs = []
+        for i, field in enumerate(fields):
+            if isinstance(field, Folder):
+                specs.append(field._field())
+            else:
+                if not field.flags.c_contiguous:
+                    raise ValueError(f"source[{i}] must be C-contiguous; pass numpy.ascontiguousarray(...)")
+                specs.append(("array", field))
+        core_pipeline = None
+        if pipeline is not None:
+            first = fields[0]
+            shape = first.shape if isinstance(first, Folder) else first.shape[1:]
+            core_pipeline = pipeline._core(pipeline.channels_of(shape))
+        slots = max(2, workers * prefetch)
+        return _Loader(specs, workers=workers, slots=slots, pipeline=core_pipeline, metrics=self.metrics,
+                       **self._sampling())
+
+    def _processes(self, dataset: Any, transform: Callable | None, pipeline: Pipeline | None, workers: int,
+                   prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
+        fetch = _fetcher(dataset, transform)
+        first = fetch(0)
+        sample = first if isinstance(first, (tuple, list)) else (first,)
+        self._single = not isinstance(first, (tuple, list))
+        fields = []
+        for value in sample:
+            array = np.asarray(value)
+            if array.dtype.hasobject:
+                raise TypeError(f"samples must be arrays or numbers, not {type(value).__name__}")
+            fields.append((array.dtype, tuple(array.shape)))
+        core_pipeline = pipeline._core(pipeline.channels_of(fields[0][1])) if pipeline is not None else None
+        seed = self.seed
+
+        def worker_setup(worker_id: int) -> None:
+            global _worker_info
+            worker_seed = (seed * 1_000_003 + worker_id) % 2**32  # distinct per worker, reproducible
+            np.random.seed(worker_seed)
+            random.seed(worker_seed)
+            _worker_info = WorkerInfo(worker_id, workers, worker_seed)
+            if worker_init_fn is not None:
+                worker_init_fn(worker_id)
+
+        return _ProcLoader(fields, fetch, _failure, len(dataset), workers=workers, prefetch=prefetch,
+                           pipeline=core_pipeline, worker_setup=worker_setup, metrics=self.metrics,
+                           **self._sampling())
+
+    # ---- iteration ----
+
+    def __iter__(self) -> Iterator[Any]:
+        self._abandon_active()
+        epoch = self._epoch
+        self._epoch += 1
+        self._core.start_epoch(epoch)
+        active = _Epoch(self)
+        self._active = weakref.ref(active)
+        return active
+
+    def _abandon_active(self) -> None:
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.abandon()
+        self._active = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (shuffle order and augmentations), as
+        DistributedSampler.set_epoch; otherwise epochs count up from 0.
+
+        >>> loader.set_epoch(5); next(iter(loader))
+        """
+        self._epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch of this rank's shard."""
+        return self._core.batches
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Pids of the worker processes (processes mode; [] otherwise or before iterating)."""
+        return list(getattr(self._core, "pids", []))
+
+    def close(self) -> None:
+        """Stop the workers (threads joined, processes ended and reaped). A later iteration
+        starts them again.
+
+        >>> loader.close()
+        """
+        self._abandon_active()
+        self._core.stop()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.stop()
+
+
+class _Epoch:
+    """One pass over the loader: the iterator `for batch in loader` runs. Abandoning it
+    (break, an exception, Ctrl-C, garbage collection) stops the workers at once."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.done = False
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        try:
+            batch = self.loader._core.next(self.loader.timeout)
+        except BaseException:
+            self.abandon()
+            raise
+        if batch is None:
+            self.done = True
+            if not self.loader.persistent_workers:
+                self.loader._core.stop()
+            raise StopIteration
+        return batch[0] if self.loader._single else batch
+
+    def abandon(self) -> None:
+        if not self.done:
+            self.done = True
+            self.loader._core.stop()
+
+    def __del__(self) -> None:
+        if not self.done:
+            self.abandon()
+
+
+def _fetcher(dataset: Any, transform: Callable | None) -> Callable[[int], Any]:
+    """index -> sample, with the transform applied."""
+    if transform is None:
+        return dataset.__getitem__
+    return lambda i: transform(dataset[i])
+
+
+class _InProcess:
+    """workers=0 with Python code: samples fetched and collated in the calling thread (as
+    torch's num_workers=0), in the same order and with the same augmentations as workers."""
+
+    def __init__(self, loader: Loader, dataset: Any, transform: Callable | None, pipeline: Pipeline | None) -> None:
+        self.loader, self.fetch, self.pipeline = loader, _fetcher(dataset, transform), pipeline
+        self.n = len(dataset)
+        self.order = np.empty(0, np.int64)
+        self.position = 0
+        first = self.fetch(0)
+        loader._single = not isinstance(first, (tuple, list))
+        from ._core import _epoch_order, _epoch_seed
+
+        self._epoch_order, self._epoch_seed = _epoch_order, _epoch_seed
+        self.seed = 0
+
+    @property
+    def batches(self) -> int:
+        size = len(range(self.loader.rank, self.n, self.loader.world_size))
+        b = self.loader.batch_size
+        return size // b if self.loader.drop_last else -(-size // b)
+
+    def start_epoch(self, epoch: int) -> None:
+        L = self.loader
+        self.order = self._epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size)
+        self.seed = self._epoch_seed(L.seed, epoch)
+        self.position = 0
+
+    def next(self, timeout: float | None) -> tuple | None:
+        L = self.loader
+        if self.position >= self.batches * L.batch_size or self.position >= len(self.order):
+            return None
+        ids = self.order[self.position:self.position + L.batch_size]
+        self.position += L.batch_size
+        samples = [self.fetch(int(i)) for i in ids]
+        columns = list(zip(*samples)) if not L._single else [samples]
+        batch = [np.stack([np.asarray(v) for v in column]) for column in columns]
+        if self.pipeline is not None:
+            batch[0] = self.pipeline(batch[0], seed=self.seed, ids=ids)
+        L.metrics.add("loader/samples", len(ids))
+        L.metrics.add("loader/batches")
+        return tuple(batch)
+
+    def stop(self) -> None:
+        self.position = len(self.order)

@@ -1,0 +1,152 @@
+/* test_procpool.c - the process pool with a C fill function: every sample once and in
+ * order through shared memory, persistent workers, a failing sample reported with its index,
+ * a SIGKILLed worker reported within a second with no zombie left, and restarts. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fl_error.h"
+#include "fl_procpool.h"
+#include "fl_time.h"
+
+enum { SAMPLES = 5000, BATCH = 64 };
+
+/* Writes each sample's index (and the worker) into the slot; fails at index `fail_at`. */
+static int64_t fail_at = -1;
+
+static int fill(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t count,
+                unsigned char *slot, int64_t *index, char *error, size_t error_len) {
+    (void)ctx, (void)seed;
+    int64_t *out = (int64_t *)slot;
+    for (size_t i = 0; i < count; i++) {
+        if (ids[i] == fail_at) {
+            *index = ids[i];
+            snprintf(error, error_len, "ValueError\nsample %lld is broken\n(traceback)", (long long)ids[i]);
+            return 1;
+        }
+        out[2 * i] = ids[i];
+        out[2 * i + 1] = worker;
+    }
+    return 0;
+}
+
+static fl_procpool *make_pool(int workers, int shuffle) {
+    fl_procpool_config config = {
+        .sampler = {.n = SAMPLES, .shuffle = shuffle, .seed = 1, .world_size = 1, .batch_size = BATCH},
+        .workers = workers, .prefetch = 2, .slot_bytes = BATCH * 2 * sizeof(int64_t), .fill = fill,
+    };
+    fl_procpool *pool = NULL;
+    CHECK(fl_procpool_new(&config, &pool) == FL_OK);
+    return pool;
+}
+
+/* Consumes an epoch; returns how many samples were seen exactly once (all must be). */
+static int run_epoch(fl_procpool *pool, uint64_t epoch, int *workers_seen) {
+    static unsigned char seen[SAMPLES];
+    memset(seen, 0, sizeof seen);
+    CHECK(fl_procpool_start_epoch(pool, epoch) == FL_OK);
+    int slot, rc;
+    size_t count;
+    while ((rc = fl_procpool_next(pool, 10, &slot, &count)) == FL_OK) {
+        const int64_t *data = fl_procpool_slot(pool, slot);
+        for (size_t i = 0; i < count; i++) {
+            seen[data[2 * i]]++;
+            *workers_seen |= 1 << data[2 * i + 1];
+        }
+        fl_procpool_release(pool, slot);
+    }
+    CHECK(rc == FL_EEND);
+    int once = 0;
+    for (int i = 0; i < SAMPLES; i++)
+        once += seen[i] == 1;
+    return once;
+}
+
+static void test_every_sample_once_through_shared_memory(void) {
+    for (int workers = 1; workers <= 3; workers++) {
+        fl_procpool *pool = make_pool(workers, 1);
+        int seen = 0;
+        CHECK(run_epoch(pool, 0, &seen) == SAMPLES);
+        pid_t first = fl_procpool_pid(pool, 0);
+        CHECK(first > 0);
+        CHECK(run_epoch(pool, 1, &seen) == SAMPLES);
+        CHECK(fl_procpool_pid(pool, 0) == first); /* persistent across finished epochs */
+        CHECK(seen == (1 << workers) - 1);       /* every worker took part */
+        fl_procpool_free(pool);
+        CHECK(kill(first, 0) != 0 && errno == ESRCH); /* gone and reaped */
+    }
+}
+
+static void test_a_failing_sample_is_reported_with_its_index_after_earlier_batches(void) {
+    fl_procpool *pool = make_pool(2, 0);
+    fail_at = 10 * BATCH + 5;
+    CHECK(fl_procpool_start_epoch(pool, 0) == FL_OK);
+    int slot, rc, batches = 0;
+    size_t count;
+    while ((rc = fl_procpool_next(pool, 10, &slot, &count)) == FL_OK) {
+        fl_procpool_release(pool, slot);
+        batches++;
+    }
+    CHECK(rc == FL_EWORKER && batches == 10);
+    const fl_proc_error *e = fl_procpool_error(pool);
+    CHECK(e->kind == FL_PROC_FAILED && e->index == fail_at && strstr(e->text, "is broken"));
+    fail_at = -1;
+    int seen = 0;
+    CHECK(run_epoch(pool, 1, &seen) == SAMPLES); /* the next epoch starts afresh */
+    fl_procpool_free(pool);
+}
+
+static void test_a_killed_worker_is_reported_within_a_second_and_reaped(void) {
+    fl_procpool *pool = make_pool(2, 0);
+    CHECK(fl_procpool_start_epoch(pool, 0) == FL_OK);
+    int slot;
+    size_t count;
+    CHECK(fl_procpool_next(pool, 10, &slot, &count) == FL_OK);
+    fl_procpool_release(pool, slot);
+    pid_t victim = fl_procpool_pid(pool, 1), other = fl_procpool_pid(pool, 0);
+    kill(victim, SIGKILL);
+    double start = fl_monotonic();
+    int rc;
+    while ((rc = fl_procpool_next(pool, 5, &slot, &count)) == FL_OK)
+        fl_procpool_release(pool, slot);
+    CHECK(rc == FL_EWORKER && fl_monotonic() - start < 1.0);
+    const fl_proc_error *e = fl_procpool_error(pool);
+    CHECK(e->kind == FL_PROC_DIED && e->pid == victim && e->signal == SIGKILL);
+    CHECK(strstr(e->text, "killed by signal 9") != NULL);
+    CHECK(kill(victim, 0) != 0 && kill(other, 0) != 0); /* both gone, none a zombie */
+    CHECK(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD);
+    int seen = 0;
+    CHECK(run_epoch(pool, 1, &seen) == SAMPLES); /* fresh workers */
+    fl_procpool_free(pool);
+}
+
+static void test_stopping_mid_epoch_ends_the_workers(void) {
+    fl_procpool *pool = make_pool(3, 1);
+    CHECK(fl_procpool_start_epoch(pool, 0) == FL_OK);
+    int slot;
+    size_t count;
+    CHECK(fl_procpool_next(pool, 10, &slot, &count) == FL_OK); /* held: stays lent */
+    pid_t pids[3] = {fl_procpool_pid(pool, 0), fl_procpool_pid(pool, 1), fl_procpool_pid(pool, 2)};
+    double start = fl_monotonic();
+    fl_procpool_stop(pool);
+    CHECK(fl_monotonic() - start < 1.0);
+    for (int w = 0; w < 3; w++)
+        CHECK(kill(pids[w], 0) != 0);
+    CHECK(fl_procpool_lent(pool) == 1);
+    fl_procpool_release(pool, slot);
+    int seen = 0;
+    CHECK(run_epoch(pool, 1, &seen) == SAMPLES);
+    fl_procpool_free(pool);
+}
+
+int main(void) {
+    RUN(test_every_sample_once_through_shared_memory);
+    RUN(test_a_failing_sample_is_reported_with_its_index_after_earlier_batches);
+    RUN(test_a_killed_worker_is_reported_within_a_second_and_reaped);
+    RUN(test_stopping_mid_epoch_ends_the_workers);
+    return check_failures != 0;
+}
