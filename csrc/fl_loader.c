@@ -32,7 +32,7 @@ typedef struct slot {
     unsigned char *data;
 } slot;
 
-/* What one filling thread needs besides a slot: field 0's raw samples before the pipeline,
+/* What one filling thread needs besides a slot: field 0's raw sample read from a file,
  * and the pipeline's scratch. */
 typedef struct scratch {
     unsigned char *input;
@@ -109,36 +109,44 @@ static int read_sample(const fl_field *f, int64_t index, void *dst) {
     return rc;
 }
 
+/* Runs the pipeline on one sample into dst. One image at a time keeps the scratch small
+ * (cache-resident, nothing fresh to page in on the first batch) and reads in-memory samples
+ * in place, without gathering the batch first. */
+static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *dst, scratch *scr) {
+    const void *src = (const unsigned char *)field->base + (size_t)id * field->sample_bytes;
+    if (field->paths != NULL) {
+        int rc = read_sample(field, id, scr->input);
+        if (rc != FL_OK)
+            return rc;
+        src = scr->input;
+    }
+    fl_images one = l->config.image;
+    one.n = 1;
+    return fl_pipeline_run(l->config.pipeline, (fl_exec){NULL, 1}, src, one, l->config.image_dtype,
+                           dst, scr->pipeline, l->epoch_seed, &id);
+}
+
 /* Fills slot s with batch b (count samples from `ids`); called without the lock. */
 static int fill(fl_loader *l, slot *s, const int64_t *ids, size_t count, scratch *scr) {
     for (size_t f = 0; f < l->config.n_fields; f++) {
         const fl_field *field = &l->fields[f];
         int piped = f == 0 && l->config.pipeline != NULL;
         unsigned char *dst = s->data + l->field_offset[f];
-        unsigned char *gather = piped ? scr->input : dst;
         for (size_t i = 0; i < count; i++) {
-            int rc = read_sample(field, ids[i], gather + i * field->sample_bytes);
+            int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
+                           : read_sample(field, ids[i], dst + i * field->sample_bytes);
             if (rc != FL_OK)
                 return fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
-        }
-        if (piped) {
-            fl_images in = l->config.image;
-            in.n = count;
-            int rc = fl_pipeline_run(l->config.pipeline, (fl_exec){NULL, 1}, gather, in,
-                                     l->config.image_dtype, dst, scr->pipeline, l->epoch_seed, ids);
-            if (rc != FL_OK)
-                return rc;
         }
     }
     return FL_OK;
 }
 
 static int scratch_alloc(fl_loader *l, scratch *scr) {
-    size_t n = l->config.sampler.batch_size;
     if (l->config.pipeline == NULL)
         return FL_OK;
-    scr->input = malloc(n * l->fields[0].sample_bytes + 1);
-    scr->pipeline = malloc(n * l->scratch_per_image + 1);
+    scr->input = malloc(l->fields[0].sample_bytes + 1);
+    scr->pipeline = malloc(l->scratch_per_image + 1);
     return scr->input && scr->pipeline ? FL_OK : FL_ENOMEM;
 }
 

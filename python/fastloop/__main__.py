@@ -16,7 +16,7 @@ def run_bench(quick: bool, out_dir: str) -> int:
     """All suites side by side: the speed targets, then threads vs processes."""
     import warnings
 
-    from .bench import logistics, preprocess, targets
+    from .bench import loader, logistics, preprocess, targets
     from .bench.report import format_table, machine_summary
 
     warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
@@ -24,12 +24,18 @@ def run_bench(quick: bool, out_dir: str) -> int:
     print("== targets")
     results = targets.run(quick=quick, log=print) + logistics.run(quick=quick, log=print)
     print(format_table(targets.HEADERS, targets.table_rows(results)))
+    print("\n== data loading: fastloop.Loader vs torch DataLoader")
+    loader_rows = loader.run(quick=quick)
+    print(format_table(loader.HEADERS, loader.table_rows(loader_rows)))
+    print("\n".join(loader.summary(loader_rows)))
     print("\n== threads vs processes")
     preprocess.main(quick=quick, out_dir=out_dir)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "targets.md"), "w") as f:
         f.write(f"# fastloop targets\n\n{machine_summary()}\n\n")
         f.write(format_table(targets.HEADERS, targets.table_rows(results), markdown=True) + "\n")
+        f.write("\n## Data loading\n\n" + format_table(loader.HEADERS, loader.table_rows(loader_rows), markdown=True))
+        f.write("\n\n" + "\n".join(f"- {line}" for line in loader.summary(loader_rows)) + "\n")
     missed = [r.name for r in results if r.passed is False]
     print(f"\ntargets met: {sum(r.passed is True for r in results)}/{sum(r.passed is not None for r in results)}"
           + (f"; missed: {', '.join(missed)}" if missed else ""))

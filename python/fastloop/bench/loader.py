@@ -7,15 +7,20 @@ normalize, batch 256, shuffled.
 * a Python-transform dataset (the same transform per sample in NumPy): fastloop processes
   1, 2 vs torch workers 1, 2
 
-Reported: samples/s over an epoch, time to the first batch (worker start-up included), and
-the peak memory of the whole process tree as PSS (shared pages split between processes).
+Reported: samples/s over an epoch, the median time from constructing a loader to holding its
+first batch (worker start-up included) over three fresh loaders, and the peak memory of the whole process tree as PSS (shared pages split between processes).
 
-    $ python -m fastloop bench
+    $ python benchmarks/bench_loader.py [--quick]     (or all suites: python -m fastloop bench)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -151,66 +156,94 @@ class Row:
     peak_pss_mib: float
 
 
-def measure(name: str, dataset: str, workers: int, make: Callable[[], Any], n: int) -> Row:
-    """One epoch: time to the first batch, samples/s over the epoch, peak tree PSS."""
+def first_batch_s(make: Callable[[], Any]) -> float:
+    """Seconds from constructing a loader to holding its first batch (worker start-up included)."""
+    start = time.perf_counter()
+    loader = make()
+    batches = iter(loader)
+    next(batches)
+    elapsed = time.perf_counter() - start
+    if hasattr(loader, "close"):
+        loader.close()
+    del batches, loader
+    return elapsed
+
+
+def measure(name: str, dataset: str, workers: int, make: Callable[[], Any], n: int, first_repeats: int = 3) -> Row:
+    """One epoch: samples/s over the epoch and peak tree PSS; then the median time to the first
+    batch over first_repeats fresh loaders (the first one in a process pays one-off costs)."""
     with PeakPss() as pss:
-        loader = make()
         start = time.perf_counter()
-        batches = iter(loader)
-        first = next(batches)
-        first_s = time.perf_counter() - start
-        seen = len(first[1])
-        del first
-        for _, labels in batches:
+        loader = make()
+        seen = 0
+        for _, labels in loader:
             seen += len(labels)
         elapsed = time.perf_counter() - start
         if hasattr(loader, "close"):
             loader.close()
-        del batches, loader
+        del loader
     assert seen == n, f"{name}: {seen} samples, expected {n}"
-    return Row(dataset, name, workers, seen / elapsed, first_s, pss.peak / 2**20)
+    first = sorted(first_batch_s(make) for _ in range(first_repeats))[first_repeats // 2]
+    return Row(dataset, name, workers, seen / elapsed, first, pss.peak / 2**20)
 
 
-def run(quick: bool = False, log: Callable[[str], None] = lambda _: None) -> list[Row]:
-    n = 4096 if quick else 20_000
-    images, labels = make_data(n)
-    aug = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
-    rows: list[Row] = []
+C_OPS, PY = "arrays + C ops", "Python transform"
+# (loader, dataset, workers): each measured in a fresh interpreter so that no run inherits
+# another's heap, page cache warmth or leftover processes
+CONFIGS = [("fastloop threads", C_OPS, 1), ("fastloop threads", C_OPS, 2),
+           ("fastloop processes", C_OPS, 1), ("fastloop processes", C_OPS, 2),
+           ("torch DataLoader", C_OPS, 0), ("torch DataLoader", C_OPS, 1), ("torch DataLoader", C_OPS, 2),
+           ("fastloop processes", PY, 1), ("fastloop processes", PY, 2),
+           ("torch DataLoader", PY, 1), ("torch DataLoader", PY, 2)]
 
-    def add(name: str, dataset: str, workers: int, make: Callable[[], Any]) -> None:
-        rows.append(measure(name, dataset, workers, make, n))
-        r = rows[-1]
-        log(f"  {dataset:13s} {name:22s} x{workers}: {r.samples_per_s:9.0f} samples/s, "
-            f"first batch {r.first_batch_s * 1e3:7.1f} ms, peak PSS {r.peak_pss_mib:6.0f} MiB")
 
-    try:
+def factory(loader: str, dataset: str, workers: int, images: np.ndarray, labels: np.ndarray) -> Callable[[], Any]:
+    """A function that builds the loader of one configuration."""
+    if loader == "torch DataLoader":
         import torch
         from torch.utils.data import DataLoader
 
         torch.set_num_threads(1)  # as in a worker; the in-process case gets one core too
-    except ImportError:
-        torch = None
+        data = torch_dataset(images, labels, numpy_ops=dataset == PY)
+        return lambda: DataLoader(data, BATCH, shuffle=True, num_workers=workers)
+    if dataset == PY:
+        return lambda: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, workers=workers)
+    aug = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
+    mode = "threads" if loader == "fastloop threads" else "processes"
+    return lambda: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=workers, transform=aug, mode=mode)
+
+
+def measure_config(index: int, n: int) -> Row:
+    """Measures CONFIGS[index] in this process (the child side of run())."""
+    if has_torch():
+        import torch  # noqa: F401  every row pays torch's import, as in a training script
+
+    images, labels = make_data(n)
+    loader, dataset, workers = CONFIGS[index]
+    return measure(loader, dataset, workers, factory(loader, dataset, workers, images, labels), n)
+
+
+def has_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def run(quick: bool = False, log: Callable[[str], None] = lambda _: None) -> list[Row]:
+    n = 4096 if quick else 20_000
+    torch_ok = has_torch()
+    if not torch_ok:
         log("  (torch not installed: pip install torch==2.13.0 for the torch rows)")
-    c_ops = "arrays + C ops"
-    for workers in (1, 2):
-        add("fastloop threads", c_ops, workers,
-            lambda w=workers: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=w, transform=aug))
-    for workers in (1, 2):
-        add("fastloop processes", c_ops, workers,
-            lambda w=workers: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=w, transform=aug,
-                                              mode="processes"))
-    if torch is not None:
-        for workers in (0, 1, 2):
-            add("torch DataLoader", c_ops, workers,
-                lambda w=workers: DataLoader(torch_dataset(images, labels, False), BATCH, shuffle=True, num_workers=w))
-    py = "Python transform"
-    for workers in (1, 2):
-        add("fastloop processes", py, workers,
-            lambda w=workers: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, workers=w))
-    if torch is not None:
-        for workers in (1, 2):
-            add("torch DataLoader", py, workers,
-                lambda w=workers: DataLoader(torch_dataset(images, labels, True), BATCH, shuffle=True, num_workers=w))
+    rows: list[Row] = []
+    for index, (loader, dataset, workers) in enumerate(CONFIGS):
+        if loader.startswith("torch") and not torch_ok:
+            continue
+        child = subprocess.run([sys.executable, "-m", "fastloop.bench.loader", "--config", str(index), "--n", str(n)],
+                               capture_output=True, text=True, check=False)
+        if child.returncode != 0:
+            raise RuntimeError(f"measuring {loader} x{workers} on {dataset} failed:\n{child.stderr[-4000:]}")
+        rows.append(Row(**json.loads(child.stdout.strip().splitlines()[-1])))
+        r = rows[-1]
+        log(f"  {dataset:16s} {loader:18s} x{workers}: {r.samples_per_s:9.0f} samples/s, "
+            f"first batch {r.first_batch_s * 1e3:7.1f} ms, peak PSS {r.peak_pss_mib:6.0f} MiB")
     return rows
 
 
@@ -229,7 +262,7 @@ def summary(rows: list[Row]) -> list[str]:
         rs = [r for r in rows if r.dataset == dataset and r.loader == loader and (workers is None or r.workers in workers)]
         return max(rs, key=lambda r: r.samples_per_s) if rs else None
 
-    c_ops, py = "arrays + C ops", "Python transform"
+    c_ops, py = C_OPS, PY
     threads, torch_best = best(c_ops, "fastloop threads"), best(c_ops, "torch DataLoader")
     if threads and torch_best:
         lines.append(f"fastloop threads {threads.samples_per_s:.0f}/s vs torch's best ({torch_best.workers} workers) "
@@ -247,3 +280,27 @@ def summary(rows: list[Row]) -> list[str]:
                          f"{ours.peak_pss_mib:.0f} MiB vs torch {theirs.samples_per_s:.0f}/s at {theirs.peak_pss_mib:.0f} MiB "
                          f"(target: >= torch's speed, lower PSS)")
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from .report import format_table, machine_summary
+
+    parser = argparse.ArgumentParser(description="fastloop.Loader vs torch DataLoader, side by side")
+    parser.add_argument("--quick", action="store_true", help="4,096 images instead of 20,000")
+    parser.add_argument("--config", type=int, help=argparse.SUPPRESS)  # one measurement, in a child
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.config is not None:
+        print(json.dumps(dataclasses.asdict(measure_config(args.config, args.n))))
+        return 0
+    print(f"fastloop.Loader vs torch DataLoader on {machine_summary()}")
+    rows = run(quick=args.quick, log=print)
+    print(format_table(HEADERS, table_rows(rows)))
+    print("\n".join(summary(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
