@@ -1,6 +1,7 @@
 """Type stubs for fastloop._core, the C extension (see fastloop.Queue and fastloop.ops)."""
 
-from typing import Any, Generic, Iterator, Literal, Sequence, TypeVar
+import os
+from typing import Any, Callable, Generic, Iterator, Literal, Sequence, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -94,6 +95,78 @@ class _Checkpointer:
     def stats(self) -> dict[str, float]: ...
     @property
     def directory(self) -> str: ...
+
+# The C halves of fastloop.Loader and fastloop.ops.Pipeline (use those).
+_Fields = Sequence[tuple[Any, ...]]  # per field: an array, or paths + dtype + shape (see loader.py)
+_Output = tuple[tuple[np.dtype[Any], ...], tuple[tuple[int, ...], ...]]
+
+class _Pipeline:
+    def __init__(self, layout: str, steps: Sequence[tuple[Any, ...]]) -> None: ...
+    def run(
+        self, x: npt.NDArray[Any], seed: int | None = None, ids: npt.ArrayLike | None = None, threads: int = 1
+    ) -> npt.NDArray[Any]: ...
+
+class _SlotLease:
+    """Keeps one loader slot lent while batch views of it exist."""
+
+class _Loader:
+    def __init__(
+        self,
+        fields: _Fields,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        workers: int = 0,
+        slots: int = 2,
+        pipeline: _Pipeline | None = None,
+        metrics: Metrics | None = None,
+    ) -> None: ...
+    def next(self, timeout: float | None = None, /) -> tuple[npt.NDArray[Any], ...] | None: ...
+    def start_epoch(self, epoch: int, /) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def lent(self) -> int: ...
+    @property
+    def output(self) -> _Output: ...
+
+class _ProcLoader:
+    def __init__(
+        self,
+        fields: _Fields,
+        fetch: Callable[[int], Any],
+        on_failure: Callable[..., Any],
+        n: int,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        workers: int = 1,
+        prefetch: int = 2,
+        pipeline: _Pipeline | None = None,
+        worker_setup: Callable[[int], Any] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None: ...
+    def next(self, timeout: float | None = None, /) -> tuple[npt.NDArray[Any], ...] | None: ...
+    def start_epoch(self, epoch: int, /) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def pids(self) -> list[int]: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def output(self) -> _Output: ...
+
+def load_npy(path: str | os.PathLike[str], /) -> npt.NDArray[Any]: ...
+def _npy_header(path: str | os.PathLike[str], /) -> tuple[str, bool, tuple[int, ...]]: ...
+def _epoch_order(n: int, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, /) -> npt.NDArray[np.int64]: ...
+def _epoch_seed(seed: int, epoch: int, /) -> int: ...
 
 _Layout = Literal["HWC", "CHW"]
 _Channels = float | Sequence[float] | npt.NDArray[Any]
