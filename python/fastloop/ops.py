@@ -53,7 +53,7 @@ def _size(size: int | tuple[int, int]) -> tuple[int, int]:
 class RandomCrop:
     """Crop each image to `size` (int or (h, w)) at a uniform random position.
 
-    >>> Pipeline([RandomCrop(56)], layout="CHW")
+    >>> fastloop.ops.Pipeline([fastloop.ops.RandomCrop(56)], layout="CHW")
     """
 
     size: int | tuple[int, int]
@@ -66,7 +66,7 @@ class RandomCrop:
 class CenterCrop:
     """Crop each image to `size` at its center (torchvision's rounding).
 
-    >>> Pipeline([CenterCrop(224)])
+    >>> fastloop.ops.Pipeline([fastloop.ops.CenterCrop(224)])
     """
 
     size: int | tuple[int, int]
@@ -79,7 +79,7 @@ class CenterCrop:
 class RandomHFlip:
     """Mirror each image left-right with probability p.
 
-    >>> Pipeline([RandomHFlip(p=0.5)])
+    >>> fastloop.ops.Pipeline([fastloop.ops.RandomHFlip(p=0.5)])
     """
 
     p: float = 0.5
@@ -93,7 +93,7 @@ class Normalize:
     """(x * scale - mean) / std per channel to float32 (scale 1/255 for uint8); layout
     "CHW"/"HWC" keeps the layout, "HWC->CHW"/"CHW->HWC" changes it.
 
-    >>> Pipeline([Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], layout="HWC->CHW")])
+    >>> fastloop.ops.Pipeline([fastloop.ops.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], layout="HWC->CHW")])
     """
 
     mean: Union[float, Sequence[float]]
@@ -113,7 +113,7 @@ class Normalize:
 class Cast:
     """Convert to dtype (float -> int saturates, as fastloop.ops.cast).
 
-    >>> Pipeline([RandomCrop(56), Cast(numpy.float16)])
+    >>> fastloop.ops.Pipeline([fastloop.ops.RandomCrop(56), fastloop.ops.Cast(numpy.float16)])
     """
 
     dtype: npt.DTypeLike
@@ -126,14 +126,15 @@ Step = Union[RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast]
 
 
 class Pipeline:
-    """A sequence of steps run on whole batches in C with the GIL released: what Loader
-    workers apply to the first field of every batch. Random choices for each image are
+    """A sequence of steps run in C with the GIL released: what Loader workers apply to the
+    first field of every batch, one image at a time. Random choices for each image are
     drawn from (seed, step, the image's dataset index), so an image gets the same
     augmentation whichever worker or batch handles it.
 
     `layout` is the input images' layout: "HWC" (height, width, channels) or "CHW".
 
-        aug = Pipeline([RandomCrop(56), RandomHFlip(), Normalize(mean, std)], layout="CHW")
+        from fastloop.ops import Normalize, RandomCrop, RandomHFlip
+        aug = fastloop.ops.Pipeline([RandomCrop(56), RandomHFlip(), Normalize(mean, std)], layout="CHW")
         y = aug(x_u8, seed=epoch)            # or: fastloop.Loader(x_u8, transform=aug)
     """
 
