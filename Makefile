@@ -1,6 +1,6 @@
 # fastloop - build, test, demo.
 #   make demo    venv + build + the main job (threads vs processes preprocessing table)
-#   make test    venv + build + C tests under ASan/UBSan and TSan + pytest
+#   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay + pytest
 #   make bench   the full benchmark suite (not part of the tests)
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,14 +9,14 @@ CC ?= gcc
 
 CORE_SOURCES := $(wildcard csrc/*.c)
 CORE_HEADERS := $(wildcard csrc/*.h csrc/*.inc)
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_loader
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan core-warnings pytest demo bench install-check clean
+.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest demo bench install-check clean
 
 all: build
 
@@ -48,7 +48,15 @@ ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
 ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
-ctest: core-warnings ctest-asan ctest-tsan
+# The .npy parser's fuzz corpus (tests/fuzz/README.md), replayed under ASan/UBSan with gcc.
+$(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c $(CORE_SOURCES) $(CORE_HEADERS)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/fl_npy.c csrc/fl_error.c
+
+fuzz-replay: $(BIN)/replay_npy
+	ASAN_OPTIONS=detect_leaks=1 $< tests/fuzz/corpus/npy
+
+ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 
 pytest: build
 	$(PY) -m pytest -q

@@ -89,7 +89,7 @@ static int compare_steps(const void *a, const void *b) {
 static int prune(const char *dir, int keep) {
     DIR *d = opendir(dir);
     if (d == NULL)
-        return fl_error_set(FL_ESYS, "cannot list %s: %s", dir, strerror(errno));
+        return fl_error_sys("cannot list %s", dir);
     int64_t steps[4096];
     size_t n = 0;
     struct dirent *e;
@@ -104,7 +104,7 @@ static int prune(const char *dir, int keep) {
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         fl_checkpoint_path(dir, steps[i], path, sizeof path);
         if (unlink(path) != 0 && errno != ENOENT)
-            return fl_error_set(FL_ESYS, "cannot delete %s: %s", path, strerror(errno));
+            return fl_error_sys("cannot delete %s", path);
     }
     return n > (size_t)keep ? fl_file_sync_parent(path) : FL_OK;
 }
@@ -117,12 +117,12 @@ static int write_checkpoint(fl_checkpointer *c) {
              (int)getpid());
     int fd = open(temp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0)
-        return fl_error_set(FL_ESYS, "cannot create %s: %s", temp, strerror(errno));
+        return fl_error_sys("cannot create %s", temp);
     int rc = fl_npz_write(fd, temp, c->entries, c->n, c->data, 0);
     if (rc == FL_OK)
         rc = fl_file_sync(fd, temp);
     if (close(fd) != 0 && rc == FL_OK)
-        rc = fl_error_set(FL_ESYS, "cannot close %s: %s", temp, strerror(errno));
+        rc = fl_error_sys("cannot close %s", temp);
     if (rc == FL_OK)
         rc = fl_file_publish(temp, final);
     if (rc != FL_OK) {

@@ -1,11 +1,13 @@
 /* fl_error.c - message table and the thread-local detail buffer. */
 #include "fl_error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 static _Thread_local char error_detail[1024]; /* room for a path and its context */
+static _Thread_local int error_errno;          /* errno behind an FL_ESYS detail, or 0 */
 
 const char *fl_strerror(int err) {
     switch (err) {
@@ -40,8 +42,25 @@ int fl_error_set(int err, const char *fmt, ...) {
     va_start(args, fmt);
     vsnprintf(error_detail, sizeof error_detail, fmt, args);
     va_end(args);
+    error_errno = 0;
     return err;
 }
+
+int fl_error_sys(const char *fmt, ...) {
+    int saved = errno;
+    va_list args;
+    va_start(args, fmt);
+    int used = vsnprintf(error_detail, sizeof error_detail, fmt, args);
+    va_end(args);
+    if (used >= 0 && (size_t)used < sizeof error_detail)
+        snprintf(error_detail + used, sizeof error_detail - (size_t)used, ": %s", strerror(saved));
+    error_errno = saved;
+    return FL_ESYS;
+}
+
+int fl_error_errno(void) { return error_errno; }
+
+void fl_error_set_errno(int sys_errno) { error_errno = sys_errno; }
 
 int fl_error_prefix(int err, const char *fmt, ...) {
     char previous[sizeof error_detail], context[128];
@@ -63,4 +82,7 @@ int fl_error_prefix(int err, const char *fmt, ...) {
 
 const char *fl_error_detail(void) { return error_detail; }
 
-void fl_error_clear(void) { error_detail[0] = '\0'; }
+void fl_error_clear(void) {
+    error_detail[0] = '\0';
+    error_errno = 0;
+}

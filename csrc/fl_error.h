@@ -51,6 +51,17 @@ const char *fl_err_name(int err);
  * and returns err, so a failing path can say `return fl_error_set(FL_EINVAL, "...")`. */
 int fl_error_set(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* fl_error_set() for a failed system call: the detail is the printf-style text, ": " and
+ * strerror(errno), and errno is kept for fl_error_errno(). Returns FL_ESYS. */
+int fl_error_sys(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The errno behind this thread's last FL_ESYS detail (0 if it has none), so a binding can
+ * raise the matching OSError subclass (FileNotFoundError, PermissionError, ...). */
+int fl_error_errno(void);
+
+/* Sets the errno fl_error_errno() reports: for an error carried from another thread. */
+void fl_error_set_errno(int sys_errno);
+
 /* Prepends printf-style context and ": " to this thread's detail message (which may be
  * empty) and returns err: `return fl_error_prefix(rc, "sample %lld", i)`. */
 int fl_error_prefix(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -59,7 +70,7 @@ int fl_error_prefix(int err, const char *fmt, ...) __attribute__((format(printf,
  * fl_error_set() or fl_error_clear() on this thread. */
 const char *fl_error_detail(void);
 
-/* Forgets this thread's detail message. */
+/* Forgets this thread's detail message and errno. */
 void fl_error_clear(void);
 
 #endif

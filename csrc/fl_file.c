@@ -12,7 +12,7 @@
 #include "fl_error.h"
 
 static int fail(const char *what, const char *path) {
-    return fl_error_set(FL_ESYS, "%s %s: %s", what, path, strerror(errno));
+    return fl_error_sys("%s %s", what, path);
 }
 
 int fl_file_write_all(int fd, const void *data, size_t len, const char *path) {
@@ -54,7 +54,7 @@ int fl_file_sync_parent(const char *path) {
 
 int fl_file_publish(const char *from, const char *to) {
     if (rename(from, to) != 0)
-        return fl_error_set(FL_ESYS, "cannot rename %s to %s: %s", from, to, strerror(errno));
+        return fl_error_sys("cannot rename %s to %s", from, to);
     return fl_file_sync_parent(to);
 }
 

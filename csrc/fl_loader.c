@@ -63,6 +63,7 @@ struct fl_loader {
     int error;
     uint64_t error_batch; /* the earliest batch that failed: delivered up to it, then the error */
     char error_text[ERROR_TEXT];
+    int error_errno;
     int lent;
 };
 
@@ -74,7 +75,7 @@ static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 static int read_raw(const char *path, void *dst, size_t len) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return fl_error_set(FL_ESYS, "cannot open %s: %s", path, strerror(errno));
+        return fl_error_sys("cannot open %s", path);
     size_t done = 0;
     int rc = FL_OK;
     while (done < len && rc == FL_OK) {
@@ -82,7 +83,7 @@ static int read_raw(const char *path, void *dst, size_t len) {
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            rc = fl_error_set(FL_ESYS, "cannot read %s: %s", path, strerror(errno));
+            rc = fl_error_sys("cannot read %s", path);
         else if (n == 0)
             rc = fl_error_set(FL_EINVAL, "%s holds %zu bytes, expected %zu", path, done, len);
         else
@@ -190,6 +191,7 @@ static void record_error(fl_loader *l, int rc, uint64_t batch, const char *text)
         return;
     l->error = rc;
     l->error_batch = batch;
+    l->error_errno = fl_error_errno(); /* the filling thread's; 0 unless a system call failed */
     snprintf(l->error_text, sizeof l->error_text, "%s", text);
 }
 
@@ -359,6 +361,7 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
     for (;;) {
         if (l->error && l->next_deliver >= l->error_batch) {
             rc = fl_error_set(l->error, "%s", l->error_text);
+            fl_error_set_errno(l->error_errno);
             break;
         }
         if (!l->epoch_active || l->next_deliver >= l->n_batches) {

@@ -13,9 +13,9 @@
 #include "fl_error.h"
 
 enum {
-    HEADER_CAP = 1 << 20,  /* longest header dict accepted (NumPy's own default is 10000) */
-    PREAMBLE_MIN = 10,     /* magic, version, 2-byte length (1.0) */
-    PREAMBLE_MAX = 12,     /* magic, version, 4-byte length (2.0, 3.0) */
+    HEADER_CAP = 1 << 20, /* longest header dict accepted (NumPy's own default is 10000) */
+    PREAMBLE_MIN = 10,    /* magic, version, 2-byte length (1.0) */
+    PREAMBLE_MAX = 12,    /* magic, version, 4-byte length (2.0, 3.0) */
     MAP_FIRST_READ = 1 << 16,
     FILE_FIRST_READ = 1 << 12, /* per-sample files: headers are ~128 bytes, data follows */
     SHOWN_MAX = 24,            /* bytes of unexpected input quoted in a detail */
@@ -29,6 +29,7 @@ enum {
 
 typedef struct cursor {
     const char *p, *start, *end;
+    int py2; /* format 1.0 or 2.0: Python 2 wrote long dimensions as "3L" */
 } cursor;
 
 /* Copies up to SHOWN_MAX bytes of s into buf (SHOWN_MAX + 4 bytes) for a message, with
@@ -45,8 +46,8 @@ static const char *shown(const char *s, size_t n, char *buf) {
 static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t size) {
     size_t used = (size_t)snprintf(buf, size, "(");
     for (int d = 0; d < ndim && used < size; d++)
-        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld",
-                                 (long long)shape[d]);
+        used +=
+            (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)shape[d]);
     if (used < size)
         snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
     return buf;
@@ -61,8 +62,8 @@ static int syntax_error(const cursor *c, const char *what) {
 }
 
 static void skip_space(cursor *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r' ||
-                             *c->p == '\f'))
+    while (c->p < c->end &&
+           (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r' || *c->p == '\f'))
         c->p++;
 }
 
@@ -89,7 +90,7 @@ static int parse_string(cursor *c, const char *what, const char **s, size_t *n) 
         q++;
     if (q == c->end || *q != quote)
         return syntax_error(c, q < c->end && *q == '\\' ? "escapes in strings are not supported"
-                                                         : "unterminated string");
+                                                        : "unterminated string");
     *s = c->p + 1;
     *n = (size_t)(q - *s);
     c->p = q + 1;
@@ -114,7 +115,7 @@ static int parse_digits(const char *s, size_t n, size_t *i, uint64_t max, uint64
 
 /* A datetime unit after 'M8'/'m8': "", "[ns]", "[10us]"... */
 static int valid_time_unit(const char *s, size_t n) {
-    static const char *const units[] = {"Y", "M", "W", "D", "h", "m", "s",
+    static const char *const units[] = {"Y",  "M",  "W",  "D",  "h",  "m", "s",
                                         "ms", "us", "ns", "ps", "fs", "as"};
     if (n == 0)
         return 1; /* generic */
@@ -223,6 +224,8 @@ static int parse_dim(cursor *c, int64_t *out) {
         return syntax_error(c, "expected an integer dimension in shape");
     if (!parse_digits(s, n, &i, INT64_MAX, &v))
         return syntax_error(c, "dimension is too large or malformed");
+    if (c->py2 && i < n && s[i] == 'L') /* NumPy still reads these (_filter_header) */
+        i++;
     *out = s[0] == '-' ? -(int64_t)v : (int64_t)v;
     c->p += i;
     return FL_OK;
@@ -260,7 +263,7 @@ static int parse_entry(cursor *c, fl_npy_header *h, int *seen) {
     if (rc)
         return rc;
     char buf[SHOWN_MAX + 4];
-    int which = n == 5 && memcmp(key, "descr", 5) == 0           ? KEY_DESCR
+    int which = n == 5 && memcmp(key, "descr", 5) == 0             ? KEY_DESCR
                 : n == 13 && memcmp(key, "fortran_order", 13) == 0 ? KEY_FORTRAN
                 : n == 5 && memcmp(key, "shape", 5) == 0           ? KEY_SHAPE
                                                                    : 0;
@@ -310,7 +313,7 @@ static int parse_dict(cursor *c, fl_npy_header *h) {
         return fl_error_set(FL_EINVAL, "header: an indented line follows the dict");
     if (seen != KEY_ALL)
         return fl_error_set(FL_EINVAL, "header has no '%s' key",
-                            !(seen & KEY_DESCR) ? "descr"
+                            !(seen & KEY_DESCR)     ? "descr"
                             : !(seen & KEY_FORTRAN) ? "fortran_order"
                                                     : "shape");
     return FL_OK;
@@ -326,9 +329,10 @@ static int compute_data_len(fl_npy_header *h) {
             return fl_error_set(FL_EINVAL, "shape %s has a negative dimension",
                                 format_shape(h->shape, h->ndim, buf, sizeof buf));
         empty |= h->shape[d] == 0;
-        if (h->shape[d] > 0 &&
-            (__builtin_mul_overflow(total, (uint64_t)h->shape[d], &total) || total > (size_t)PTRDIFF_MAX))
-            return fl_error_set(FL_EINVAL, "shape %s with item size %zu is too large: over %td bytes",
+        if (h->shape[d] > 0 && (__builtin_mul_overflow(total, (uint64_t)h->shape[d], &total) ||
+                                total > (size_t)PTRDIFF_MAX))
+            return fl_error_set(FL_EINVAL,
+                                "shape %s with item size %zu is too large: over %td bytes",
                                 format_shape(h->shape, h->ndim, buf, sizeof buf), h->itemsize,
                                 (ptrdiff_t)PTRDIFF_MAX);
     }
@@ -372,7 +376,7 @@ int fl_npy_parse_header(const void *data, size_t len, fl_npy_header *out) {
     if (rc)
         return rc;
     const char *dict = (const char *)data + (h.major == 1 ? PREAMBLE_MIN : PREAMBLE_MAX);
-    cursor c = {dict, dict, (const char *)data + h.header_len};
+    cursor c = {dict, dict, (const char *)data + h.header_len, h.major < 3};
     rc = parse_dict(&c, &h);
     if (rc == FL_OK)
         rc = compute_data_len(&h);
@@ -382,7 +386,7 @@ int fl_npy_parse_header(const void *data, size_t len, fl_npy_header *out) {
 }
 
 static int sys_error(const char *what, const char *path) {
-    return fl_error_set(FL_ESYS, "cannot %s %s: %s", what, path, strerror(errno));
+    return fl_error_sys("cannot %s %s", what, path);
 }
 
 /* Prefixes this thread's detail with the path (and `what`), keeping the code. */
@@ -514,13 +518,13 @@ static int check_expected(const fl_npy_header *h, const fl_npy_header *expect, c
         same_header(h, &want))
         return FL_OK;
     char have_shape[96], want_shape[96];
-    return fl_error_set(FL_EINVAL, "%s: expected %.*s %s %s order, the file has %s %s %s order",
-                        path, FL_NPY_DESCR_MAX, want.descr,
-                        format_shape(want.shape, ndim_ok ? want.ndim : 0, want_shape,
-                                     sizeof want_shape),
-                        want.fortran_order ? "Fortran" : "C", h->descr,
-                        format_shape(h->shape, h->ndim, have_shape, sizeof have_shape),
-                        h->fortran_order ? "Fortran" : "C");
+    return fl_error_set(
+        FL_EINVAL, "%s: expected %.*s %s %s order, the file has %s %s %s order", path,
+        FL_NPY_DESCR_MAX, want.descr,
+        format_shape(want.shape, ndim_ok ? want.ndim : 0, want_shape, sizeof want_shape),
+        want.fortran_order ? "Fortran" : "C", h->descr,
+        format_shape(h->shape, h->ndim, have_shape, sizeof have_shape),
+        h->fortran_order ? "Fortran" : "C");
 }
 
 int fl_npy_read_file(const char *path, const fl_npy_header *expect, void *dst, size_t cap,

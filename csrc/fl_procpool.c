@@ -148,7 +148,7 @@ static void worker_loop(fl_procpool *pool, int me, int fd) {
 static int spawn(fl_procpool *pool, int w) {
     int pair[2]; /* [0]: the parent's end, [1]: the worker's */
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
-        return fl_error_set(FL_ESYS, "socketpair: %s", strerror(errno));
+        return fl_error_sys("socketpair");
     fl_proc_hooks *h = &pool->config.hooks;
     pid_t parent = getpid();
     if (h->before_fork)

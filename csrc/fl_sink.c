@@ -61,7 +61,7 @@ static int open_file(fl_sink *sink, const char *path, int flags) {
     }
     sink->fd = open(path, flags | O_WRONLY | O_CLOEXEC, 0666);
     if (sink->fd < 0)
-        return fl_error_set(FL_ESYS, "cannot open %s: %s", path, strerror(errno));
+        return fl_error_sys("cannot open %s", path);
     return FL_OK;
 }
 
@@ -263,8 +263,7 @@ int fl_sink_close(fl_sink *sink) {
     if (sink->fd >= 0) {
         fl_sink_flush(sink);
         if (close(sink->fd) != 0 && sink->error == 0)
-            record_error(sink, fl_error_set(FL_ESYS, "cannot close %s: %s", sink->path,
-                                            strerror(errno)));
+            record_error(sink, fl_error_sys("cannot close %s", sink->path));
         sink->fd = -1;
     }
     return sink->error;

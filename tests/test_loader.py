@@ -148,15 +148,17 @@ def test_npy_memory_maps_and_folders_of_files(tmp_path):
 
 def test_bad_npy_files_name_the_file(tmp_path):
     (tmp_path / "bad.npy").write_bytes(b"not a numpy file at all")
-    with pytest.raises(ValueError, match=r"bad\.npy.*magic"):
+    with pytest.raises(ValueError, match=r"bad\.npy.*magic") as bad:
         fastloop.load_npy(tmp_path / "bad.npy")
+    assert str(bad.value).count("bad.npy") == 1
     np.save(tmp_path / "short.npy", np.zeros(100))
     with open(tmp_path / "short.npy", "r+b") as f:
         f.truncate(300)
     with pytest.raises(ValueError, match=r"short\.npy.*truncated"):
         fastloop.load_npy(tmp_path / "short.npy")
-    with pytest.raises(OSError, match="missing.npy"):
+    with pytest.raises(FileNotFoundError, match="missing.npy") as missing:
         fastloop.load_npy(tmp_path / "missing.npy")
+    assert str(missing.value).count("missing.npy") == 1
 
 
 def test_a_missing_or_mismatched_file_names_the_file_and_index(tmp_path):
@@ -167,7 +169,7 @@ def test_a_missing_or_mismatched_file_names_the_file_and_index(tmp_path):
     loader = fastloop.Loader(folder, batch_size=4, workers=2)
     batches = iter(loader)
     assert list(next(batches)[:, 0]) == [0, 1, 2, 3]
-    with pytest.raises(OSError, match=r"sample 7.*7\.npy"):
+    with pytest.raises(FileNotFoundError, match=r"sample 7.*7\.npy"):
         next(batches)
     np.save(tmp_path / "7.npy", np.zeros((5,), np.float32))  # wrong shape now
     with pytest.raises(ValueError, match=r"sample 7.*7\.npy"):

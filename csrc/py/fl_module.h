@@ -54,6 +54,11 @@ static inline fl_module_state *fl_state_from_module(PyObject *module) {
  * fastloop.Error. Returns NULL for `return fl_raise(...)`. */
 PyObject *fl_raise(fl_module_state *state, int err, const char *what);
 
+/* Raises OSError(errno, message) for an FL_ESYS failure, with the errno the core kept
+ * (fl_error_errno()), so Python picks the subclass: FileNotFoundError, PermissionError...
+ * Clears the core's detail. Returns NULL. */
+PyObject *fl_raise_os_error(const char *message);
+
 /* ---- blocking waits (py_wait.c) ---- */
 
 /* One attempt at a blocking core call that waits at most timeout_s (0: not at all). */

@@ -39,6 +39,17 @@ PyObject *fl_raise(fl_module_state *state, int err, const char *what) {
     return NULL;
 }
 
+PyObject *fl_raise_os_error(const char *message) {
+    int sys_errno = fl_error_errno();
+    PyObject *args = sys_errno != 0 ? Py_BuildValue("(is)", sys_errno, message) : Py_BuildValue("(s)", message);
+    fl_error_clear();
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args); /* OSError(errno, ...) becomes its subclass */
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
 fl_exec fl_exec_acquire(fl_module_state *state, int threads) {
     fl_exec exec = {NULL, 1};
     if (threads <= 1)

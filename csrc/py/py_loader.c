@@ -54,8 +54,9 @@ static int attempt_next(void *ctx, double timeout_s) {
 
 /* Raises the exception for a loader error: OSError for I/O, ValueError for bad data. */
 static PyObject *raise_loader_error(int rc, const char *message) {
-    PyErr_SetString(rc == FL_ESYS ? PyExc_OSError : rc == FL_ENOMEM ? PyExc_MemoryError : PyExc_ValueError,
-                    message);
+    if (rc == FL_ESYS)
+        return fl_raise_os_error(message);
+    PyErr_SetString(rc == FL_ENOMEM ? PyExc_MemoryError : PyExc_ValueError, message);
     return NULL;
 }
 

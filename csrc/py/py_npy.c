@@ -33,13 +33,13 @@ static PyType_Spec mapping_spec = {
 
 /* Raises the error of a failed fl_npy call on `path`: ValueError for a bad file, OSError
  * (with errno's class, e.g. FileNotFoundError) for a failed system call. */
-static PyObject *raise_npy(int rc, PyObject *path) {
+static PyObject *raise_npy(int rc) {
     if (rc == FL_ESYS)
-        PyErr_SetString(PyExc_OSError, fl_error_detail());
-    else if (rc == FL_ENOMEM)
+        return fl_raise_os_error(fl_error_detail());
+    if (rc == FL_ENOMEM)
         PyErr_NoMemory();
     else
-        PyErr_Format(PyExc_ValueError, "%S: %s", path, fl_error_detail());
+        PyErr_SetString(PyExc_ValueError, fl_error_detail()); /* the detail names the file */
     fl_error_clear();
     return NULL;
 }
@@ -65,7 +65,7 @@ static PyObject *npy_header(PyObject *module, PyObject *path_obj) {
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     if (rc != FL_OK)
-        return raise_npy(rc, path_obj);
+        return raise_npy(rc);
     PyObject *result = header_tuple(&map.header);
     fl_npy_map_close(&map);
     return result;
@@ -89,7 +89,7 @@ static PyObject *load_npy(PyObject *module, PyObject *path_obj) {
     Py_DECREF(path);
     if (rc != FL_OK) {
         Py_DECREF(mapping);
-        return raise_npy(rc, path_obj);
+        return raise_npy(rc);
     }
     const fl_npy_header *h = &mapping->map.header;
     PyObject *descr_text = PyUnicode_FromString(h->descr);
