@@ -1,11 +1,19 @@
 /* fl_loader.c - slots, worker threads and in-order delivery.
  *
- *   slot states:  FREE --worker claims batch b--> FILLING --done--> READY
+ *   slot states:  FREE --a filler opens batch b--> FILLING --its last chunk returns--> READY
  *                 READY --next() delivers b in order--> LENT --release()--> FREE
  *
- * `lock` guards every slot's state, the epoch (order, cursors), `stopping`, the error and
- * `lent`; `changed` is broadcast on each of their changes. Slot bytes are written only by
- * the thread that holds the slot in FILLING, and read by the consumer after READY.
+ * A FILLING batch is handed out in chunks (runs of samples, ~512 KiB of output each): a
+ * worker takes the next chunk of the earliest batch that has one left, else opens the next
+ * batch in a free slot. The consumer, while it waits in next() for batch b, fills chunks of
+ * b too when there is a CPU to spare: the first batch arrives sooner, and with 0 workers it
+ * fills every batch itself.
+ * Stopping waits for one chunk at most, not for a whole batch.
+ *
+ * `lock` guards every slot's state and counters, the epoch (order, cursors), `stopping`,
+ * `helping`, the error and `lent`; `changed` is broadcast when a batch completes, a slot is
+ * freed, an epoch starts or stops. A chunk's bytes are written only by the thread holding
+ * it, and read by the consumer after the slot is READY.
  */
 #include "fl_loader.h"
 
@@ -21,16 +29,27 @@
 #include "fl_thread.h"
 #include "fl_time.h"
 
-enum { ALIGN = 64, ERROR_TEXT = 1024 };
+/* CHUNK_BYTES: output per chunk: big enough that the lock is rare, small enough to split a
+ * batch between several threads. */
+enum { ALIGN = 64, ERROR_TEXT = 1024, CHUNK_BYTES = 512 << 10 };
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_LENT } slot_state;
 
 typedef struct slot {
     slot_state state;
     uint64_t batch;
-    size_t count;
+    size_t count;            /* samples in the batch */
+    const int64_t *ids;      /* their indices, in the epoch's order */
+    size_t claimed, finished; /* FILLING: samples handed out, samples returned */
+    int failed;              /* a chunk failed: the batch is dropped when all have returned */
     unsigned char *data;
 } slot;
+
+/* A run of samples of one batch, filled by one thread without the lock. */
+typedef struct chunk {
+    slot *s;
+    size_t first, n;
+} chunk;
 
 /* What one filling thread needs besides a slot: field 0's raw sample read from a file,
  * and the pipeline's scratch. */
@@ -51,11 +70,14 @@ struct fl_loader {
     slot *slots;
     pthread_t *threads;
     int running; /* workers started */
-    scratch consumer_scratch; /* for workers == 0 */
+    size_t chunk_samples;     /* samples per chunk */
+    int consumer_helps;       /* next() fills chunks: no workers, or a CPU to spare for it */
+    scratch consumer_scratch; /* for the chunks next() fills */
 
     pthread_mutex_t lock;
     pthread_cond_t changed;
     int stopping;
+    int helping; /* chunks the consumer is filling now: stop() waits for them */
     int epoch_active;
     uint64_t epoch_seed;
     int64_t *order;
@@ -127,13 +149,14 @@ static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *ds
                            dst, scr->pipeline, l->epoch_seed, &id);
 }
 
-/* Fills slot s with batch b (count samples from `ids`); called without the lock. */
-static int fill(fl_loader *l, slot *s, const int64_t *ids, size_t count, scratch *scr) {
+/* Fills the chunk's samples of its slot; called without the lock. */
+static int fill(fl_loader *l, const chunk *c, scratch *scr) {
+    const int64_t *ids = c->s->ids;
     for (size_t f = 0; f < l->config.n_fields; f++) {
         const fl_field *field = &l->fields[f];
         int piped = f == 0 && l->config.pipeline != NULL;
-        unsigned char *dst = s->data + l->field_offset[f];
-        for (size_t i = 0; i < count; i++) {
+        unsigned char *dst = c->s->data + l->field_offset[f];
+        for (size_t i = c->first; i < c->first + c->n; i++) {
             int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
                            : read_sample(field, ids[i], dst + i * field->sample_bytes);
             if (rc != FL_OK)
@@ -157,7 +180,7 @@ static void scratch_free(scratch *scr) {
     *scr = (scratch){0};
 }
 
-/* ---- claiming and delivering (called with the lock held) ---- */
+/* ---- handing out work and delivering (called with the lock held) ---- */
 
 static slot *free_slot(fl_loader *l) {
     for (int i = 0; i < l->config.slots; i++)
@@ -166,9 +189,9 @@ static slot *free_slot(fl_loader *l) {
     return NULL;
 }
 
-/* Claims the next batch into a free slot; NULL when there is none to claim now. */
-static slot *claim(fl_loader *l, const int64_t **ids, size_t *count) {
-    if (!l->epoch_active || l->next_claim >= l->n_batches ||
+/* Opens the next batch in a free slot; NULL when none can open now. */
+static slot *open_batch(fl_loader *l) {
+    if (l->stopping || !l->epoch_active || l->next_claim >= l->n_batches ||
         (l->error && l->next_claim >= l->error_batch))
         return NULL;
     slot *s = free_slot(l);
@@ -177,12 +200,50 @@ static slot *claim(fl_loader *l, const int64_t **ids, size_t *count) {
     uint64_t b = l->next_claim++;
     size_t start = (size_t)(b * l->config.sampler.batch_size);
     size_t left = (size_t)l->order_len - start;
-    s->state = SLOT_FILLING;
-    s->batch = b;
-    s->count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size;
-    *ids = l->order + start;
-    *count = s->count;
+    *s = (slot){.state = SLOT_FILLING,
+                .batch = b,
+                .count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size,
+                .ids = l->order + start,
+                .data = s->data};
     return s;
+}
+
+/* The FILLING slot of batch b (any batch when b is UINT64_MAX: the earliest) that still has
+ * samples to hand out; NULL if none. */
+static slot *open_slot(fl_loader *l, uint64_t b) {
+    slot *best = NULL;
+    for (int i = 0; i < l->config.slots; i++) {
+        slot *s = &l->slots[i];
+        if (s->state == SLOT_FILLING && s->claimed < s->count && (b == UINT64_MAX || s->batch == b) &&
+            (best == NULL || s->batch < best->batch))
+            best = s;
+    }
+    return best;
+}
+
+/* Hands out the next chunk of s into *c; 0 if s is NULL or has none left. */
+static int take_chunk(fl_loader *l, slot *s, chunk *c) {
+    if (s == NULL || l->stopping || s->claimed >= s->count)
+        return 0;
+    size_t n = s->count - s->claimed;
+    *c = (chunk){s, s->claimed, n < l->chunk_samples ? n : l->chunk_samples};
+    s->claimed += c->n;
+    return 1;
+}
+
+/* Work for a worker: the earliest open batch's next chunk, else a newly opened batch's. */
+static int worker_chunk(fl_loader *l, chunk *c) {
+    return take_chunk(l, open_slot(l, UINT64_MAX), c) || take_chunk(l, open_batch(l), c);
+}
+
+/* Work for the consumer waiting for batch next_deliver: a chunk of that batch only. */
+static int consumer_chunk(fl_loader *l, chunk *c) {
+    if (!l->consumer_helps)
+        return 0;
+    slot *s = open_slot(l, l->next_deliver);
+    if (s == NULL && l->next_claim == l->next_deliver)
+        s = open_batch(l);
+    return take_chunk(l, s, c);
 }
 
 /* Records a failure of `batch`, keeping the earliest failing batch's error. */
@@ -195,23 +256,29 @@ static void record_error(fl_loader *l, int rc, uint64_t batch, const char *text)
     snprintf(l->error_text, sizeof l->error_text, "%s", text);
 }
 
-/* Marks a filled slot READY, or records the error and frees it. */
-static void finish(fl_loader *l, slot *s, int rc) {
-    if (rc == FL_OK) {
-        s->state = SLOT_READY;
-    } else {
-        s->state = SLOT_FREE;
+/* Takes back a filled chunk. A failure drops its batch: no more of it is handed out, and the
+ * slot is freed once the chunks already out return. The last chunk makes the batch READY. */
+static void chunk_done(fl_loader *l, const chunk *c, int rc) {
+    slot *s = c->s;
+    s->finished += c->n;
+    if (rc != FL_OK && !s->failed) {
+        s->failed = 1;
         record_error(l, rc, s->batch, fl_error_detail());
+        s->finished += s->count - s->claimed;
+        s->claimed = s->count;
     }
-    pthread_cond_broadcast(&l->changed);
+    if (s->finished == s->count) {
+        s->state = s->failed ? SLOT_FREE : SLOT_READY;
+        pthread_cond_broadcast(&l->changed);
+    }
 }
 
-/* Fills one claimed batch, releasing the lock meanwhile. */
-static void fill_claimed(fl_loader *l, slot *s, const int64_t *ids, size_t count, scratch *scr) {
+/* Fills a chunk, releasing the lock meanwhile. */
+static void fill_chunk(fl_loader *l, const chunk *c, scratch *scr) {
     pthread_mutex_unlock(&l->lock);
-    int rc = fill(l, s, ids, count, scr);
+    int rc = fill(l, c, scr);
     pthread_mutex_lock(&l->lock);
-    finish(l, s, rc);
+    chunk_done(l, c, rc);
 }
 
 static void *worker_main(void *arg) {
@@ -222,11 +289,9 @@ static void *worker_main(void *arg) {
     if (rc != FL_OK)
         record_error(l, rc, 0, "out of memory for a worker's scratch");
     while (!l->stopping && rc == FL_OK) {
-        const int64_t *ids;
-        size_t count;
-        slot *s = claim(l, &ids, &count);
-        if (s != NULL)
-            fill_claimed(l, s, ids, count, &scr);
+        chunk c;
+        if (worker_chunk(l, &c))
+            fill_chunk(l, &c, &scr);
         else
             pthread_cond_wait(&l->changed, &l->lock);
     }
@@ -255,6 +320,11 @@ static int plan(fl_loader *l) {
         offset = align_up(offset + bytes * batch);
     }
     l->slot_bytes = offset ? offset : ALIGN;
+    size_t sample_bytes = 0;
+    for (size_t f = 0; f < l->config.n_fields; f++)
+        sample_bytes += l->field_bytes[f];
+    l->chunk_samples = CHUNK_BYTES / (sample_bytes ? sample_bytes : 1);
+    l->chunk_samples = l->chunk_samples < 1 ? 1 : l->chunk_samples > batch ? batch : l->chunk_samples;
     return FL_OK;
 }
 
@@ -269,6 +339,8 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
     if (l == NULL)
         return FL_ENOMEM;
     l->config = *config;
+    /* with a worker per CPU, a helping consumer would only preempt one mid-chunk */
+    l->consumer_helps = config->workers == 0 || config->workers < fl_thread_cpus();
     l->fields = malloc(config->n_fields * sizeof *l->fields);
     l->field_offset = malloc(config->n_fields * sizeof *l->field_offset);
     l->field_bytes = malloc(config->n_fields * sizeof *l->field_bytes);
@@ -287,7 +359,7 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
     for (int i = 0; rc == FL_OK && i < config->slots; i++)
         if ((l->slots[i].data = aligned_alloc(ALIGN, l->slot_bytes)) == NULL)
             rc = FL_ENOMEM;
-    if (rc == FL_OK && config->workers == 0)
+    if (rc == FL_OK)
         rc = scratch_alloc(l, &l->consumer_scratch);
     if (rc != FL_OK) {
         fl_loader_free(l);
@@ -377,11 +449,12 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
             *count = s->count;
             break;
         }
-        const int64_t *ids;
-        size_t n;
-        slot *mine = l->config.workers == 0 ? claim(l, &ids, &n) : NULL;
-        if (mine != NULL) { /* no workers: fill it here */
-            fill_claimed(l, mine, ids, n, &l->consumer_scratch);
+        chunk c;
+        if (consumer_chunk(l, &c)) { /* rather than wait idle, help fill the batch we want */
+            l->helping++;
+            fill_chunk(l, &c, &l->consumer_scratch);
+            if (--l->helping == 0 && l->stopping)
+                pthread_cond_broadcast(&l->changed);
             continue;
         }
         if (timeout_s == 0) {
@@ -421,12 +494,15 @@ void fl_loader_stop(fl_loader *l) {
     for (int i = 0; running && i < l->config.workers; i++)
         pthread_join(l->threads[i], NULL);
     pthread_mutex_lock(&l->lock);
+    while (l->helping > 0) /* a consumer in next() on another thread is finishing a chunk */
+        pthread_cond_wait(&l->changed, &l->lock);
     for (int i = 0; i < l->config.slots; i++)
         if (l->slots[i].state == SLOT_READY || l->slots[i].state == SLOT_FILLING)
             l->slots[i].state = SLOT_FREE;
     l->running = 0;
     l->stopping = 0;
     l->epoch_active = 0;
+    pthread_cond_broadcast(&l->changed); /* a next() waiting on another thread returns FL_EEND */
     pthread_mutex_unlock(&l->lock);
 }
 

@@ -8,7 +8,9 @@
  *
  * Threads: `workers` C threads (signals blocked, no Python) plus the consumer; one mutex
  * guards the slot states, the epoch cursor and the error; a condition variable signals
- * every change. With 0 workers the consumer fills each batch itself inside next().
+ * every change. Batches are filled in chunks of samples, so several threads can share one;
+ * the consumer, while it waits in next() for a batch, fills chunks of that batch itself (with
+ * 0 workers, every batch).
  * A worker's error (an unreadable file) travels as data: the error of the earliest failing
  * batch is kept with the sample index and path; next() delivers the batches before it, then
  * returns it.

@@ -171,7 +171,8 @@ static int spawn(fl_procpool *pool, int w) {
     close(pair[1]);
     if (pid < 0) {
         close(pair[0]);
-        return fl_error_set(FL_ESYS, "fork: %s", strerror(fork_errno));
+        errno = fork_errno;
+        return fl_error_sys("fork");
     }
     pool->workers[w] = (worker){pid, pair[0], 0};
     return FL_OK;

@@ -1,6 +1,8 @@
 /* fl_thread.c - thread creation with every signal blocked. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "fl_thread.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -25,4 +27,12 @@ void fl_thread_background(void) {
     if (current < 10)
         setpriority(PRIO_PROCESS, (id_t)tid, 10);
 #endif
+}
+
+int fl_thread_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? (int)online : 1;
 }

@@ -13,4 +13,7 @@ int fl_thread_start(pthread_t *thread, void *(*main)(void *), void *arg);
  * effort: never fails. */
 void fl_thread_background(void);
 
+/* The number of CPUs this process may run on (its affinity mask), at least 1. */
+int fl_thread_cpus(void);
+
 #endif

@@ -200,6 +200,28 @@ def test_python_transform_runs_in_worker_processes_with_distinct_seeds():
     assert fastloop.get_worker_info() is None and init_calls == []  # those ran in the workers
 
 
+class FreezeCount(IndexDataset):
+    def __getitem__(self, i: int):
+        return np.int64(gc.get_freeze_count())
+
+
+def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfrozen():
+    # gc.freeze() before the fork keeps collections in workers from copying the parent's heap
+    assert gc.get_freeze_count() == 0
+    loader = fastloop.Loader(FreezeCount(64), batch_size=8, workers=2)
+    counts = np.concatenate(list(loader))
+    assert (counts > 1000).all()  # in the workers: everything the parent had
+    assert gc.get_freeze_count() == 0
+    loader.close()
+    gc.freeze()  # a program that freezes objects itself keeps its regime
+    try:
+        frozen = gc.get_freeze_count()
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1)))) == 16
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 class Broken(ImageDataset):
     def __getitem__(self, i):
         if i == 123:

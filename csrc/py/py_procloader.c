@@ -28,13 +28,14 @@ typedef struct {
     PyObject *in_descrs, *in_shapes;   /* per field, as fetched */
     PyObject *out_descrs, *out_shapes; /* per field, as delivered */
     PyObject *keep_alive;   /* pipeline, metrics */
+    int froze;              /* this fork froze gc's generations (see before_fork) */
     const fl_pipeline *pipeline;
     fl_images image;        /* field 0 geometry for the pipeline */
     fl_dtype image_dtype;
     size_t n_fields, batch_size;
     int workers;
-    size_t in_bytes[MAX_FIELDS], offsets[MAX_FIELDS];
-    unsigned char *scratch_input, *scratch_pipeline; /* per child, made on first use */
+    size_t in_bytes[MAX_FIELDS], out_bytes[MAX_FIELDS], offsets[MAX_FIELDS]; /* per sample; in a slot */
+    unsigned char *scratch_input, *scratch_pipeline; /* one image's, per child, made on first use */
     size_t scratch_per_image;
 } ProcLoaderObject;
 
@@ -90,8 +91,22 @@ static int store_field(ProcLoaderObject *self, size_t f, PyObject *value, unsign
     return 0;
 }
 
-/* Fetches one sample and stores its fields at position i of the batch. */
-static int store_sample(ProcLoaderObject *self, int64_t index, size_t i, unsigned char *slot) {
+/* Runs the pipeline on the sample in scratch_input into dst; a Python error if it fails. */
+static int pipe_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, unsigned char *dst) {
+    fl_images one = self->image;
+    one.n = 1;
+    int rc = fl_pipeline_run(self->pipeline, (fl_exec){NULL, 1}, self->scratch_input, one, self->image_dtype,
+                             dst, self->scratch_pipeline, seed, &index);
+    if (rc == FL_OK)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
+    fl_error_clear();
+    return -1;
+}
+
+/* Fetches one sample and stores its fields at position i of the batch, field 0 through the
+ * pipeline if there is one (one image at a time: a small, cache-resident scratch). */
+static int store_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, size_t i, unsigned char *slot) {
     PyObject *sample = PyObject_CallFunction(self->fetch, "L", (long long)index);
     if (sample == NULL)
         return -1;
@@ -107,10 +122,12 @@ static int store_sample(ProcLoaderObject *self, int64_t index, size_t i, unsigne
         rc = -1;
     }
     for (size_t f = 0; rc == 0 && f < self->n_fields; f++) {
-        int piped = f == 0 && self->pipeline != NULL;
-        unsigned char *dst = piped ? self->scratch_input + i * self->in_bytes[0]
-                                   : slot + self->offsets[f] + i * self->in_bytes[f];
-        rc = store_field(self, f, PyTuple_GET_ITEM(fields, (Py_ssize_t)f), dst);
+        unsigned char *dst = slot + self->offsets[f] + i * self->out_bytes[f];
+        PyObject *value = PyTuple_GET_ITEM(fields, (Py_ssize_t)f);
+        if (f == 0 && self->pipeline != NULL)
+            rc = store_field(self, f, value, self->scratch_input) < 0 ? -1 : pipe_sample(self, index, seed, dst);
+        else
+            rc = store_field(self, f, value, dst);
     }
     Py_DECREF(fields);
     return rc;
@@ -121,42 +138,53 @@ static int fill(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t
     ProcLoaderObject *self = ctx;
     (void)worker;
     if (self->pipeline != NULL && self->scratch_input == NULL) { /* once per worker */
-        self->scratch_input = PyMem_RawMalloc(self->batch_size * self->in_bytes[0] + 1);
-        self->scratch_pipeline = PyMem_RawMalloc(self->batch_size * self->scratch_per_image + 1);
+        self->scratch_input = PyMem_RawMalloc(self->in_bytes[0] + 1);
+        self->scratch_pipeline = PyMem_RawMalloc(self->scratch_per_image + 1);
         if (self->scratch_input == NULL || self->scratch_pipeline == NULL) {
             snprintf(error, error_len, "builtins.MemoryError\x1eno memory for the pipeline's scratch\x1e");
             return 1;
         }
     }
     for (size_t i = 0; i < count; i++) {
-        if (store_sample(self, ids[i], i, slot) < 0) {
+        if (store_sample(self, ids[i], seed, i, slot) < 0) {
             *index = ids[i];
             describe_exception(error, error_len);
-            return 1;
-        }
-    }
-    if (self->pipeline != NULL) {
-        fl_images in = self->image;
-        in.n = count;
-        int rc = fl_pipeline_run(self->pipeline, (fl_exec){NULL, 1}, self->scratch_input, in,
-                                 self->image_dtype, slot + self->offsets[0], self->scratch_pipeline, seed, ids);
-        if (rc != FL_OK) {
-            *index = ids[0];
-            snprintf(error, error_len, "builtins.ValueError\x1ePipeline: %s\x1e", fl_error_detail());
             return 1;
         }
     }
     return 0;
 }
 
+/* Calls gc.<name>() (gc.freeze / gc.unfreeze / gc.get_freeze_count); -1 if that fails. */
+static Py_ssize_t call_gc(const char *name) {
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *result = gc != NULL ? PyObject_CallMethod(gc, name, NULL) : NULL;
+    Py_ssize_t value = result == NULL ? -1 : result == Py_None ? 0 : PyLong_AsSsize_t(result);
+    Py_XDECREF(result);
+    Py_XDECREF(gc);
+    if (PyErr_Occurred()) { /* only a memory optimisation: never fail a fork for it */
+        PyErr_Clear();
+        return -1;
+    }
+    return value;
+}
+
+/* Before forking, the parent's objects are moved to gc's permanent generation, as CPython's
+ * gc.freeze() documentation advises: a collection in a worker would otherwise write to every
+ * inherited object's header and copy every page of the parent's heap. Skipped if the
+ * program freezes objects itself. */
 static void before_fork(void *ctx) {
-    (void)ctx;
+    ProcLoaderObject *self = ctx;
+    self->froze = call_gc("get_freeze_count") == 0 && call_gc("freeze") == 0;
     PyOS_BeforeFork();
 }
 
 static void after_fork_parent(void *ctx) {
-    (void)ctx;
+    ProcLoaderObject *self = ctx;
     PyOS_AfterFork_Parent();
+    if (self->froze) /* the parent collects its objects as before; the workers keep them frozen */
+        call_gc("unfreeze");
+    self->froze = 0;
 }
 
 static void after_fork_child(void *ctx, int worker) {
@@ -366,10 +394,9 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
             goto fail;
         PyList_Append(self->keep_alive, pipeline_obj);
     }
-    size_t out_bytes[MAX_FIELDS];
     for (size_t f = 0; f < self->n_fields; f++)
-        out_bytes[f] = (size_t)fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f), PyList_GET_ITEM(shapes, (Py_ssize_t)f));
-    size_t slot_bytes = fl_slot_layout(out_bytes, self->n_fields, self->batch_size, self->offsets);
+        self->out_bytes[f] = (size_t)fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f), PyList_GET_ITEM(shapes, (Py_ssize_t)f));
+    size_t slot_bytes = fl_slot_layout(self->out_bytes, self->n_fields, self->batch_size, self->offsets);
     self->out_descrs = PySequence_Tuple(descrs);
     self->out_shapes = PySequence_Tuple(shapes);
     fl_metrics *metrics = NULL;

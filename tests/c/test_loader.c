@@ -2,6 +2,9 @@
  * the ops it is made of), and the threaded loader: every sample exactly once and in order,
  * batches equal to the source through the pipeline, slots recycled, stop and restart,
  * worker errors naming the file and index. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -214,6 +217,125 @@ static void test_stopping_mid_epoch_then_a_new_epoch_works(void) {
     fl_loader_free(l);
 }
 
+/* ---- batches shared between threads in chunks ---- */
+
+enum { BIG_SAMPLES = 96, BIG_BYTES = 128 << 10 }; /* 4 samples per 512 KiB chunk */
+
+/* Samples of BIG_BYTES, each filled with its index (mod 251), in memory or in raw files. */
+static unsigned char *big_samples(void) {
+    unsigned char *data = malloc((size_t)BIG_SAMPLES * BIG_BYTES);
+    for (int i = 0; i < BIG_SAMPLES; i++)
+        memset(data + (size_t)i * BIG_BYTES, i % 251, BIG_BYTES);
+    return data;
+}
+
+static void test_batches_split_in_chunks_arrive_whole_in_order(void) {
+    unsigned char *data = big_samples();
+    fl_field field = {.base = data, .sample_bytes = BIG_BYTES};
+    for (int workers = 0; workers <= 3; workers++) {
+        fl_loader_config config = {
+            .sampler = {.n = BIG_SAMPLES, .world_size = 1, .batch_size = 20, .shuffle = 1, .seed = 5},
+            .workers = workers, .slots = 3, .fields = &field, .n_fields = 1,
+        };
+        fl_loader *l;
+        CHECK(fl_loader_new(&config, &l) == FL_OK);
+        int64_t order[BIG_SAMPLES];
+        CHECK(fl_sampler_epoch(&config.sampler, 2, order) == FL_OK);
+        CHECK(fl_loader_start_epoch(l, 2) == FL_OK);
+        int slot, whole = 1, batches = 0;
+        size_t count, seen = 0;
+        while (fl_loader_next(l, 10, &slot, &count) == FL_OK) {
+            const unsigned char *batch = fl_loader_slot(l, slot);
+            for (size_t i = 0; i < count; i++, seen++) {
+                unsigned char want = (unsigned char)(order[seen] % 251);
+                whole &= batch[i * BIG_BYTES] == want && batch[i * BIG_BYTES + BIG_BYTES - 1] == want;
+            }
+            fl_loader_release(l, slot);
+            batches++;
+        }
+        CHECK(whole && seen == BIG_SAMPLES && batches == 5);
+        fl_loader_free(l);
+    }
+    free(data);
+}
+
+static void test_a_failing_chunk_drops_its_batch_and_frees_the_slot(void) {
+    char paths[BIG_SAMPLES][256];
+    const char *list[BIG_SAMPLES];
+    unsigned char *data = big_samples();
+    for (int i = 0; i < BIG_SAMPLES; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/big%d.raw", tmpdir, i);
+        list[i] = paths[i];
+        FILE *f = fopen(paths[i], "wb");
+        fwrite(data + (size_t)i * BIG_BYTES, 1, i == 45 ? BIG_BYTES / 2 : BIG_BYTES, f); /* 45 is short */
+        fclose(f);
+    }
+    fl_field field = {.paths = list, .raw = 1, .sample_bytes = BIG_BYTES};
+    fl_loader_config config = {
+        .sampler = {.n = BIG_SAMPLES, .world_size = 1, .batch_size = 20},
+        .workers = 3, .slots = 4, .fields = &field, .n_fields = 1,
+    };
+    fl_loader *l;
+    CHECK(fl_loader_new(&config, &l) == FL_OK);
+    for (uint64_t epoch = 0; epoch < 2; epoch++) { /* after the failure, a new epoch works */
+        CHECK(fl_loader_start_epoch(l, epoch) == FL_OK);
+        int slot;
+        size_t count;
+        for (int b = 0; b < 2; b++) { /* batches 0 and 1 (samples 0..39) come whole */
+            CHECK(fl_loader_next(l, 10, &slot, &count) == FL_OK && count == 20);
+            CHECK(((unsigned char *)fl_loader_slot(l, slot))[19 * BIG_BYTES] == b * 20 + 19);
+            fl_loader_release(l, slot);
+        }
+        CHECK(fl_loader_next(l, 10, &slot, &count) == FL_EINVAL); /* batch 2 holds sample 45 */
+        CHECK(strstr(fl_loader_error(l), "sample 45") && strstr(fl_loader_error(l), "big45.raw"));
+        CHECK(fl_loader_next(l, 10, &slot, &count) == FL_EINVAL); /* it stays failed */
+        CHECK(fl_loader_lent(l) == 0);
+    }
+    fl_loader_free(l);
+    for (int i = 0; i < BIG_SAMPLES; i++)
+        unlink(paths[i]);
+    free(data);
+}
+
+typedef struct {
+    fl_loader *l;
+    int rc;
+} consumer_arg;
+
+static void *consume_all(void *arg) {
+    consumer_arg *c = arg;
+    int slot;
+    size_t count;
+    while ((c->rc = fl_loader_next(c->l, 10, &slot, &count)) == FL_OK)
+        fl_loader_release(c->l, slot);
+    return NULL;
+}
+
+static void test_stop_from_another_thread_while_the_consumer_fills_chunks(void) {
+    unsigned char *data = big_samples();
+    fl_field field = {.base = data, .sample_bytes = BIG_BYTES};
+    for (int workers = 0; workers <= 1; workers++) {
+        fl_loader_config config = {
+            .sampler = {.n = BIG_SAMPLES, .world_size = 1, .batch_size = 32},
+            .workers = workers, .slots = 2, .fields = &field, .n_fields = 1,
+        };
+        for (int round = 0; round < 20; round++) {
+            fl_loader *l;
+            CHECK(fl_loader_new(&config, &l) == FL_OK);
+            CHECK(fl_loader_start_epoch(l, (uint64_t)round) == FL_OK);
+            consumer_arg arg = {l, FL_OK};
+            pthread_t consumer;
+            pthread_create(&consumer, NULL, consume_all, &arg);
+            usleep((useconds_t)(round * 50));
+            fl_loader_stop(l); /* waits for a chunk the consumer is filling, if any */
+            pthread_join(consumer, NULL);
+            CHECK(arg.rc == FL_EEND);
+            fl_loader_free(l);
+        }
+    }
+    free(data);
+}
+
 static void test_a_missing_file_names_the_path_and_sample(void) {
     enum { FILES = 10 };
     char paths[FILES][256];
@@ -255,6 +377,9 @@ int main(void) {
     RUN(test_shards_of_a_loader_partition_the_data);
     RUN(test_stopping_mid_epoch_then_a_new_epoch_works);
     RUN(test_a_missing_file_names_the_path_and_sample);
+    RUN(test_batches_split_in_chunks_arrive_whole_in_order);
+    RUN(test_a_failing_chunk_drops_its_batch_and_frees_the_slot);
+    RUN(test_stop_from_another_thread_while_the_consumer_fills_chunks);
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

@@ -8,7 +8,10 @@ normalize, batch 256, shuffled.
   1, 2 vs torch workers 1, 2
 
 Reported: samples/s over an epoch, the median time from constructing a loader to holding its
-first batch (worker start-up included) over three fresh loaders, and the peak memory of the whole process tree as PSS (shared pages split between processes).
+first batch (worker start-up included) over three fresh loaders, and the peak memory of the
+whole process tree as PSS (shared pages split between processes), in total and above what the
+process held before the loader was made. Each configuration runs in a fresh interpreter that
+has imported torch (where installed), as a training script has.
 
     $ python benchmarks/bench_loader.py [--quick]     (or all suites: python -m fastloop bench)
 """
@@ -16,6 +19,7 @@ first batch (worker start-up included) over three fresh loaders, and the peak me
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -55,17 +59,34 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def tree_pss_bytes(root: int | None = None) -> int:
-    """PSS of a process and all its descendants (Linux /proc), in bytes; 0 if unreadable."""
-    total, stack = 0, [root or os.getpid()]
+def _tree(root: int) -> list[int]:
+    pids, stack = [], [root]
     while stack:
-        pid = stack.pop()
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
-        except (OSError, StopIteration):
-            continue
-        stack += _children(pid)
+        pids.append(stack.pop())
+        stack += _children(pids[-1])
+    return pids
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def tree_pss_bytes(root: int | None = None) -> int:
+    """PSS of a process and all its descendants (Linux /proc), in bytes; 0 if unreadable.
+
+    A reading that overlaps a fork counts the parent before it and the child after it, so
+    the shared pages once in full and once halved: such readings (the set of processes
+    changed while reading) are taken again."""
+    root = root or os.getpid()
+    for _ in range(10):
+        pids = _tree(root)
+        total = sum(_pss_bytes(pid) for pid in pids)
+        if _tree(root) == pids:
+            return total
     return total
 
 
@@ -154,6 +175,7 @@ class Row:
     samples_per_s: float
     first_batch_s: float
     peak_pss_mib: float
+    added_pss_mib: float  # peak minus the PSS just before the loader was made: the loader's own cost
 
 
 def first_batch_s(make: Callable[[], Any]) -> float:
@@ -172,6 +194,8 @@ def first_batch_s(make: Callable[[], Any]) -> float:
 def measure(name: str, dataset: str, workers: int, make: Callable[[], Any], n: int, first_repeats: int = 3) -> Row:
     """One epoch: samples/s over the epoch and peak tree PSS; then the median time to the first
     batch over first_repeats fresh loaders (the first one in a process pays one-off costs)."""
+    gc.collect()
+    before = tree_pss_bytes()
     with PeakPss() as pss:
         start = time.perf_counter()
         loader = make()
@@ -184,7 +208,7 @@ def measure(name: str, dataset: str, workers: int, make: Callable[[], Any], n: i
         del loader
     assert seen == n, f"{name}: {seen} samples, expected {n}"
     first = sorted(first_batch_s(make) for _ in range(first_repeats))[first_repeats // 2]
-    return Row(dataset, name, workers, seen / elapsed, first, pss.peak / 2**20)
+    return Row(dataset, name, workers, seen / elapsed, first, pss.peak / 2**20, (pss.peak - before) / 2**20)
 
 
 C_OPS, PY = "arrays + C ops", "Python transform"
@@ -243,15 +267,16 @@ def run(quick: bool = False, log: Callable[[str], None] = lambda _: None) -> lis
         rows.append(Row(**json.loads(child.stdout.strip().splitlines()[-1])))
         r = rows[-1]
         log(f"  {dataset:16s} {loader:18s} x{workers}: {r.samples_per_s:9.0f} samples/s, "
-            f"first batch {r.first_batch_s * 1e3:7.1f} ms, peak PSS {r.peak_pss_mib:6.0f} MiB")
+            f"first batch {r.first_batch_s * 1e3:7.1f} ms, peak PSS {r.peak_pss_mib:6.0f} MiB (+{r.added_pss_mib:.0f})")
     return rows
 
 
-HEADERS = ["dataset", "loader", "workers", "samples/s", "first batch ms", "peak PSS MiB"]
+HEADERS = ["dataset", "loader", "workers", "samples/s", "first batch ms", "peak PSS MiB", "loader's PSS MiB"]
 
 
 def table_rows(rows: list[Row]) -> list[list[object]]:
-    return [[r.dataset, r.loader, r.workers, r.samples_per_s, r.first_batch_s * 1e3, r.peak_pss_mib] for r in rows]
+    return [[r.dataset, r.loader, r.workers, r.samples_per_s, r.first_batch_s * 1e3, r.peak_pss_mib, r.added_pss_mib]
+            for r in rows]
 
 
 def summary(rows: list[Row]) -> list[str]:
@@ -277,7 +302,8 @@ def summary(rows: list[Row]) -> list[str]:
         ours, theirs = best(py, "fastloop processes", {w}), best(py, "torch DataLoader", {w})
         if ours and theirs:
             lines.append(f"Python transform, {w} worker(s): fastloop processes {ours.samples_per_s:.0f}/s at "
-                         f"{ours.peak_pss_mib:.0f} MiB vs torch {theirs.samples_per_s:.0f}/s at {theirs.peak_pss_mib:.0f} MiB "
+                         f"{ours.peak_pss_mib:.0f} MiB (loader +{ours.added_pss_mib:.0f}) vs torch {theirs.samples_per_s:.0f}/s "
+                         f"at {theirs.peak_pss_mib:.0f} MiB (+{theirs.added_pss_mib:.0f}) "
                          f"(target: >= torch's speed, lower PSS)")
     return lines
 
