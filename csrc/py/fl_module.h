@@ -28,6 +28,8 @@ typedef struct fl_module_state {
     PyTypeObject *loader_type;
     PyTypeObject *lease_type;
     PyTypeObject *npy_mapping_type;
+    PyTypeObject *model_type;
+    PyTypeObject *optimizer_type;
     PyObject *error;            /* fastloop.Error */
     PyObject *closed;           /* fastloop.Closed */
     PyObject *empty;            /* fastloop.Empty */
@@ -136,6 +138,7 @@ int fl_pipeline_module_init(PyObject *module, fl_module_state *state);
 int fl_loader_module_init(PyObject *module, fl_module_state *state);
 int fl_procloader_module_init(PyObject *module, fl_module_state *state);
 int fl_npy_module_init(PyObject *module, fl_module_state *state);
+int fl_nn_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
 

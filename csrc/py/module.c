@@ -111,7 +111,7 @@ static int module_exec(PyObject *module) {
         fl_monitor_module_init(module, state) < 0 ||
         fl_checkpoint_module_init(module, state) < 0 || fl_pipeline_module_init(module, state) < 0 ||
         fl_loader_module_init(module, state) < 0 || fl_procloader_module_init(module, state) < 0 ||
-        fl_npy_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
+        fl_npy_module_init(module, state) < 0 || fl_nn_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
         fl_testing_module_init(module) < 0)
         return -1;
     return 0;
@@ -126,6 +126,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state->empty);
     Py_VISIT(state->full);
     Py_VISIT(state->npy_mapping_type);
+    Py_VISIT(state->model_type);
+    Py_VISIT(state->optimizer_type);
     Py_VISIT(state->lease_type);
     Py_VISIT(state->loader_type);
     Py_VISIT(state->pipeline_type);
@@ -147,6 +149,8 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(state->empty);
     Py_CLEAR(state->full);
     Py_CLEAR(state->npy_mapping_type);
+    Py_CLEAR(state->model_type);
+    Py_CLEAR(state->optimizer_type);
     Py_CLEAR(state->lease_type);
     Py_CLEAR(state->loader_type);
     Py_CLEAR(state->pipeline_type);

@@ -25,6 +25,7 @@ from .errors import (
 )
 from . import ops
 from . import cuda
+from . import nn
 from .checkpoint import Checkpoint, Checkpointer
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
@@ -36,6 +37,7 @@ __all__ = [
     "Event",
     "ops",
     "cuda",
+    "nn",
     "Loader",
     "Folder",
     "load_npy",

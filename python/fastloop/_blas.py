@@ -1,0 +1,68 @@
+"""Finding a BLAS for fastloop.nn's CPU matrix products, without adding a dependency.
+
+The C core dlopens a CBLAS at run time (csrc/fl_blas.c). This module picks the library:
+an explicit ``FASTLOOP_BLAS``, the ``scipy-openblas32`` wheel when installed (the build of
+OpenBLAS made for other packages to use), the OpenBLAS that NumPy's own wheel bundles, or
+a system CBLAS. The first that loads wins; every failure is kept for the error message.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import os
+import threading
+
+from . import _core
+
+_lock = threading.Lock()
+_failures: list[str] = []
+
+
+def candidates() -> list[tuple[str, str]]:
+    """(where it came from, path) for each BLAS worth trying, best first."""
+    found: list[tuple[str, str]] = []
+    explicit = os.environ.get("FASTLOOP_BLAS")
+    if explicit:
+        found.append(("FASTLOOP_BLAS", explicit))
+    try:
+        import scipy_openblas32  # type: ignore[import-not-found]
+
+        lib_dir = scipy_openblas32.get_lib_dir()
+        found += [("scipy-openblas32", p) for p in sorted(glob.glob(os.path.join(lib_dir, "*.so*")))]
+    except (ImportError, AttributeError):
+        pass
+    import numpy
+
+    numpy_libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
+    found += [("NumPy's bundled OpenBLAS", p) for p in sorted(glob.glob(os.path.join(numpy_libs, "*openblas*.so*")))]
+    for name in ("openblas", "cblas", "blas", "mkl_rt", "blis"):
+        path = ctypes.util.find_library(name)
+        if path:
+            found.append((f"system lib{name}", path))
+    return found
+
+
+def ensure_loaded() -> str:
+    """Loads a BLAS once; returns its description or raises RuntimeError listing what failed."""
+    with _lock:
+        info = _core._blas_info()
+        if info is not None:
+            return info
+        _failures.clear()
+        for origin, path in candidates():
+            try:
+                return _core._blas_load(path) + f" from {origin}"
+            except OSError as error:
+                _failures.append(f"{origin}: {error}")
+        tried = "; ".join(_failures) or "no candidate found"
+        raise RuntimeError(
+            "fastloop.nn needs a CBLAS for CPU models and found none usable "
+            f"({tried}). Install scipy-openblas32 or a system OpenBLAS, or set FASTLOOP_BLAS "
+            "to a CBLAS shared library."
+        )
+
+
+def info() -> str | None:
+    """The loaded BLAS's description, or None before the first CPU model."""
+    return _core._blas_info()
