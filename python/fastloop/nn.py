@@ -258,7 +258,8 @@ class Sequential(Module):
         if kind == "cuda":
             from . import cuda
 
-            backend = cuda.nn_backend()  # raises CudaUnavailable saying why
+            cuda.require()  # raises CudaUnavailable saying why
+            backend = cuda.nn_backend()
         else:
             _blas.ensure_loaded()
         try:
