@@ -9,12 +9,14 @@ CC ?= gcc
 
 CORE_SOURCES := $(wildcard csrc/*.c)
 CORE_HEADERS := $(wildcard csrc/*.h csrc/*.inc)
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
+# test_nn's matrix products use the BLAS fastloop.nn picks (it is skipped, saying so, without one).
+BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.path())' 2>/dev/null)"
 
 .PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest demo bench install-check clean
 
@@ -43,10 +45,10 @@ $(BIN)/%_tsan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm -ldl
 
 ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
-	@for t in $^; do echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
+	@for t in $^; do echo "== $$t"; $(BLAS_ENV) ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
 
 ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
-	@for t in $^; do echo "== $$t"; TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
+	@for t in $^; do echo "== $$t"; $(BLAS_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
 # The .npy parser's fuzz corpus (tests/fuzz/README.md), replayed under ASan/UBSan with gcc.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c $(CORE_SOURCES) $(CORE_HEADERS)

@@ -17,6 +17,7 @@ from . import _core
 
 _lock = threading.Lock()
 _failures: list[str] = []
+_loaded_from: list[str] = []  # [origin, path] once loaded
 
 
 def candidates() -> list[tuple[str, str]]:
@@ -48,11 +49,13 @@ def ensure_loaded() -> str:
     with _lock:
         info = _core._blas_info()
         if info is not None:
-            return info
+            return info + (f" from {_loaded_from[0]}" if _loaded_from else "")
         _failures.clear()
         for origin, path in candidates():
             try:
-                return _core._blas_load(path) + f" from {origin}"
+                description = _core._blas_load(path)
+                _loaded_from[:] = [origin, path]
+                return f"{description} from {origin}"
             except OSError as error:
                 _failures.append(f"{origin}: {error}")
         tried = "; ".join(_failures) or "no candidate found"
@@ -63,6 +66,7 @@ def ensure_loaded() -> str:
         )
 
 
-def info() -> str | None:
-    """The loaded BLAS's description, or None before the first CPU model."""
-    return _core._blas_info()
+def path() -> str:
+    """The file of the BLAS in use (loading one first); `make ctest` hands it to the C tests."""
+    ensure_loaded()
+    return _loaded_from[1] if _loaded_from else ""
