@@ -73,7 +73,7 @@ static int cpu_gemm(void *ctx, fl_dtype dtype, int trans_a, int trans_b, int64_t
 }
 
 /* The elementwise kernels, once per element type T (suffix S). */
-#define FL_NN_CPU_KERNELS(T, S)                                                                  \
+#define FL_NN_CPU_KERNELS(T, S, SQRT)                                                                \
     static void fill_rows_##S(T *out, int64_t rows, int64_t cols, const T *row) {                \
         for (int64_t r = 0; r < rows; r++)                                                       \
             memcpy(out + r * cols, row, (size_t)cols * sizeof(T));                               \
@@ -152,12 +152,12 @@ static int cpu_gemm(void *ctx, fl_dtype dtype, int trans_a, int trans_b, int64_t
                 g += wd * p[i];                                                                  \
             m[i] = beta1 * m[i] + (1 - beta1) * g;                                               \
             v[i] = beta2 * v[i] + (1 - beta2) * g * g;                                           \
-            p[i] -= step_size * m[i] / (sqrt(v[i]) / bc2_sqrt + eps);                            \
+            p[i] -= step_size * m[i] / (SQRT(v[i]) / bc2_sqrt + eps);                            \
         }                                                                                        \
     }
 
-FL_NN_CPU_KERNELS(float, f32)
-FL_NN_CPU_KERNELS(double, f64)
+FL_NN_CPU_KERNELS(float, f32, sqrtf)
+FL_NN_CPU_KERNELS(double, f64, sqrt)
 
 /* Calls NAME_f32 or NAME_f64 with the pointers cast to the element type. */
 #define DISPATCH(dtype, call32, call64) ((dtype) == FL_FLOAT32 ? (call32) : (call64))
