@@ -16,7 +16,7 @@ def run_bench(quick: bool, out_dir: str) -> int:
     """All suites side by side: the speed targets, then threads vs processes."""
     import warnings
 
-    from .bench import loader, logistics, preprocess, targets
+    from .bench import loader, logistics, model, preprocess, targets
     from .bench.report import format_table, machine_summary
 
     warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
@@ -28,6 +28,10 @@ def run_bench(quick: bool, out_dir: str) -> int:
     loader_rows = loader.run(quick=quick)
     print(format_table(loader.HEADERS, loader.table_rows(loader_rows)))
     print("\n".join(loader.summary(loader_rows)))
+    print("\n== model core: fastloop.nn vs torch on the CPU")
+    model_rows = model.run(quick=quick)
+    print(format_table(model.HEADERS, model.table_rows(model_rows)))
+    print("\n".join(model.summary(model_rows)))
     print("\n== threads vs processes")
     preprocess.main(quick=quick, out_dir=out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -36,6 +40,8 @@ def run_bench(quick: bool, out_dir: str) -> int:
         f.write(format_table(targets.HEADERS, targets.table_rows(results), markdown=True) + "\n")
         f.write("\n## Data loading\n\n" + format_table(loader.HEADERS, loader.table_rows(loader_rows), markdown=True))
         f.write("\n\n" + "\n".join(f"- {line}" for line in loader.summary(loader_rows)) + "\n")
+        f.write("\n## Model core\n\n" + format_table(model.HEADERS, model.table_rows(model_rows), markdown=True))
+        f.write("\n\n" + "\n".join(f"- {line}" for line in model.summary(model_rows)) + "\n")
     missed = [r.name for r in results if r.passed is False]
     print(f"\ntargets met: {sum(r.passed is True for r in results)}/{sum(r.passed is not None for r in results)}"
           + (f"; missed: {', '.join(missed)}" if missed else ""))
