@@ -33,21 +33,23 @@ import fastloop.nn as nn
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=None, help="total epochs (default 100; 40 with --quick)")
-    parser.add_argument("--samples", type=int, default=None, help="dataset size N (default 1024; 512 with --quick)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--noise", type=float, default=0.1, help="standard deviation of the noise on y")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the data, the initialization and the shuffling")
-    parser.add_argument("--workers", type=int, default=2, help="Loader worker threads")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="epochs between checkpoints")
-    parser.add_argument("--out", default=os.path.join("runs", "linear_regression"),
-                        help="directory for TensorBoard events, metrics.csv and checkpoints/")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in <out>")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--quick", action="store_true", help="a small, fast run (for tests)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--epochs", type=int, default=None, help="total epochs (default 100; 40 with --quick)")
+    add("--samples", type=int, default=None, help="dataset size N (default 1024; 512 with --quick)")
+    add("--batch-size", type=int, default=64, help="default %(default)s")
+    add("--lr", type=float, default=0.01,
+        help="SGD learning rate (default %(default)s; --resume keeps the checkpoint's)")
+    add("--noise", type=float, default=0.1, help="standard deviation of the noise on y (default %(default)s)")
+    add("--seed", type=int, default=0,
+        help="seeds the data, the initialization and the shuffling (default %(default)s)")
+    add("--workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
+    add("--checkpoint-every", type=int, default=10, help="epochs between checkpoints (default %(default)s)")
+    add("--out", default=os.path.join("runs", "linear_regression"),
+        help="TensorBoard events, metrics.csv and checkpoints/ go here (default %(default)s)")
+    add("--resume", action="store_true", help="continue from the latest checkpoint in <out>/checkpoints")
+    add("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    add("--quick", action="store_true", help="a small, fast run (for tests)")
     args = parser.parse_args(argv)
     if args.epochs is None:
         args.epochs = 40 if args.quick else 100

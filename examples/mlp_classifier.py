@@ -45,27 +45,25 @@ DEFAULT_LR = {"adam": 3e-3, "sgd": 0.1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=None, help="total epochs (default 20; 8 with --quick)")
-    parser.add_argument("--samples", type=int, default=None,
-                        help="training samples (default 20000; 4000 with --quick)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="validation samples (default 4000; 1000 with --quick)")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                        help="Adam, or SGD with Nesterov momentum 0.9")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3 Adam, 0.1 SGD)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the data, the initialization and the shuffling")
-    parser.add_argument("--workers", type=int, default=2, help="Loader worker threads")
-    parser.add_argument("--out", default=os.path.join("runs", "mlp_classifier"),
-                        help="directory for TensorBoard events, metrics.csv, checkpoints/ and best/")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in <out>/checkpoints")
-    parser.add_argument("--stop-after", type=int, default=None, metavar="EPOCH",
-                        help="stop after this epoch, as if interrupted (the schedule still spans --epochs)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--quick", action="store_true", help="a small, fast run (for tests)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--epochs", type=int, default=None, help="total epochs (default 20; 8 with --quick)")
+    add("--samples", type=int, default=None, help="training samples (default 20000; 4000 with --quick)")
+    add("--val-samples", type=int, default=None, help="validation samples (default 4000; 1000 with --quick)")
+    add("--batch-size", type=int, default=128, help="default %(default)s")
+    add("--optimizer", choices=("adam", "sgd"), default="adam",
+        help="adam (default), or sgd: SGD with Nesterov momentum 0.9")
+    add("--lr", type=float, default=None, help="peak learning rate (default 3e-3 Adam, 0.1 SGD)")
+    add("--seed", type=int, default=0,
+        help="seeds the data, the initialization and the shuffling (default %(default)s)")
+    add("--workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
+    add("--out", default=os.path.join("runs", "mlp_classifier"),
+        help="TensorBoard events, metrics.csv, checkpoints/ and best/ go here (default %(default)s)")
+    add("--resume", action="store_true", help="continue from the latest checkpoint in <out>/checkpoints")
+    add("--stop-after", type=int, default=None, metavar="EPOCH",
+        help="stop after this epoch, as if interrupted (the schedule still spans --epochs)")
+    add("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    add("--quick", action="store_true", help="a small, fast run (for tests)")
     args = parser.parse_args(argv)
     if args.epochs is None:
         args.epochs = 8 if args.quick else 20
@@ -239,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     latest, best = ckpt.latest(), best_ckpt.latest()
     print(f"done: epochs {start_epoch + 1}..{end_epoch} of {args.epochs}, {step} steps in total, "
           f"{samples / max(elapsed, 1e-9):,.0f} samples/s")
-    print(f"final validation accuracy {val_acc:.2%} (loss {val_loss:.4f}); best {best_acc:.2%} at epoch {best_epoch}")
+    print(f"final validation accuracy {val_acc:.2%} (loss {val_loss:.4f}); "
+          f"best {best_acc:.2%} at epoch {best_epoch}")
     print(f"logs: {args.out} (tensorboard --logdir {args.out}; metrics.csv); "
           f"checkpoints: {ckpt_dir}, best model: {best_dir}")
     result = {
