@@ -92,7 +92,7 @@ class BuildExt(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.makedirs(self.build_temp, exist_ok=True)
-        includes = [f"-I{sysconfig.get_paths()['include']}", "-Icuda"]
+        includes = [f"-I{sysconfig.get_paths()['include']}", f"-I{numpy.get_include()}", "-Icuda"]
         host_flags = ",".join(["-fPIC", "-fvisibility=hidden", *WARNINGS])
         objects = []
         for source in ext.sources:
@@ -103,7 +103,7 @@ class BuildExt(build_ext):
                 cmd.append("-Werror=all-warnings")
             self.spawn(cmd)
             objects.append(obj)
-        self.spawn([nvcc, "-shared", "-cudart", "static", "-o", target, *objects])
+        self.spawn([nvcc, "-shared", "-cudart", "static", "-o", target, *objects, "-ldl", "-lpthread"])
 
     def write_build_info(self) -> None:
         text = (
@@ -126,6 +126,6 @@ core = Extension(
     extra_compile_args=C_FLAGS,
     libraries=["pthread", "m", "dl"],
 )
-cuda = CudaExtension("fastloop._cuda", sources=["cuda/fl_cuda.cu", "cuda/py_cuda.c"])
+cuda = CudaExtension("fastloop._cuda", sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")))
 
 setup(ext_modules=[core, cuda], cmdclass={"build_ext": BuildExt})

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "../csrc/fl_nn_backend.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,6 +40,11 @@ int fl_cuda_device_info(int index, fl_cuda_device *out);
  * and reports the kernel time in *kernel_ms and the number of wrong results in *errors.
  * Returns 0 or a cudaError_t code. Blocks until the device finishes. */
 int fl_cuda_selftest(int index, size_t n, double *kernel_ms, size_t *errors);
+
+/* The CUDA implementation of the model core's device operations (fl_cuda_nn.cu): cuBLAS
+ * for gemm (fl_cublas_load() must have succeeded, or open() tries the default names and
+ * fails with the reason), kernels for the rest. Never fails; the table is static. */
+const fl_nn_backend *fl_cuda_nn_backend(void);
 
 /* "cudaErrorNoDevice" and "no CUDA-capable device is detected" for a code. */
 const char *fl_cuda_error_name(int code);

@@ -1,29 +1,53 @@
-/* py_cuda.c - fastloop._cuda: the Python binding of fl_cuda.h, loaded lazily by
- * fastloop.cuda. CUDA failures raise fastloop.CudaError with the cudaError_t code. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+/* py_cuda.c - fastloop._cuda: the module (device queries, the self-test, cuBLAS loading,
+ * the nn backend capsule, the copy benchmark), loaded lazily by fastloop.cuda; the types
+ * live in py_device_array.c, py_stream.c, py_pinned.c, py_nn_testing.c. CUDA failures
+ * raise fastloop.CudaError with the cudaError_t code. */
+#define FL_PY_NUMPY_IMPORT
+#include "py_cuda.h"
 
+#include "fl_cublas.h"
 #include "fl_cuda.h"
+#include "fl_cuda_mem.h"
 
-typedef struct {
-    PyObject *cuda_error; /* fastloop.errors.CudaError */
-} cuda_state;
-
-static cuda_state *get_state(PyObject *module) { return (cuda_state *)PyModule_GetState(module); }
-
-/* Raises fastloop.CudaError(message, code) for a failed call `what`; returns NULL. */
-static PyObject *raise_cuda(PyObject *module, int code, const char *what) {
+PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what) {
     PyObject *message = PyUnicode_FromFormat(
         "%s: %s (%s, code %d)", what, fl_cuda_error_string(code), fl_cuda_error_name(code), code);
     if (message == NULL)
         return NULL;
-    PyObject *error = PyObject_CallFunction(get_state(module)->cuda_error, "Oi", message, code);
+    PyObject *error = PyObject_CallFunction(state->cuda_error, "Oi", message, code);
     Py_DECREF(message);
     if (error != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(error), error);
         Py_DECREF(error);
     }
     return NULL;
+}
+
+int fl_py_require_device(cuda_state *state, int device) {
+    int count, rc;
+    Py_BEGIN_ALLOW_THREADS /* the first call loads the driver */
+        rc = fl_cuda_device_count(&count);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(state->cuda_unavailable, "CUDA is not available: cudaGetDeviceCount: %s (%s)",
+                     fl_cuda_error_string(rc), fl_cuda_error_name(rc));
+        return -1;
+    }
+    if (count == 0) {
+        PyErr_SetString(state->cuda_unavailable, "CUDA is not available: no CUDA device");
+        return -1;
+    }
+    if (device < 0 || device >= count) {
+        PyErr_Format(PyExc_ValueError, "'device' %d does not exist: %d CUDA device(s)", device,
+                     count);
+        return -1;
+    }
+    return 0;
+}
+
+/* raise_cuda for module-level functions. */
+static PyObject *raise_cuda(PyObject *module, int code, const char *what) {
+    return fl_py_raise_cuda(fl_py_state(module), code, what);
 }
 
 static PyObject *runtime_version(PyObject *module, PyObject *unused) {
@@ -95,6 +119,53 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
                          "errors", (Py_ssize_t)errors);
 }
 
+static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"path", NULL};
+    const char *path = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z:cublas_load", keywords, &path))
+        return NULL;
+    char why[2048];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = fl_cublas_load(path, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyErr_Format(fl_py_state(module)->cuda_unavailable,
+                            "CUDA is not available: cuBLAS could not be loaded: %s", why);
+    return PyUnicode_DecodeFSDefault(fl_cublas_path());
+}
+
+static PyObject *nn_backend(PyObject *module, PyObject *unused) {
+    (void)unused;
+    if (fl_cublas() == NULL)
+        return PyErr_Format(fl_py_state(module)->cuda_unavailable,
+                            "CUDA is not available: cuBLAS is not loaded (call cublas_load first)");
+    return PyCapsule_New((void *)fl_cuda_nn_backend(), FL_NN_BACKEND_CAPSULE, NULL);
+}
+
+static PyObject *memcpy_benchmark(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"nbytes", "pinned", "repeats", "device", NULL};
+    Py_ssize_t nbytes;
+    int pinned = 1, repeats = 10, device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|pii:memcpy_benchmark", keywords, &nbytes,
+                                     &pinned, &repeats, &device))
+        return NULL;
+    if (nbytes <= 0)
+        return PyErr_Format(PyExc_ValueError, "'nbytes' must be > 0, not %zd", nbytes);
+    if (repeats <= 0)
+        return PyErr_Format(PyExc_ValueError, "'repeats' must be > 0, not %d", repeats);
+    if (fl_py_require_device(fl_py_state(module), device) < 0)
+        return NULL;
+    double gbps;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = fl_cuda_memcpy_benchmark(device, (size_t)nbytes, pinned, repeats, &gbps);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return raise_cuda(module, rc, "memcpy_benchmark");
+    return PyFloat_FromDouble(gbps);
+}
+
 static PyMethodDef cuda_functions[] = {
     {"runtime_version", runtime_version, METH_NOARGS,
      "runtime_version()\n--\n\nThe CUDA runtime version built in, e.g. 13000."},
@@ -108,25 +179,58 @@ static PyMethodDef cuda_functions[] = {
     {"selftest", (PyCFunction)(void (*)(void))selftest, METH_VARARGS | METH_KEYWORDS,
      "selftest(device=0, n=1048576)\n--\n\nRun a vector-add kernel on the device and check\n"
      "every result; returns a dict with kernel_ms and errors (0 when all are right)."},
+    {"cublas_load", (PyCFunction)(void (*)(void))cublas_load, METH_VARARGS | METH_KEYWORDS,
+     "cublas_load(path=None)\n--\n\nLoad cuBLAS (path, then $FASTLOOP_CUBLAS, then\n"
+     "libcublas.so.13/.12/.so) unless loaded; returns the file loaded. Raises\n"
+     "fastloop.CudaUnavailable naming every candidate tried."},
+    {"nn_backend", nn_backend, METH_NOARGS,
+     "nn_backend()\n--\n\nA PyCapsule named 'fastloop.nn_backend' holding the CUDA\n"
+     "`const fl_nn_backend *` (cuBLAS must be loaded)."},
+    {"memcpy_benchmark", (PyCFunction)(void (*)(void))memcpy_benchmark,
+     METH_VARARGS | METH_KEYWORDS,
+     "memcpy_benchmark(nbytes, pinned=True, repeats=10, device=0)\n--\n\n"
+     "Host-to-device cudaMemcpyAsync bandwidth in GB/s (1e9 bytes/s)."},
     {NULL, NULL, 0, NULL},
 };
 
 static int cuda_exec(PyObject *module) {
+    cuda_state *state = fl_py_state(module);
+    if (PyArray_ImportNumPyAPI() < 0)
+        return -1;
     PyObject *errors = PyImport_ImportModule("fastloop.errors");
     if (errors == NULL)
         return -1;
-    get_state(module)->cuda_error = PyObject_GetAttrString(errors, "CudaError");
+    state->cuda_error = PyObject_GetAttrString(errors, "CudaError");
+    state->cuda_unavailable = PyObject_GetAttrString(errors, "CudaUnavailable");
     Py_DECREF(errors);
-    return get_state(module)->cuda_error == NULL ? -1 : 0;
+    if (state->cuda_error == NULL || state->cuda_unavailable == NULL)
+        return -1;
+    if (fl_py_device_array_init(module, state) < 0 || fl_py_stream_init(module, state) < 0 ||
+        fl_py_pinned_init(module, state) < 0 || fl_py_preprocess_init(module) < 0 ||
+        fl_py_nn_testing_init(module, state) < 0)
+        return -1;
+    return 0;
 }
 
 static int cuda_traverse(PyObject *module, visitproc visit, void *arg) {
-    Py_VISIT(get_state(module)->cuda_error);
+    cuda_state *state = fl_py_state(module);
+    Py_VISIT(state->cuda_error);
+    Py_VISIT(state->cuda_unavailable);
+    Py_VISIT(state->device_array_type);
+    Py_VISIT(state->stream_type);
+    Py_VISIT(state->pinned_type);
+    Py_VISIT(state->nn_context_type);
     return 0;
 }
 
 static int cuda_clear(PyObject *module) {
-    Py_CLEAR(get_state(module)->cuda_error);
+    cuda_state *state = fl_py_state(module);
+    Py_CLEAR(state->cuda_error);
+    Py_CLEAR(state->cuda_unavailable);
+    Py_CLEAR(state->device_array_type);
+    Py_CLEAR(state->stream_type);
+    Py_CLEAR(state->pinned_type);
+    Py_CLEAR(state->nn_context_type);
     return 0;
 }
 
@@ -143,7 +247,8 @@ static PyModuleDef_Slot cuda_slots[] = {
 static struct PyModuleDef cuda_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "fastloop._cuda",
-    .m_doc = "fastloop's CUDA code: device queries and a kernel self-test.",
+    .m_doc = "fastloop's CUDA code: device arrays, streams, pinned memory, GPU preprocessing,\n"
+             "the nn backend and device queries.",
     .m_size = sizeof(cuda_state),
     .m_methods = cuda_functions,
     .m_slots = cuda_slots,

@@ -1,0 +1,83 @@
+/* fl_cuda_mem.h - device memory, host<->device copies, streams, events and pinned host
+ * memory: the CUDA runtime calls behind fastloop.cuda's DeviceArray, Stream and pin().
+ *
+ * Every function returns 0 or a positive cudaError_t code (fl_cuda_error_string() says
+ * what it means) and first makes `device` current on the calling thread, since Python
+ * threads may differ. Streams travel as integers, as __cuda_array_interface__ and DLPack
+ * number them: a cudaStream_t's value, 1 for the legacy default stream and 2 for the
+ * per-thread default stream. Events are opaque pointers (a cudaEvent_t).
+ */
+#ifndef FL_CUDA_MEM_H
+#define FL_CUDA_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FL_CUDA_LEGACY_STREAM ((uintptr_t)1)
+
+/* cudaMalloc of `bytes` (>0) into *ptr. The caller frees with fl_cuda_free(). */
+int fl_cuda_malloc(int device, size_t bytes, void **ptr);
+
+/* cudaFree: waits for the device's queued work first, as cudaFree does. NULL is a no-op. */
+int fl_cuda_free(int device, void *ptr);
+
+/* Copies host -> device on `stream`. With wait, returns once the copy is done; without,
+ * a pinned `src` must stay untouched until the stream passes the copy (pageable memory is
+ * staged by the runtime before this returns). */
+int fl_cuda_to_device(int device, void *dst, const void *src, size_t bytes, uintptr_t stream,
+                      int wait);
+
+/* Copies device -> host on `stream` and waits for it (and what was queued before it). */
+int fl_cuda_to_host(int device, void *dst, const void *src, size_t bytes, uintptr_t stream);
+
+/* A new non-blocking stream (no implicit ordering with the legacy default stream). */
+int fl_cuda_stream_create(int device, uintptr_t *stream);
+
+/* Destroys a stream; work queued on it still completes. */
+int fl_cuda_stream_destroy(int device, uintptr_t stream);
+
+/* Blocks until everything queued on `stream` is done. */
+int fl_cuda_stream_synchronize(int device, uintptr_t stream);
+
+/* *done = 1 when everything queued on `stream` is done, else 0. Never blocks. */
+int fl_cuda_stream_query(int device, uintptr_t stream, int *done);
+
+/* Makes work queued later on `waiter` wait for what is queued now on `producer`, without
+ * blocking the host (an event recorded on producer, waited for by waiter). */
+int fl_cuda_stream_wait(int device, uintptr_t waiter, uintptr_t producer);
+
+/* Records *event on `stream`, creating it first (timing disabled) when *event is NULL. The
+ * caller destroys it with fl_cuda_event_destroy(). */
+int fl_cuda_event_record(int device, void **event, uintptr_t stream);
+
+/* *done = 1 once the work before the event's last record is done. Never blocks. */
+int fl_cuda_event_query(void *event, int *done);
+
+/* Blocks until the work before the event's last record is done. */
+int fl_cuda_event_synchronize(void *event);
+
+/* Destroys an event (NULL is a no-op); pending work is unaffected. Never fails. */
+void fl_cuda_event_destroy(void *event);
+
+/* Page-locks [ptr, ptr + bytes) for every device (cudaHostRegisterPortable). When the
+ * range is already registered, returns 0 with *already = 1 (that registration is someone
+ * else's to undo). */
+int fl_cuda_host_register(void *ptr, size_t bytes, int *already);
+
+/* Undoes fl_cuda_host_register(). */
+int fl_cuda_host_unregister(void *ptr);
+
+/* Host -> device cudaMemcpyAsync bandwidth in GB/s (1e9 bytes/s): `repeats` copies of
+ * `bytes` from pinned (cudaMallocHost) or pageable (malloc) memory, timed with events
+ * after one warm-up copy. Blocks for the whole run. */
+int fl_cuda_memcpy_benchmark(int device, size_t bytes, int pinned, int repeats, double *gbps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

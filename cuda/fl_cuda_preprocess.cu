@@ -1,0 +1,171 @@
+/* fl_cuda_preprocess.cu - the preprocess kernel and what queues it (fl_cuda_preprocess.h). */
+#include "fl_cuda_preprocess.h"
+
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fl_cuda_mem.h"
+
+#define MAX_DEVICES 64
+
+/* Per-device pools for the staging buffers, made on first use and kept for the life of the
+ * process, so a batch's staging memory is a pool hit, not a cudaMalloc. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudaMemPool_t pools[MAX_DEVICES];
+static int pools_tried[MAX_DEVICES];
+
+/* *pool = the device's staging pool, or NULL where the device has no memory pools. */
+static cudaError_t staging_pool(int device, cudaMemPool_t *pool) {
+    cudaError_t rc = cudaSuccess;
+    *pool = NULL;
+    if (device < 0 || device >= MAX_DEVICES)
+        return cudaErrorInvalidDevice;
+    pthread_mutex_lock(&pools_lock);
+    if (!pools_tried[device]) {
+        int supported = 0;
+        rc = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
+        if (rc == cudaSuccess && supported) {
+            cudaMemPoolProps props = {};
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = device;
+            rc = cudaMemPoolCreate(&pools[device], &props);
+            unsigned long long keep = ~0ull;
+            if (rc == cudaSuccess)
+                rc = cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+        pools_tried[device] = rc == cudaSuccess;
+    }
+    *pool = pools[device];
+    pthread_mutex_unlock(&pools_lock);
+    return rc;
+}
+
+typedef struct preprocess_params {
+    const uint8_t *src;
+    float *dst;
+    const float *a, *b;
+    const int32_t *offsets; /* device, or NULL */
+    const uint8_t *flips;   /* device, or NULL */
+    long long n, h, w, c, out_h, out_w, top, left;
+    int src_chw, dst_chw;
+} preprocess_params;
+
+/* One thread per output pixel (grid-strided), all channels of it. */
+__global__ void preprocess_kernel(preprocess_params p) {
+    const long long pixels = p.n * p.out_h * p.out_w;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pixels;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long x = i % p.out_w, t = i / p.out_w, y = t % p.out_h, img = t / p.out_h;
+        const long long top = p.offsets ? p.offsets[2 * img] : p.top;
+        const long long left = p.offsets ? p.offsets[2 * img + 1] : p.left;
+        const long long sy = top + y, sx = left + (p.flips && p.flips[img] ? p.out_w - 1 - x : x);
+        const uint8_t *s = p.src + img * p.h * p.w * p.c;
+        float *d = p.dst + img * p.c * p.out_h * p.out_w;
+        for (long long ch = 0; ch < p.c; ch++) {
+            const uint8_t v = p.src_chw ? s[(ch * p.h + sy) * p.w + sx] : s[(sy * p.w + sx) * p.c + ch];
+            const float out = __fmaf_rn((float)v, p.a[ch], p.b[ch]);
+            if (p.dst_chw)
+                d[(ch * p.out_h + y) * p.out_w + x] = out;
+            else
+                d[(y * p.out_w + x) * p.c + ch] = out;
+        }
+    }
+}
+
+void fl_cuda_preprocess_coefficients(const float *mean, const float *std, size_t c, float *a,
+                                     float *b) {
+    const float scale = 1.0f / 255.0f;
+    for (size_t ch = 0; ch < c; ch++) {
+        a[ch] = scale / std[ch];
+        b[ch] = -mean[ch] / std[ch];
+    }
+}
+
+/* The small arguments laid out as the head of the staging buffer: a, b, offsets, flips. */
+typedef struct params_layout {
+    size_t offsets_at, flips_at, images_at, total;
+} params_layout;
+
+static params_layout layout_of(const fl_cuda_preprocess_job *j) {
+    params_layout l;
+    l.offsets_at = 2 * j->c * sizeof(float);
+    l.flips_at = l.offsets_at + (j->offsets ? 2 * j->n * sizeof(int32_t) : 0);
+    l.images_at = (l.flips_at + (j->flips ? j->n : 0) + 255) & ~(size_t)255;
+    l.total = l.images_at + j->n * j->h * j->w * j->c;
+    return l;
+}
+
+/* Queues the copies of the small arguments and of the images into `staging`. */
+static cudaError_t queue_copies(const fl_cuda_preprocess_job *j, const params_layout *l,
+                                uint8_t *staging, cudaStream_t stream) {
+    uint8_t *head = (uint8_t *)malloc(l->images_at);
+    if (head == NULL)
+        return cudaErrorMemoryAllocation;
+    memcpy(head, j->a, j->c * sizeof(float));
+    memcpy(head + j->c * sizeof(float), j->b, j->c * sizeof(float));
+    if (j->offsets)
+        memcpy(head + l->offsets_at, j->offsets, 2 * j->n * sizeof(int32_t));
+    if (j->flips)
+        memcpy(head + l->flips_at, j->flips, j->n);
+    /* pageable: staged by the runtime before the call returns, so `head` can go */
+    cudaError_t rc = cudaMemcpyAsync(staging, head, l->images_at, cudaMemcpyHostToDevice, stream);
+    free(head);
+    if (rc == cudaSuccess)
+        rc = cudaMemcpyAsync(staging + l->images_at, j->host_src, l->total - l->images_at,
+                             cudaMemcpyHostToDevice, stream);
+    return rc;
+}
+
+static cudaError_t queue_kernel(const fl_cuda_preprocess_job *j, const params_layout *l,
+                                const uint8_t *staging, cudaStream_t stream) {
+    preprocess_params p;
+    p.src = staging + l->images_at;
+    p.dst = j->dst;
+    p.a = (const float *)staging;
+    p.b = (const float *)staging + j->c;
+    p.offsets = j->offsets ? (const int32_t *)(staging + l->offsets_at) : NULL;
+    p.flips = j->flips ? staging + l->flips_at : NULL;
+    p.n = (long long)j->n, p.h = (long long)j->h, p.w = (long long)j->w, p.c = (long long)j->c;
+    p.out_h = (long long)j->out_h, p.out_w = (long long)j->out_w;
+    p.top = (long long)j->top, p.left = (long long)j->left;
+    p.src_chw = j->src_chw, p.dst_chw = j->dst_chw;
+    const long long pixels = p.n * p.out_h * p.out_w, threads = 256;
+    const long long blocks = (pixels + threads - 1) / threads;
+    if (pixels == 0)
+        return cudaSuccess;
+    (void)cudaGetLastError(); /* report only this launch's error */
+    preprocess_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+int fl_cuda_preprocess(const fl_cuda_preprocess_job *job, void **event) {
+    const cudaStream_t stream = (cudaStream_t)job->stream;
+    const params_layout l = layout_of(job);
+    cudaMemPool_t pool = NULL;
+    uint8_t *staging = NULL;
+    cudaError_t rc = cudaSetDevice(job->device);
+    if (rc == cudaSuccess)
+        rc = staging_pool(job->device, &pool);
+    if (rc == cudaSuccess)
+        rc = pool ? cudaMallocFromPoolAsync((void **)&staging, l.total, pool, stream)
+                  : cudaMalloc((void **)&staging, l.total);
+    if (rc == cudaSuccess)
+        rc = queue_copies(job, &l, staging, stream);
+    if (rc == cudaSuccess)
+        rc = queue_kernel(job, &l, staging, stream);
+    if (staging != NULL && pool != NULL) {
+        cudaError_t freed = cudaFreeAsync(staging, stream);
+        rc = rc == cudaSuccess ? freed : rc;
+    } else if (staging != NULL) { /* no pools: plain cudaMalloc, freed after a wait */
+        cudaStreamSynchronize(stream);
+        cudaFree(staging);
+    }
+    if (rc == cudaSuccess)
+        rc = (cudaError_t)fl_cuda_event_record(job->device, event, job->stream);
+    if (rc != cudaSuccess)
+        (void)cudaGetLastError();
+    return (int)rc;
+}

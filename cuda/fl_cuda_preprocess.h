@@ -1,0 +1,49 @@
+/* fl_cuda_preprocess.h - a uint8 image batch from host memory to normalized float32 on the
+ * device, in one copy and one kernel: crop, horizontal flip, (x/255 - mean) / std per
+ * channel, and HWC -> CHW if asked, all queued on a stream without waiting.
+ *
+ * The arithmetic is fastloop.ops.normalize's (csrc/ops_normalize.c): a = (1/255) / std and
+ * b = -mean / std in float, then one fused multiply-add x * a + b per value.
+ */
+#ifndef FL_CUDA_PREPROCESS_H
+#define FL_CUDA_PREPROCESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_cuda_preprocess_job {
+    int device;
+    uintptr_t stream;        /* as in fl_cuda_mem.h: 1 is the legacy default stream */
+    const uint8_t *host_src; /* n images, h x w x c (src_chw 0) or c x h x w (src_chw 1) */
+    size_t n, h, w, c;
+    int src_chw, dst_chw;
+    size_t out_h, out_w;    /* the crop (h, w when not cropping) */
+    const int32_t *offsets; /* host: n (top, left) pairs, or NULL: (top, left) for every image */
+    size_t top, left;
+    const uint8_t *flips;   /* host: n flags (non-zero: mirror left-right), or NULL */
+    const float *a, *b;     /* host: c coefficients each (fl_cuda_preprocess_coefficients) */
+    float *dst;             /* device: n x c x out_h x out_w (dst_chw) or n x out_h x out_w x c */
+} fl_cuda_preprocess_job;
+
+/* a[ch] = (1/255) / std[ch], b[ch] = -mean[ch] / std[ch], as fastloop.ops.normalize. The
+ * caller has checked that no std is 0. Never fails. */
+void fl_cuda_preprocess_coefficients(const float *mean, const float *std, size_t c, float *a,
+                                     float *b);
+
+/* Queues on job->stream: the copy of the batch (and of the offsets, flips and coefficients)
+ * into a stream-ordered staging buffer, the kernel, the staging buffer's release, and a
+ * record of *event (created when NULL; destroy with fl_cuda_event_destroy()). Returns
+ * without waiting: a pinned host_src must stay untouched until the event completes (a
+ * pageable one is staged before this returns). Offsets must keep every crop inside its
+ * image (the caller checks). Returns 0 or a cudaError_t code. */
+int fl_cuda_preprocess(const fl_cuda_preprocess_job *job, void **event);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

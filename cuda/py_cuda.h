@@ -1,0 +1,99 @@
+/* py_cuda.h - what the binding files of fastloop._cuda share: the module state, error
+ * conversion, the DeviceArray struct and the argument helpers.
+ *
+ * The binding is thin: it parses and checks arguments (naming them in TypeError and
+ * ValueError), makes one call into cuda/'s C interface with the GIL released when it can
+ * block, and turns a cudaError_t into fastloop.CudaError.
+ */
+#ifndef FL_PY_CUDA_H
+#define FL_PY_CUDA_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "py_numpy.h"
+
+/* Per-module state (no C globals). */
+typedef struct cuda_state {
+    PyObject *cuda_error;       /* fastloop.errors.CudaError */
+    PyObject *cuda_unavailable; /* fastloop.errors.CudaUnavailable */
+    PyTypeObject *device_array_type;
+    PyTypeObject *stream_type;
+    PyTypeObject *pinned_type;
+    PyTypeObject *nn_context_type;
+} cuda_state;
+
+/* The state of the module that defines `type` (the types are final: no subclasses). */
+static inline cuda_state *fl_py_state_of(PyTypeObject *type) {
+    return (cuda_state *)PyType_GetModuleState(type);
+}
+static inline cuda_state *fl_py_state(PyObject *module) {
+    return (cuda_state *)PyModule_GetState(module);
+}
+
+/* Raises fastloop.CudaError("<what>: <string> (<name>, code N)", code). Returns NULL. */
+PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what);
+
+/* Checks that CUDA can run and `device` exists, before anything touches the GPU: returns 0,
+ * or -1 with CudaUnavailable (no driver, no device) or ValueError (no such device). */
+int fl_py_require_device(cuda_state *state, int device);
+
+#define FL_PY_MAX_NDIM 32
+
+/* fastloop.cuda.DeviceArray: device memory with a shape and a NumPy dtype (C order). */
+typedef struct DeviceArray {
+    PyObject_HEAD
+    char *data;   /* device pointer; NULL when nbytes is 0 */
+    size_t nbytes;
+    int ndim;
+    Py_ssize_t shape[FL_PY_MAX_NDIM];
+    PyArray_Descr *descr;
+    int device;
+    PyObject *owner;        /* a view's owner (keeps `data` alive); NULL: this array frees it */
+    uintptr_t stream;       /* stream of the last queued write; 0 when none is pending */
+    PyObject *stream_ref;   /* keeps a fastloop Stream behind `stream` alive, or NULL */
+    PyObject *pending_host; /* host memory a queued copy still reads, or NULL */
+    void *event;            /* recorded after the last queued write, or NULL */
+} DeviceArray;
+
+/* A new DeviceArray of cudaMalloc'd memory on `device` (descr is stolen). NULL on error. */
+DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
+                                    const Py_ssize_t *shape, PyArray_Descr *descr);
+
+/* `obj` as a DeviceArray (borrowed), or NULL with TypeError naming argument `arg`. */
+DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const char *arg);
+
+/* Notes a write just queued on `stream` (ref: the object to keep alive with it, may be
+ * NULL; host: host memory the write still reads, may be NULL) and records the array's
+ * event after it. Returns 0, or -1 with CudaError. */
+int fl_py_device_array_queued(cuda_state *state, DeviceArray *array, uintptr_t stream,
+                              PyObject *ref, PyObject *host);
+
+/* Marks the array as having no pending write (after a wait). Never fails. */
+void fl_py_device_array_settled(DeviceArray *array);
+
+/* __dlpack__ and __dlpack_device__ of a DeviceArray (py_dlpack.c). */
+PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs);
+PyObject *fl_py_dlpack_device(DeviceArray *self, PyObject *unused);
+
+/* Parses a `stream` argument: None -> the legacy default stream (1); a fastloop Stream
+ * (*ref = it, borrowed); an int handle (0 means the legacy default stream, as torch's
+ * default stream reports 0); or an object with an int `cuda_stream` (torch.cuda.Stream).
+ * Returns 0, or -1 with TypeError/ValueError naming "stream". */
+int fl_py_parse_stream(cuda_state *state, PyObject *obj, int device, uintptr_t *handle,
+                       PyObject **ref);
+
+/* A NumPy array view of `obj` that is C-contiguous and aligned with a dtype a DeviceArray
+ * can hold (bool, integers, floats, complex), as a new reference; NULL with TypeError
+ * naming `arg`. */
+PyArrayObject *fl_py_host_array(PyObject *obj, const char *arg);
+
+/* Type and function registration of each binding file. */
+int fl_py_device_array_init(PyObject *module, cuda_state *state);
+int fl_py_stream_init(PyObject *module, cuda_state *state);
+int fl_py_pinned_init(PyObject *module, cuda_state *state);
+int fl_py_preprocess_init(PyObject *module);
+int fl_py_nn_testing_init(PyObject *module, cuda_state *state);
+
+#endif

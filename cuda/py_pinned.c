@@ -1,0 +1,164 @@
+/* py_pinned.c - fastloop.cuda.pin(array) -> PinnedRegion: page-locks a NumPy array's
+ * buffer (cudaHostRegister, portable to every device) so copies from it run at full DMA
+ * speed and asynchronously; close() (or the end of a `with` block, or the object going)
+ * unregisters it. The region keeps the array alive while the pages are registered. */
+#include "py_cuda.h"
+
+#include <structmember.h>
+
+#include "fl_cuda_mem.h"
+
+typedef struct PinnedRegion {
+    PyObject_HEAD
+    PyObject *array; /* NULL once closed */
+    void *ptr;
+    Py_ssize_t nbytes;
+    char already; /* the range was registered before: not ours to unregister */
+} PinnedRegion;
+
+/* Unregisters (when this region registered) and drops the array; idempotent. */
+static int region_release(PinnedRegion *self) {
+    int rc = 0;
+    if (self->array != NULL && !self->already && self->nbytes > 0) {
+        void *ptr = self->ptr;
+        Py_BEGIN_ALLOW_THREADS
+            rc = fl_cuda_host_unregister(ptr);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->array);
+    return rc;
+}
+
+static int region_traverse(PinnedRegion *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->array);
+    return 0;
+}
+
+static int region_clear(PinnedRegion *self) {
+    region_release(self); /* the pages must not stay locked past the array */
+    return 0;
+}
+
+static void region_dealloc(PinnedRegion *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    region_release(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *region_close(PinnedRegion *self, PyObject *unused) {
+    (void)unused;
+    int rc = region_release(self);
+    if (rc != 0)
+        return fl_py_raise_cuda(fl_py_state_of(Py_TYPE(self)), rc, "cudaHostUnregister");
+    Py_RETURN_NONE;
+}
+
+static PyObject *region_enter(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+static PyObject *region_exit(PinnedRegion *self, PyObject *args) {
+    (void)args;
+    return region_close(self, NULL);
+}
+
+static PyObject *get_closed(PinnedRegion *self, void *unused) {
+    (void)unused;
+    return PyBool_FromLong(self->array == NULL);
+}
+
+static PyMethodDef region_methods[] = {
+    {"close", (PyCFunction)region_close, METH_NOARGS,
+     "close()\n--\n\nUnregister the pages (unless they were pinned before pin() was called)\n"
+     "and let go of the array. Idempotent."},
+    {"__enter__", region_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)region_exit, METH_VARARGS, "Closes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef region_getset[] = {
+    {"closed", (getter)get_closed, NULL, "True once close() ran.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef region_members[] = {
+    {"nbytes", T_PYSSIZET, offsetof(PinnedRegion, nbytes), READONLY, "Bytes registered."},
+    {"already_pinned", T_BOOL, offsetof(PinnedRegion, already), READONLY,
+     "True when the memory was registered before (close() leaves it registered)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot region_slots[] = {
+    {Py_tp_doc, "PinnedRegion: a NumPy array's buffer page-locked by fastloop.cuda.pin()."},
+    {Py_tp_dealloc, region_dealloc},
+    {Py_tp_traverse, region_traverse},
+    {Py_tp_clear, region_clear},
+    {Py_tp_methods, region_methods},
+    {Py_tp_getset, region_getset},
+    {Py_tp_members, region_members},
+    {0, NULL},
+};
+
+static PyType_Spec region_spec = {
+    .name = "fastloop.cuda.PinnedRegion",
+    .basicsize = sizeof(PinnedRegion),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = region_slots,
+};
+
+static PyObject *pin(PyObject *module, PyObject *array) {
+    cuda_state *state = fl_py_state(module);
+    if (!PyArray_Check(array) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array))
+        return PyErr_Format(PyExc_TypeError, "'array' must be a C-contiguous NumPy array, not %T",
+                            array);
+    if (fl_py_require_device(state, 0) < 0)
+        return NULL;
+    PinnedRegion *self = PyObject_GC_New(PinnedRegion, state->pinned_type);
+    if (self == NULL)
+        return NULL;
+    self->array = NULL;
+    self->ptr = PyArray_DATA((PyArrayObject *)array);
+    self->nbytes = PyArray_NBYTES((PyArrayObject *)array);
+    self->already = 0;
+    int rc = 0;
+    if (self->nbytes > 0) {
+        void *ptr = self->ptr;
+        size_t nbytes = (size_t)self->nbytes;
+        int already;
+        Py_BEGIN_ALLOW_THREADS /* locking many pages takes a while */
+            rc = fl_cuda_host_register(ptr, nbytes, &already);
+        Py_END_ALLOW_THREADS
+        self->already = (char)already;
+    }
+    if (rc != 0) {
+        Py_DECREF(self);
+        char what[80];
+        snprintf(what, sizeof what, "cudaHostRegister(%zd bytes)", PyArray_NBYTES((PyArrayObject *)array));
+        return fl_py_raise_cuda(state, rc, what);
+    }
+    self->array = Py_NewRef(array);
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyMethodDef pinned_functions[] = {
+    {"pin", pin, METH_O,
+     "pin(array, /)\n--\n\nPage-lock a C-contiguous NumPy array's buffer for fast,\n"
+     "asynchronous host-to-device copies; returns a PinnedRegion whose close() (or the end\n"
+     "of a `with` block) unregisters it. Pinning memory that is already pinned succeeds\n"
+     "(already_pinned is then True). Raises fastloop.CudaError when the driver refuses."},
+    {NULL, NULL, 0, NULL},
+};
+
+int fl_py_pinned_init(PyObject *module, cuda_state *state) {
+    state->pinned_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &region_spec, NULL);
+    if (state->pinned_type == NULL ||
+        PyModule_AddObjectRef(module, "PinnedRegion", (PyObject *)state->pinned_type) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, pinned_functions);
+}
