@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     prediction = model(x)
-    prediction = prediction if isinstance(prediction, np.ndarray) else np.asarray(prediction)
+    prediction = prediction if isinstance(prediction, np.ndarray) else prediction.to_numpy()  # from CUDA
     mse = float(np.mean((prediction - y) ** 2))
     w_learned, b_learned = model.weight.reshape(-1), float(model.bias[0])
     w_error = float(np.max(np.abs(w_learned - w_true)))

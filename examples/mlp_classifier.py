@@ -106,13 +106,8 @@ def check_device(device: str) -> None:
 
 
 def to_numpy(array: Any) -> np.ndarray:
-    """A model output on the host (a CUDA model returns a device array)."""
-    if isinstance(array, np.ndarray):
-        return array
-    for method in ("numpy", "get", "cpu"):
-        if hasattr(array, method):
-            return np.asarray(getattr(array, method)())
-    return np.asarray(array)
+    """A model output on the host (a CUDA model returns a fastloop.cuda.DeviceArray)."""
+    return array if isinstance(array, np.ndarray) else array.to_numpy()
 
 
 # ---- checkpoints: a Checkpointer saves a flat dict of arrays, so nested state is flattened
