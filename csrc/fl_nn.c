@@ -244,6 +244,17 @@ static int transfer(fl_nn_model *m, int index, int grad, int to_host, void *host
     return rc == FL_OK ? rc : backend_error(m, rc, "copying a parameter");
 }
 
+int fl_nn_get_all(fl_nn_model *m, int grad, void *const *dsts) {
+    int rc = FL_OK;
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i < m->param_count && rc == FL_OK; i++) {
+        param *p = &m->params[i];
+        rc = m->be->to_host(m->ctx, dsts[i], grad ? p->grad : p->value, (size_t)p->count * m->esize);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return rc == FL_OK ? rc : backend_error(m, rc, "copying the parameters");
+}
+
 int fl_nn_get_param(fl_nn_model *m, int i, void *dst) { return transfer(m, i, 0, 1, dst); }
 int fl_nn_set_param(fl_nn_model *m, int i, const void *src) { return transfer(m, i, 0, 0, (void *)src); }
 int fl_nn_get_grad(fl_nn_model *m, int i, void *dst) { return transfer(m, i, 1, 1, dst); }

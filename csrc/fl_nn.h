@@ -61,6 +61,9 @@ int fl_nn_get_param(fl_nn_model *model, int index, void *host_dst);
 int fl_nn_set_param(fl_nn_model *model, int index, const void *host_src);
 int fl_nn_get_grad(fl_nn_model *model, int index, void *host_dst);
 int fl_nn_set_grad(fl_nn_model *model, int index, const void *host_src);
+/* Copies every parameter (grad 0) or gradient (grad 1) under one lock, so a snapshot taken
+ * while another thread trains holds the values of one step: host_dsts[i] for tensor i. */
+int fl_nn_get_all(fl_nn_model *model, int grad, void *const *host_dsts);
 
 /* 1 when the model's memory is the host's (CPU backend): device inputs are refused. */
 int fl_nn_on_host(const fl_nn_model *model);

@@ -291,6 +291,43 @@ static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, co
     Py_RETURN_NONE;
 }
 
+/* get_all(grad) -> [host copies of every parameter or gradient], taken under one lock. */
+static PyObject *model_get_all(PyObject *self, PyObject *arg) {
+    int grad = PyObject_IsTrue(arg);
+    if (grad < 0)
+        return NULL;
+    ModelObject *m = (ModelObject *)self;
+    int count = fl_nn_param_count(m->model);
+    PyObject *result = PyList_New(count);
+    void **dsts = PyMem_Calloc((size_t)count + 1, sizeof(void *));
+    for (int i = 0; result != NULL && dsts != NULL && i < count; i++) {
+        fl_nn_param_info info;
+        fl_nn_param_info_get(m->model, i, &info);
+        PyObject *array = param_array(m, &info);
+        if (array == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        dsts[i] = PyArray_DATA((PyArrayObject *)array);
+        PyList_SET_ITEM(result, i, array);
+    }
+    if (result != NULL && dsts != NULL) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+            rc = fl_nn_get_all(m->model, grad, dsts);
+        Py_END_ALLOW_THREADS
+        if (rc != FL_OK) {
+            Py_CLEAR(result);
+            nn_raise(self, rc, "reading the parameters");
+        }
+    } else if (dsts == NULL) {
+        Py_CLEAR(result);
+        PyErr_NoMemory();
+    }
+    PyMem_Free(dsts);
+    return result;
+}
+
 static PyObject *model_get_param(PyObject *self, PyObject *arg) { return get_tensor(self, arg, fl_nn_get_param); }
 static PyObject *model_get_grad(PyObject *self, PyObject *arg) { return get_tensor(self, arg, fl_nn_get_grad); }
 static PyObject *model_set_param(PyObject *self, PyObject *args) { return set_tensor(self, args, fl_nn_set_param, "value"); }
@@ -392,6 +429,7 @@ static PyObject *model_get_backend(PyObject *self, void *unused) {
 static PyMethodDef model_methods[] = {
     {"param_info", model_param_info, METH_NOARGS, "[(layer, is_bias, shape)] in torch's order."},
     {"get_param", model_get_param, METH_O, "A host copy of parameter i."},
+    {"get_all", model_get_all, METH_O, "get_all(grad): host copies of every parameter (or gradient), one lock."},
     {"set_param", model_set_param, METH_VARARGS, "Overwrite parameter i from a host array."},
     {"get_grad", model_get_grad, METH_O, "A host copy of the gradient of parameter i."},
     {"set_grad", model_set_grad, METH_VARARGS, "Overwrite the gradient of parameter i."},

@@ -394,8 +394,9 @@ class Sequential(Module):
 
     # ---- parameters
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Parameter copies, in torch's names, order and shapes (host NumPy arrays)."""
-        return OrderedDict((name, self._model.get_param(i)) for i, name in enumerate(self._param_names()))
+        """Parameter copies, in torch's names, order and shapes (host NumPy arrays), taken
+        together: from another thread it is the model between two steps, never a mix."""
+        return OrderedDict(zip(self._param_names(), self._model.get_all(False)))
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Loads parameters from a state_dict (NumPy arrays, torch tensors, anything array-like).
@@ -423,7 +424,7 @@ class Sequential(Module):
 
     def grads(self) -> "OrderedDict[str, np.ndarray]":
         """Copies of the gradients of the last backward()/train_step(), named as state_dict()."""
-        return OrderedDict((name, self._model.get_grad(i)) for i, name in enumerate(self._param_names()))
+        return OrderedDict(zip(self._param_names(), self._model.get_all(True)))
 
     def set_grads(self, grads: Mapping[str, Any]) -> None:
         """Replaces gradients (e.g. after an all-reduce across ranks) before opt.step()."""
