@@ -122,8 +122,10 @@ static int consumer_stream(PyObject *obj, uintptr_t *stream, int *sync) {
 static int check_export(DeviceArray *self, PyObject *dl_device, PyObject *copy) {
     if (dl_device != Py_None) {
         int type, id;
-        if (!PyArg_ParseTuple(dl_device, "ii;'dl_device' must be a (device_type, device_id) tuple", &type, &id))
+        if (!PyTuple_Check(dl_device) || !PyArg_ParseTuple(dl_device, "ii", &type, &id)) {
+            PyErr_Format(PyExc_TypeError, "'dl_device' must be a (device_type, device_id) tuple, not %R", dl_device);
             return -1;
+        }
         if (type != FL_DL_CUDA || id != self->device) {
             PyErr_Format(PyExc_BufferError,
                          "this DeviceArray lives on CUDA device %d and cannot be exported to "
@@ -152,9 +154,8 @@ PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs) {
     int sync, major = 0, minor = 0;
     if (consumer_stream(stream_obj, &stream, &sync) < 0 || check_export(self, dl_device, copy) < 0)
         return NULL;
-    if (max_version != Py_None &&
-        !PyArg_ParseTuple(max_version, "ii;'max_version' must be a (major, minor) tuple", &major, &minor))
-        return NULL;
+    if (max_version != Py_None && (!PyTuple_Check(max_version) || !PyArg_ParseTuple(max_version, "ii", &major, &minor)))
+        return PyErr_Format(PyExc_TypeError, "'max_version' must be a (major, minor) tuple, not %R", max_version);
     if (sync && self->stream != 0 && self->stream != stream) {
         int rc = fl_cuda_stream_wait(self->device, stream, self->stream);
         if (rc != 0)

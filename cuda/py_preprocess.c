@@ -119,7 +119,8 @@ static int parse_crop(preprocess_args *a, PyObject *obj) {
         h = w = PyLong_AsSsize_t(obj);
         if (h == -1 && PyErr_Occurred())
             return -1;
-    } else if (!PyArg_ParseTuple(obj, "nn;'crop' must be None, an int or an (h, w) tuple", &h, &w)) {
+    } else if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "nn", &h, &w)) {
+        PyErr_Format(PyExc_TypeError, "'crop' must be None, an int or an (h, w) tuple of ints, not %R", obj);
         return -1;
     }
     if (h < 1 || w < 1 || (size_t)h > j->h || (size_t)w > j->w) {

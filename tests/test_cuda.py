@@ -1,10 +1,15 @@
-"""fastloop.cuda answers whether CUDA was built and works here, and why not; the CUDA
-self-test runs where a GPU exists and is skipped cleanly elsewhere."""
+"""fastloop.cuda answers whether CUDA was built and works here, and why not; argument
+checks and the DLPack/CAI export plumbing run everywhere the extension is built; the GPU
+tests (nn backend ops against NumPy, device arrays, torch interop, preprocess against the
+CPU ops) run where a GPU exists and are skipped with the reason elsewhere."""
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import sys
 
+import numpy as np
 import pytest
 
 import fastloop
@@ -51,3 +56,409 @@ def test_selftest_kernel_computes_every_value_on_each_device():
     with pytest.raises(fastloop.CudaError) as raised:
         fastloop.cuda.require().device_info(len(cuda.devices()) + 7)
     assert raised.value.code != 0
+
+
+# ---------------------------------------------------------------- without a GPU too
+
+built = pytest.mark.skipif(not cuda.is_built(), reason=f"CUDA extension not built: {cuda.is_built().reason}")
+gpu = pytest.mark.skipif(not cuda.is_available(), reason=f"no usable GPU: {cuda.is_available().reason}")
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def test_nn_backend_raises_cuda_unavailable_with_the_reason_where_cuda_cannot_run():
+    if cuda.is_available():
+        pytest.skip("CUDA works here")
+    with pytest.raises(fastloop.CudaUnavailable, match="CUDA is not available: .+"):
+        cuda.nn_backend()
+
+
+@built
+def test_gpu_entry_points_raise_cuda_unavailable_where_cuda_cannot_run():
+    if cuda.is_available():
+        pytest.skip("CUDA works here")
+    batch = np.zeros((2, 8, 8, 3), np.uint8)
+    for call in (lambda: cuda.empty((2, 3), np.float32), lambda: cuda.to_device(np.zeros(3)),
+                 lambda: cuda.Stream(), lambda: cuda.pin(batch), lambda: cuda.memcpy_benchmark(1 << 20),
+                 lambda: cuda.preprocess(batch, mean=MEAN, std=STD)):
+        with pytest.raises(fastloop.CudaUnavailable, match="CUDA is not available: .+"):
+            call()
+
+
+@built
+def test_cublas_load_names_every_candidate_it_tried(monkeypatch):
+    from fastloop import _cuda
+
+    if cuda.is_available():
+        pytest.skip("cuBLAS may already be loaded where CUDA works")
+    monkeypatch.setenv("FASTLOOP_CUBLAS", "/nonexistent/env/libcublas.so.99")
+    with pytest.raises(fastloop.CudaUnavailable) as raised:
+        _cuda.cublas_load("/nonexistent/arg/libcublas.so.13")
+    message = str(raised.value)
+    assert "cuBLAS could not be loaded" in message
+    assert "/nonexistent/arg/libcublas.so.13" in message and "/nonexistent/env/libcublas.so.99" in message
+
+
+BAD_PREPROCESS = [
+    (dict(batch=np.zeros((2, 8, 8, 3), np.float32)), TypeError, "'batch'"),
+    (dict(batch=[[1, 2]]), TypeError, "'batch'"),
+    (dict(batch=np.zeros((8, 8, 3), np.uint8)), ValueError, "'batch'"),
+    (dict(batch=np.zeros((2, 8, 16, 3), np.uint8)[:, :, ::2]), ValueError, "'batch'"),
+    (dict(layout="NHWC"), ValueError, "'layout'"),
+    (dict(mean=[0.1, 0.2]), ValueError, "'mean'"),
+    (dict(std=[0.2, 0.0, 0.2]), ValueError, r"'std\[1\]' is 0"),
+    (dict(crop=(9, 4)), ValueError, "'crop'"),
+    (dict(crop="big"), TypeError, "'crop'"),
+    (dict(crop=4, offsets=np.array([[0, 0], [5, 0]])), ValueError, "'offsets' row 1"),
+    (dict(crop=4, offsets=np.zeros((3, 2), np.int64)), ValueError, "'offsets'"),
+    (dict(crop=4, offsets=np.zeros((2, 2), np.float32)), TypeError, "'offsets'"),
+    (dict(flips=np.zeros(2, np.int64)), TypeError, "'flips'"),
+    (dict(flips=np.zeros(3, bool)), ValueError, "'flips'"),
+    (dict(out=np.zeros((2, 3, 8, 8), np.float32)), TypeError, "'out'"),
+    (dict(stream="default"), TypeError, "'stream'"),
+    (dict(stream=-5), ValueError, "'stream'"),
+    (dict(device=-1), ValueError, "'device'"),
+]
+
+
+@built
+@pytest.mark.parametrize("change, error, match", BAD_PREPROCESS)
+def test_preprocess_checks_each_argument_before_touching_the_gpu(change, error, match):
+    kwargs = dict(batch=np.zeros((2, 8, 8, 3), np.uint8), mean=MEAN, std=STD) | change
+    with pytest.raises(error, match=match):
+        cuda.preprocess(kwargs.pop("batch"), **kwargs)
+
+
+@built
+def test_preprocess_needs_mean_and_std():
+    from fastloop import _cuda
+
+    with pytest.raises(TypeError, match="'std'"):
+        _cuda.preprocess(np.zeros((1, 2, 2, 3), np.uint8), mean=MEAN)
+
+
+def _capsule_pointer(capsule, name: bytes) -> int:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get(capsule, name)
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Versioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+@built
+def test_a_view_exports_cuda_array_interface_and_dlpack_structs_without_touching_the_gpu():
+    """_from_pointer wraps memory without CUDA calls, so the export plumbing runs here too
+    (a host buffer stands in for device memory; nothing reads through the pointer)."""
+    from fastloop import _cuda
+
+    owner = np.zeros((3, 4, 5), np.float32)
+    view = _cuda._from_pointer(owner.ctypes.data, (3, 4, 5), "float32", 1, owner)
+    assert (view.shape, view.dtype, view.device, view.nbytes, view.ndim, view.size) == ((3, 4, 5), np.float32, 1, 240, 3, 60)
+    assert view.__cuda_array_interface__ == {"shape": (3, 4, 5), "typestr": "<f4", "data": (owner.ctypes.data, False),
+                                             "strides": None, "version": 3, "stream": None}
+    assert view.__dlpack_device__() == (2, 1) and view.ready() and repr(view).startswith("DeviceArray(shape=(3, 4, 5)")
+    before = sys.getrefcount(view)
+    capsule = view.__dlpack__(stream=-1)
+    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    assert (tensor.data, tensor.device_type, tensor.device_id, tensor.ndim) == (owner.ctypes.data, 2, 1, 3)
+    assert (tensor.code, tensor.bits, tensor.lanes) == (2, 32, 1)
+    assert tensor.shape[:3] == [3, 4, 5] and tensor.strides[:3] == [20, 5, 1]
+    versioned = view.__dlpack__(stream=-1, max_version=(1, 2))
+    managed = _Versioned.from_address(_capsule_pointer(versioned, b"dltensor_versioned"))
+    assert (managed.major, managed.minor, managed.flags, managed.dl_tensor.ndim) == (1, 0, 0, 3)
+    assert sys.getrefcount(view) == before + 2  # each capsule holds the array
+    del capsule, versioned, tensor, managed
+    assert sys.getrefcount(view) == before  # unconsumed capsules called their deleters
+
+
+@built
+def test_dlpack_refuses_a_copy_another_device_and_stream_zero():
+    from fastloop import _cuda
+
+    owner = np.zeros(4, np.uint8)
+    view = _cuda._from_pointer(owner.ctypes.data, 4, np.uint8, 0, owner)
+    with pytest.raises(BufferError, match="to_numpy"):
+        view.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match="copy"):
+        view.__dlpack__(copy=True)
+    with pytest.raises(ValueError, match="ambiguous"):
+        view.__dlpack__(stream=0)
+    with pytest.raises(TypeError, match="native bool, integer, float or complex"):
+        _cuda._from_pointer(owner.ctypes.data, 4, object, 0, owner)
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+def _context():
+    """The test binding of the nn backend; cuBLAS must load where torch with CUDA is."""
+    try:
+        cuda.load_cublas()
+    except fastloop.CudaUnavailable as error:
+        torch = pytest.importorskip("torch")
+        if torch.version.cuda:
+            raise  # torch's cuBLAS is on sys.path: not finding it is a bug
+        pytest.skip(str(error))
+    from fastloop import _cuda
+
+    return _cuda._NNContext(0)
+
+
+def _dev(array):
+    return cuda.to_device(np.ascontiguousarray(array))
+
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_backend_gemm_matches_numpy_for_each_transpose(dtype, trans_a, trans_b):
+    ctx, rng = _context(), np.random.default_rng(trans_a * 2 + trans_b)
+    m, n, k = 37, 29, 53
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
+    out = _dev(c)
+    ctx.gemm(trans_a, trans_b, 0.5, _dev(a), _dev(b), 2.0, out)
+    ref = 0.5 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64) + 2.0 * c
+    np.testing.assert_allclose(out.to_numpy(), ref, **TOL[dtype] | dict(rtol=1e-4 if dtype == np.float32 else 1e-12))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backend_elementwise_and_row_ops_match_numpy(dtype):
+    ctx, rng = _context(), np.random.default_rng(1)
+    x = rng.standard_normal((300, 70)).astype(dtype)
+    row = rng.standard_normal(70).astype(dtype)
+    out = cuda.empty(x.shape, dtype)
+    ctx.fill_rows(out, _dev(row))
+    np.testing.assert_array_equal(out.to_numpy(), np.broadcast_to(row, x.shape))
+    sums = cuda.empty(70, dtype)
+    ctx.sum_rows(_dev(x), sums)
+    np.testing.assert_allclose(sums.to_numpy(), x.astype(np.float64).sum(0), **TOL[dtype])
+    relu = cuda.empty(x.shape, dtype)
+    ctx.relu(_dev(x), relu)
+    np.testing.assert_array_equal(relu.to_numpy(), np.maximum(x, 0))
+    grad_out = rng.standard_normal(x.shape).astype(dtype)
+    grad_in = _dev(grad_out)
+    ctx.relu_backward(relu, grad_in, grad_in)  # in place, as the header allows
+    np.testing.assert_array_equal(grad_in.to_numpy(), np.where(np.maximum(x, 0) > 0, grad_out, 0))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backend_losses_and_gradients_match_numpy(dtype):
+    ctx, rng = _context(), np.random.default_rng(2)
+    out = (3 * rng.standard_normal((517, 13))).astype(dtype)
+    target = rng.standard_normal(out.shape).astype(dtype)
+    grad = cuda.empty(out.shape, dtype)
+    diff = out.astype(np.float64) - target
+    assert ctx.loss("mse", _dev(out), _dev(target), grad) == pytest.approx((diff**2).mean(), rel=1e-6)
+    np.testing.assert_allclose(grad.to_numpy(), 2 * diff / diff.size, **TOL[dtype])
+    labels = rng.integers(0, 13, 517)
+    o = out.astype(np.float64)
+    lse = np.log(np.exp(o - o.max(1, keepdims=True)).sum(1)) + o.max(1)
+    expected = (lse - o[np.arange(517), labels]).mean()
+    assert ctx.loss("cross_entropy", _dev(out), _dev(labels), grad) == pytest.approx(expected, rel=1e-6)
+    softmax = np.exp(o - lse[:, None])
+    softmax[np.arange(517), labels] -= 1
+    np.testing.assert_allclose(grad.to_numpy(), softmax / 517, **TOL[dtype])
+    assert ctx.loss("cross_entropy", _dev(out), _dev(labels)) == pytest.approx(expected, rel=1e-6)
+
+
+@gpu
+def test_backend_cross_entropy_names_a_bad_label_and_leaves_grad_alone():
+    ctx = _context()
+    out = np.zeros((4, 5), np.float32)
+    grad = _dev(np.full((4, 5), 7.0, np.float32))
+    with pytest.raises(ValueError, match=r"label 9 at row 2 is outside \[0, 5\)"):
+        ctx.loss("cross_entropy", _dev(out), _dev(np.array([0, 1, 9, -1])), grad)
+    np.testing.assert_array_equal(grad.to_numpy(), 7.0)
+    assert ctx.loss("cross_entropy", _dev(out), _dev(np.array([0, 1, 2, 3])), grad) == pytest.approx(np.log(5))
+
+
+def _sgd_reference(p, g, buf, lr, momentum, weight_decay, nesterov, first_step):
+    g = g + weight_decay * p
+    if momentum:
+        buf = g.copy() if first_step else momentum * buf + g
+        g = g + momentum * buf if nesterov else buf
+    return p - lr * g, buf
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("momentum, nesterov, weight_decay", [(0, 0, 0), (0.9, 0, 0.01), (0.9, 1, 0)])
+def test_backend_sgd_follows_torch_update_rule(dtype, momentum, nesterov, weight_decay):
+    ctx, rng = _context(), np.random.default_rng(3)
+    p = rng.standard_normal(1001)
+    buf = np.zeros_like(p)
+    dp, dbuf = _dev(p.astype(dtype)), _dev(buf.astype(dtype))
+    for step in range(3):
+        g = rng.standard_normal(p.shape)
+        ctx.sgd(dp, _dev(g.astype(dtype)), dbuf if momentum else None, lr=0.1, momentum=momentum,
+                weight_decay=weight_decay, nesterov=bool(nesterov), first_step=step == 0)
+        p, buf = _sgd_reference(p, g.astype(dtype).astype(np.float64), buf, 0.1, momentum, weight_decay, nesterov, step == 0)
+        np.testing.assert_allclose(dp.to_numpy(), p, **TOL[dtype])
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_backend_adam_follows_torch_update_rule(dtype, decoupled):
+    ctx, rng = _context(), np.random.default_rng(4)
+    p = rng.standard_normal(777)
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    dp, dm, dv = _dev(p.astype(dtype)), _dev(m.astype(dtype)), _dev(v.astype(dtype))
+    lr, b1, b2, eps, wd = 1e-2, 0.9, 0.999, 1e-8, 0.1
+    for step in range(1, 4):
+        g = rng.standard_normal(p.shape).astype(dtype).astype(np.float64)
+        ctx.adam(dp, _dev(g.astype(dtype)), dm, dv, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
+                 decoupled=decoupled, step=step)
+        if decoupled:
+            p = p * (1 - lr * wd)
+        else:
+            g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        denom = np.sqrt(v) / np.sqrt(1 - b2**step) + eps
+        p = p - lr / (1 - b1**step) * m / denom
+        np.testing.assert_allclose(dp.to_numpy(), p, **TOL[dtype] | dict(rtol=1e-4 if dtype == np.float32 else 1e-10))
+
+
+@gpu
+def test_backend_memory_copies_streams_and_out_of_memory_message():
+    ctx = _context()
+    host = np.arange(64, dtype=np.float32)
+    a, b = cuda.empty(64, np.float32), cuda.empty(64, np.float32)
+    ctx._transfer("to_device", a, host)
+    ctx._transfer("copy", b, a)
+    back = np.zeros_like(host)
+    ctx._transfer("to_host", b, back)
+    np.testing.assert_array_equal(back, host)
+    ctx._transfer("zero", b, None)
+    np.testing.assert_array_equal(b.to_numpy(), 0)
+    with cuda.Stream() as stream:
+        ctx.wait_stream(stream.handle)
+    ctx.free(ctx.alloc(1 << 20))
+    with pytest.raises(MemoryError, match=r"\(1152921504606846976 bytes\): out of memory"):
+        ctx.alloc(1 << 60)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        ctx.relu(cuda.empty(4, np.int32), cuda.empty(4, np.int32))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.float32, np.float64, np.bool_])
+def test_device_array_round_trips_each_dtype(dtype):
+    host = (np.arange(2 * 3 * 5) % 7).astype(dtype).reshape(2, 3, 5)
+    array = cuda.to_device(host)
+    assert (array.shape, array.dtype, array.nbytes, array.ndim) == (host.shape, host.dtype, host.nbytes, 3)
+    np.testing.assert_array_equal(array.to_numpy(), host)
+    array.copy_from_numpy(host[::-1])
+    np.testing.assert_array_equal(array.to_numpy(), host[::-1])
+    with pytest.raises(ValueError, match="'arr' must have the array's shape"):
+        array.copy_from_numpy(host[0])
+    assert cuda.empty(0, dtype).to_numpy().shape == (0,)
+
+
+@gpu
+def test_async_to_device_from_pinned_memory_on_a_stream_is_ready_after_synchronize():
+    host = np.random.default_rng(5).integers(0, 255, (64, 1 << 16), dtype=np.uint8)
+    with cuda.pin(host) as region, cuda.Stream() as stream:
+        assert region.nbytes == host.nbytes and not region.already_pinned
+        with cuda.pin(host) as again:
+            assert again.already_pinned
+        array = cuda.to_device(host, stream=stream)
+        assert array.__cuda_array_interface__["stream"] == stream.handle
+        array.synchronize()
+        assert array.ready() and array.__cuda_array_interface__["stream"] is None
+        np.testing.assert_array_equal(array.to_numpy(), host)
+    assert region.closed
+    region.close()  # idempotent
+
+
+@gpu
+def test_torch_takes_a_device_array_without_a_copy_and_numpy_refuses_it():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    array = cuda.to_device(np.arange(12, dtype=np.float32).reshape(3, 4))
+    tensor = torch.from_dlpack(array)
+    assert tensor.device.type == "cuda" and tensor.data_ptr() == array.ptr and tensor.shape == (3, 4)
+    tensor.mul_(2)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(array.to_numpy(), 2 * np.arange(12).reshape(3, 4))
+    via_cai = torch.as_tensor(array, device="cuda")
+    assert via_cai.data_ptr() == array.ptr
+    del array  # the tensors keep the memory alive
+    assert tensor.sum().item() == 2 * 66
+    labels = cuda.to_device(np.arange(5, dtype=np.int64))
+    assert torch.from_dlpack(labels).dtype == torch.int64
+    with pytest.raises((BufferError, RuntimeError, TypeError, ValueError)):
+        np.from_dlpack(labels)
+
+
+def _cpu_preprocess(batch, layout, crop, offsets, flips):
+    src = "HWC" if layout.startswith("HWC") else "CHW"
+    x = batch
+    if crop is not None:
+        x = fastloop.ops.crop(x, crop, offsets="center" if offsets is None else offsets, layout=src)
+    if flips is not None:
+        x = fastloop.ops.hflip(x, flip=flips, layout=src)
+    return fastloop.ops.normalize(np.ascontiguousarray(x), MEAN, STD, layout=layout)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["HWC->CHW", "CHW", "HWC"])
+@pytest.mark.parametrize("crop, with_offsets, with_flips", [(None, False, False), (24, False, True), ((20, 28), True, True)])
+def test_preprocess_matches_the_cpu_ops(layout, crop, with_offsets, with_flips):
+    rng = np.random.default_rng(6)
+    n, h, w = 9, 32, 36
+    shape = (n, h, w, 3) if layout.startswith("HWC") else (n, 3, h, w)
+    batch = rng.integers(0, 256, shape, dtype=np.uint8)
+    ch, cw = (crop, crop) if isinstance(crop, int) else (crop or (h, w))
+    offsets = np.stack([rng.integers(0, h - ch + 1, n), rng.integers(0, w - cw + 1, n)], 1) if with_offsets else None
+    flips = rng.integers(0, 2, n).astype(bool) if with_flips else None
+    stream = cuda.Stream()
+    out = cuda.preprocess(batch, mean=MEAN, std=STD, layout=layout, crop=crop, offsets=offsets, flips=flips, stream=stream)
+    assert out.__cuda_array_interface__["stream"] == stream.handle
+    expected = _cpu_preprocess(batch, layout, crop, offsets, flips)
+    np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=1e-6)
+    again = cuda.preprocess(batch, mean=MEAN, std=STD, layout=layout, crop=crop, offsets=offsets, flips=flips, out=out)
+    assert again is out
+    again.synchronize()
+    np.testing.assert_allclose(again.to_numpy(), expected, rtol=0, atol=1e-6)
+
+
+@gpu
+def test_preprocess_from_a_pinned_slot_is_asynchronous_and_keeps_the_batch_alive():
+    rng = np.random.default_rng(7)
+    batch = rng.integers(0, 256, (64, 64, 64, 3), dtype=np.uint8)
+    expected = fastloop.ops.normalize(batch, MEAN, STD)
+    with cuda.pin(batch), cuda.Stream() as stream:
+        out = cuda.preprocess(batch, mean=MEAN, std=STD, stream=stream)
+        while not out.ready():
+            pass
+        np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():  # the consumer's stream waits for the preprocess stream
+        with cuda.Stream() as stream:
+            out = cuda.preprocess(batch, mean=MEAN, std=STD, stream=stream)
+            tensor = torch.from_dlpack(out)
+            np.testing.assert_allclose(tensor.cpu().numpy(), expected, rtol=0, atol=1e-6)
+
+
+@gpu
+def test_memcpy_benchmark_reports_bandwidth():
+    assert cuda.memcpy_benchmark(8 << 20, pinned=True, repeats=3) > 0.5
+    assert cuda.memcpy_benchmark(8 << 20, pinned=False, repeats=2) > 0.1

@@ -1,21 +1,56 @@
-"""CUDA in fastloop: whether it was built, whether it works on this machine, and why not.
+"""CUDA in fastloop: whether it works here (and why not), device arrays that torch takes
+without a copy, streams, pinned memory, GPU preprocessing, and the nn backend.
 
 The CUDA code lives in a separate extension, loaded on first use, so fastloop imports and
 works everywhere; these functions say what is missing where it does not.
 
     >>> answer = fastloop.cuda.is_available()
     >>> print(bool(answer), answer.reason)
+
+``DeviceArray``, ``Stream`` and ``PinnedRegion`` are the extension's types, reached as
+``fastloop.cuda.DeviceArray`` etc. once it is built (see docs/cuda.md).
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import os
+import re
+import sys
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from .errors import CudaError, CudaUnavailable
 
-__all__ = ["Answer", "Device", "is_built", "is_available", "require", "devices", "selftest"]
+if TYPE_CHECKING:
+    from ._cuda import DeviceArray, PinnedRegion, Stream
+
+__all__ = [
+    "Answer",
+    "Device",
+    "DeviceArray",
+    "Stream",
+    "PinnedRegion",
+    "is_built",
+    "is_available",
+    "require",
+    "devices",
+    "selftest",
+    "empty",
+    "to_device",
+    "pin",
+    "preprocess",
+    "memcpy_benchmark",
+    "load_cublas",
+    "nn_backend",
+]
+
+_TYPES = ("DeviceArray", "Stream", "PinnedRegion")
 
 
 @dataclass(frozen=True)
@@ -127,3 +162,134 @@ def selftest(device: int = 0, n: int = 1 << 20) -> dict[str, float | int]:
     0
     """
     return require().selftest(device=device, n=n)
+
+
+def __getattr__(name: str) -> Any:
+    """fastloop.cuda.DeviceArray / Stream / PinnedRegion: the extension's types."""
+    if name in _TYPES:
+        module, note = _load()
+        if module is None:
+            raise AttributeError(f"fastloop.cuda.{name} needs the CUDA extension: {note}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'fastloop.cuda' has no attribute {name!r}")
+
+
+def _module() -> ModuleType:
+    """The extension, or CudaUnavailable when it was not built (the functions in it raise
+    CudaUnavailable themselves when there is no driver or device)."""
+    module, note = _load()
+    if module is None:
+        raise CudaUnavailable(f"CUDA is not available: {note}")
+    return module
+
+
+def empty(shape: int | Sequence[int], dtype: npt.DTypeLike, device: int = 0) -> DeviceArray:
+    """A DeviceArray of uninitialized memory (cudaMalloc; freed when the array goes).
+
+    >>> x = fastloop.cuda.empty((256, 784), numpy.float32)
+    >>> x.shape, x.dtype, x.device
+    ((256, 784), dtype('float32'), 0)
+    """
+    return _module().empty(shape, dtype, device)
+
+
+def to_device(array: npt.ArrayLike, device: int = 0, *, stream: Any = None,
+              out: DeviceArray | None = None) -> DeviceArray:
+    """Copy a host array to the device. Without ``stream`` the copy is done on return; with
+    one (a Stream, an int handle, a torch.cuda.Stream) it is queued there and returns at once:
+    ``ready()``/``synchronize()`` on the result, and the host array is kept alive until then.
+
+    >>> y = fastloop.cuda.to_device(labels.astype(numpy.int64))
+    >>> torch.from_dlpack(y)  # same memory, no copy
+    """
+    return _module().to_device(array, device, stream=stream, out=out)
+
+
+def pin(array: np.ndarray) -> PinnedRegion:
+    """Page-lock a C-contiguous NumPy array's buffer (cudaHostRegister) so copies from it run
+    at full speed and asynchronously; ``close()`` or the end of a ``with`` block unpins it.
+    Pinning memory that is already pinned succeeds (``already_pinned`` is then True).
+
+    >>> with fastloop.cuda.pin(slot) as region:
+    ...     x = fastloop.cuda.preprocess(slot, mean=MEAN, std=STD, stream=s)
+    """
+    return _module().pin(array)
+
+
+def preprocess(batch: np.ndarray, *, mean: float | Sequence[float], std: float | Sequence[float],
+               layout: str = "HWC->CHW", crop: int | tuple[int, int] | None = None,
+               offsets: npt.ArrayLike | None = None, flips: npt.ArrayLike | None = None,
+               out: DeviceArray | None = None, stream: Any = None, device: int = 0) -> DeviceArray:
+    """Queue on ``stream`` the copy of a uint8 image batch (a host NumPy array, ideally pinned)
+    and one kernel that crops, mirrors and normalizes it to float32 exactly as
+    fastloop.ops.normalize does ((x/255 - mean)/std per channel), and return the output
+    DeviceArray at once: (N, C, h, w) for layout "HWC->CHW" or "CHW", (N, h, w, C) for "HWC"
+    or "CHW->HWC". ``crop``: (h, w) or an int, centered (torchvision's rounding) unless
+    ``offsets`` (N, 2) gives each image's (top, left); ``flips``: one bool per image, mirrored
+    left-right after the crop. The result's ``ready()`` turns True (``synchronize()`` waits)
+    once the copy and the kernel are done: only then may ``batch`` be overwritten. Arguments
+    are checked (TypeError/ValueError naming them) before the GPU is touched.
+
+    >>> x = fastloop.cuda.preprocess(batch_u8, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop=224, stream=s)
+    >>> loss = train(torch.from_dlpack(x))
+    """
+    return _module().preprocess(batch, mean=mean, std=std, layout=layout, crop=crop, offsets=offsets,
+                                flips=flips, out=out, stream=stream, device=device)
+
+
+def memcpy_benchmark(nbytes: int, pinned: bool = True, repeats: int = 10, device: int = 0) -> float:
+    """Host-to-device cudaMemcpyAsync bandwidth in GB/s (1e9 bytes/s), from cudaMallocHost
+    memory (pinned) or malloc'd memory, timed with CUDA events: the yardstick for copies.
+
+    >>> fastloop.cuda.memcpy_benchmark(64 << 20)
+    52.3
+    """
+    return _module().memcpy_benchmark(nbytes, pinned, repeats, device)
+
+
+def _cublas_candidates() -> list[str]:
+    """cuBLAS files shipped in Python packages: the nvidia-cublas wheels (nvidia/cu13/lib,
+    nvidia/cublas/lib) and torch's lib directory, newest major version first."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        for pattern in ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"):
+            for path in glob.glob(os.path.join(entry, pattern)):
+                found.setdefault(os.path.realpath(path), path)
+
+    def major(path: str) -> int:
+        match = re.search(r"libcublas\.so\.(\d+)", path)
+        return int(match.group(1)) if match else 0
+
+    return sorted(found.values(), key=lambda p: (-major(p), len(p)))
+
+
+def load_cublas() -> str:
+    """Loads cuBLAS (once) and returns the file loaded: $FASTLOOP_CUBLAS when set, else the
+    nvidia-cublas wheel's or torch's copy found on sys.path, else libcublas.so.13/.12/.so
+    from the system. Raises CudaUnavailable naming what was tried.
+
+    >>> fastloop.cuda.load_cublas()
+    '.../site-packages/nvidia/cu13/lib/libcublas.so.13'
+    """
+    module = require()
+    paths: list[str | None] = [] if os.environ.get("FASTLOOP_CUBLAS") else list(_cublas_candidates())
+    error: CudaUnavailable | None = None
+    for path in paths + [None]:  # each try also falls back to $FASTLOOP_CUBLAS and the system
+        try:
+            return module.cublas_load(path)
+        except CudaUnavailable as failed:
+            error = failed
+    raise CudaUnavailable(f"{error}; install the nvidia-cublas wheel (or torch with CUDA), or set "
+                          "FASTLOOP_CUBLAS to the path of libcublas.so") from None
+
+
+def nn_backend() -> Any:
+    """The CUDA nn backend for fastloop.nn: a PyCapsule named "fastloop.nn_backend" holding a
+    ``const fl_nn_backend *``. Raises CudaUnavailable saying why (no GPU, no cuBLAS).
+
+    >>> model = fastloop.nn.Sequential(fastloop.nn.Linear(784, 10), device="cuda")  # uses it
+    """
+    load_cublas()
+    return require().nn_backend()
