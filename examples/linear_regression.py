@@ -84,38 +84,6 @@ def check_device(device: str) -> None:
         fail(f"--device must be cpu, cuda or cuda:N, not {device!r}")
 
 
-# ---- checkpoints: a Checkpointer saves a flat dict of arrays, so nested state is flattened
-
-
-def training_state(model: Any, opt: nn.Optimizer, epoch: int, step: int) -> dict[str, Any]:
-    """Model parameters, optimizer state and progress as one flat dict of arrays/numbers."""
-    state: dict[str, Any] = {f"model.{name}": value for name, value in model.state_dict().items()}
-    opt_state = opt.state_dict()
-    for index, buffers in opt_state["state"].items():
-        for name, value in buffers.items():
-            state[f"optim.state.{index}.{name}"] = value
-    for key, value in opt_state["param_groups"][0].items():
-        if key != "params":
-            state[f"optim.group.{key}"] = np.asarray(value)
-    state["epoch"], state["step"] = epoch, step
-    return state
-
-
-def restore(model: Any, opt: nn.Optimizer, state: dict[str, np.ndarray]) -> tuple[int, int]:
-    """Loads what training_state() saved; returns (epochs done, steps done)."""
-    model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
-    buffers: dict[int, dict[str, np.ndarray]] = {}
-    group: dict[str, Any] = {}
-    for key, value in state.items():
-        if key.startswith("optim.state."):
-            index, name = key[len("optim.state."):].split(".", 1)
-            buffers.setdefault(int(index), {})[name] = value
-        elif key.startswith("optim.group."):
-            group[key[len("optim.group."):]] = value.tolist()  # 0-d -> number, betas -> list
-    opt.load_state_dict({"state": buffers, "param_groups": [group]})
-    return int(state["epoch"]), int(state["step"])
-
-
 # ---- training
 
 
@@ -139,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         if latest is None:
             print(f"no checkpoint in {ckpt_dir}: starting from scratch")
         else:
-            start_epoch, step = restore(model, opt, ckpt.load())
+            progress = nn.load_training_state(ckpt.load(), model, opt)
+            start_epoch, step = int(progress["epoch"]), int(progress["step"])
             print(f"resumed from {latest.path}: epoch {start_epoch}, step {step}")
 
     loader = fastloop.Loader((x, y), batch_size=args.batch_size, shuffle=True, seed=args.seed,
@@ -165,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             mon.scalar("train/epoch_loss", epoch_loss, step)
             done = epoch + 1
             if done % args.checkpoint_every == 0 or done == args.epochs:
-                ckpt.save(training_state(model, opt, done, step), step)
+                ckpt.save(nn.training_state(model, opt, epoch=done, step=step), step)
             if done % report_every == 0 or done == args.epochs or epoch == start_epoch:
                 elapsed = time.perf_counter() - started
                 print(f"epoch {done:4d}/{args.epochs}  loss {epoch_loss:.5f}  step {step}  "

@@ -110,37 +110,6 @@ def to_numpy(array: Any) -> np.ndarray:
     return array if isinstance(array, np.ndarray) else array.to_numpy()
 
 
-# ---- checkpoints: a Checkpointer saves a flat dict of arrays, so nested state is flattened
-
-
-def training_state(model: Any, opt: nn.Optimizer, **progress: Any) -> dict[str, Any]:
-    """Model parameters, optimizer state and `progress` numbers as one flat dict."""
-    state: dict[str, Any] = {f"model.{name}": value for name, value in model.state_dict().items()}
-    opt_state = opt.state_dict()
-    for index, buffers in opt_state["state"].items():
-        for name, value in buffers.items():
-            state[f"optim.state.{index}.{name}"] = value
-    for key, value in opt_state["param_groups"][0].items():
-        if key != "params":
-            state[f"optim.group.{key}"] = np.asarray(value)
-    state.update(progress)
-    return state
-
-
-def restore(model: Any, opt: nn.Optimizer, state: dict[str, np.ndarray]) -> None:
-    """Loads the model and optimizer parts of what training_state() saved."""
-    model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
-    buffers: dict[int, dict[str, np.ndarray]] = {}
-    group: dict[str, Any] = {}
-    for key, value in state.items():
-        if key.startswith("optim.state."):
-            index, name = key[len("optim.state."):].split(".", 1)
-            buffers.setdefault(int(index), {})[name] = value
-        elif key.startswith("optim.group."):
-            group[key[len("optim.group."):]] = value.tolist()  # 0-d -> number, betas -> list
-    opt.load_state_dict({"state": buffers, "param_groups": [group]})
-
-
 # ---- training
 
 
@@ -183,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if latest is None:
             print(f"no checkpoint in {ckpt_dir}: starting from scratch")
         else:
-            state = ckpt.load()
-            restore(model, opt, state)
+            state = nn.load_training_state(ckpt.load(), model, opt)
             start_epoch, step = int(state["epoch"]), int(state["step"])
             best_acc, best_epoch = float(state["best_val_accuracy"]), int(state["best_epoch"])
             print(f"resumed from {latest.path}: epoch {start_epoch}, step {step}, "
@@ -220,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 best_acc, best_epoch = val_acc, done
                 best_ckpt.save({**{f"model.{k}": v for k, v in model.state_dict().items()},
                                 "epoch": done, "step": step, "val_accuracy": val_acc}, step)
-            ckpt.save(training_state(model, opt, epoch=done, step=step, best_val_accuracy=best_acc,
+            ckpt.save(nn.training_state(model, opt, epoch=done, step=step, best_val_accuracy=best_acc,
                                      best_epoch=best_epoch), step)
             elapsed = time.perf_counter() - started
             print(f"epoch {done:3d}/{args.epochs}  train loss {train_loss:.4f}  val loss {val_loss:.4f}  "

@@ -476,3 +476,22 @@ def test_checkpointer_saves_and_resumes_training(tmp_path):
 
 def test_blas_is_reported():
     assert "sgemm" in nn.blas_info()
+
+
+def test_training_state_round_trip():
+    model, twin = mlp((6, 8, 3), seed=21), mlp((6, 8, 3), seed=22)
+    opt, twin_opt = nn.AdamW(model, lr=0.01), nn.AdamW(twin, lr=0.5)
+    rng = np.random.default_rng(23)
+    x, y = batch(rng, 10, model, "cross_entropy")
+    for _ in range(3):
+        model.train_step(x, y, loss="cross_entropy", opt=opt)
+    state = nn.training_state(model, opt, epoch=2, step=30)
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    progress = nn.load_training_state(state, twin, twin_opt)
+    assert progress == {"epoch": 2, "step": 30}
+    assert twin_opt.lr == 0.01 and twin_opt.steps == 3
+    assert model.train_step(x, y, "cross_entropy", opt) == twin.train_step(x, y, "cross_entropy", twin_opt)
+    with pytest.raises(ValueError, match="may not start with"):
+        nn.training_state(model, opt, **{"model.x": 1})
+    with pytest.raises(KeyError, match="no optimizer"):
+        nn.load_training_state(nn.training_state(model), twin, twin_opt)
