@@ -156,6 +156,11 @@ class Loader:
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
 
+    device: None/"cpu" (NumPy batches) or "cuda"/"cuda:N": batches become
+      fastloop.cuda.DeviceArrays, copied from pinned slots on a loading stream one batch
+      ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
+      then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device).
+
     With Python code (a dataset or transform), the first sample is fetched once in this
     process to learn the batch layout (every sample must have the same shapes), so code
     calling get_worker_info() must accept None there, as with torch's num_workers=0.
@@ -174,8 +179,8 @@ class Loader:
         drop_last: bool = False,
         prefetch: int = 2,
         persistent_workers: bool = True,
-        pin_memory: bool = False,
-        device: str | None = None,
+        pin_memory: bool | None = None,
+        device: str | int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         timeout: float | None = None,
@@ -187,13 +192,13 @@ class Loader:
             raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
-        if device not in (None, "cpu"):
+        self.device = None if device in (None, "cpu") else _cuda_index(device)
+        if self.device is not None:
             from . import cuda
 
             cuda.require()  # raises CudaUnavailable saying why on a machine without a GPU
-            raise NotImplementedError("device='cuda' needs fastloop's device arrays (the model-core issue); "
-                                      "copy batches with torch.from_numpy(x).to('cuda', non_blocking=True)")
-        self.pin_memory = pin_memory  # a no-op without CUDA (batches are host arrays either way)
+        self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
+        self._feed: Any = None  # the DeviceFeed of a CUDA loader
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
@@ -220,6 +225,14 @@ class Loader:
             if any(isinstance(f, Folder) for f in fields):
                 raise ValueError("Folder sources are read by C threads: use mode='threads'")
             dataset = _ArraysDataset(fields)
+        plan = None
+        if self.device is not None:
+            from ._device_feed import DeviceFeed, gpu_plan
+
+            plan = gpu_plan(pipeline, fields[0] if fields else None)
+            if plan is not None:
+                pipeline = None  # the workers gather raw images; the GPU crops, flips, normalizes
+            self._feed = DeviceFeed(self.device, plan, self.pin_memory, seed)
         if dataset is None:
             self._core = self._threads(fields, pipeline, workers, prefetch)
         elif mode == "processes":
@@ -300,6 +313,8 @@ class Loader:
         self._core.start_epoch(epoch)
         active = _Epoch(self)
         self._active = weakref.ref(active)
+        if self._feed is not None:
+            return self._feed.iterate(active, self._single, epoch)
         return active
 
     def _abandon_active(self) -> None:
@@ -333,6 +348,8 @@ class Loader:
         """
         self._abandon_active()
         self._core.stop()
+        if self._feed is not None:
+            self._feed.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -344,6 +361,21 @@ class Loader:
         core = getattr(self, "_core", None)
         if core is not None:
             core.stop()
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.close()  # unpin before the slots are freed
+
+
+def _cuda_index(device: str | int) -> int:
+    """The CUDA device index of "cuda", "cuda:N" or N."""
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return device
+    text = str(device)
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError(f"'device' must be None, 'cpu', 'cuda', 'cuda:N' or a device index, not {device!r}")
 
 
 class _Epoch:
