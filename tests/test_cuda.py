@@ -462,3 +462,26 @@ def test_preprocess_from_a_pinned_slot_is_asynchronous_and_keeps_the_batch_alive
 def test_memcpy_benchmark_reports_bandwidth():
     assert cuda.memcpy_benchmark(8 << 20, pinned=True, repeats=3) > 0.5
     assert cuda.memcpy_benchmark(8 << 20, pinned=False, repeats=2) > 0.1
+
+
+@gpu
+@pytest.mark.parametrize("loss, optimizer", [("cross_entropy", "SGD"), ("mse", "Adam")])
+def test_fastloop_nn_on_cuda_trains_like_the_cpu_model(loss, optimizer):
+    """The backend driven by the model core (fastloop.nn): same start, same steps, same result."""
+    nn = fastloop.nn
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    y = rng.integers(0, 5, 64) if loss == "cross_entropy" else rng.standard_normal((64, 5)).astype(np.float32)
+    models = [nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5), device=device) for device in ("cpu", "cuda")]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [getattr(nn, optimizer)(model, lr=0.05 if optimizer == "SGD" else 1e-3) for model in models]
+    for _ in range(5):
+        losses = [model.train_step(x, y, loss=loss, opt=opt) for model, opt in zip(models, opts)]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    cuda_y = cuda.to_device(np.ascontiguousarray(y))
+    assert models[1].train_step(cuda.to_device(x), cuda_y, loss=loss, opt=opts[1]) == pytest.approx(
+        models[0].train_step(x, y, loss=loss, opt=opts[0]), rel=1e-4)
+    for name, value in models[0].state_dict().items():
+        np.testing.assert_allclose(models[1].state_dict()[name], value, rtol=1e-4, atol=1e-5)
+    out = models[1](cuda.to_device(x))
+    np.testing.assert_allclose(out.to_numpy(), models[0](x), rtol=1e-4, atol=1e-5)
