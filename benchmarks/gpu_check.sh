@@ -13,7 +13,9 @@ report() { if [ -n "$REPORT" ]; then tee -a "$REPORT"; else cat; fi; }
 if [ -n "$REPORT" ]; then : >"$REPORT"; fi
 
 echo "## fastloop GPU check, $(date -u +%Y-%m-%dT%H:%MZ)" | report
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/    /' | report || true
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/    /' | report || true
+fi
 
 echo "### build" | report
 export FASTLOOP_CUDA=1 FASTLOOP_CUDA_ARCHS=${FASTLOOP_CUDA_ARCHS:-90}
