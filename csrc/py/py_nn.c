@@ -23,9 +23,21 @@ typedef struct {
 
 static fl_module_state *nn_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
-/* Raises the core error of a model call; OSError-like codes never come from here. */
+/* Raises the core error of a model call: a failed CUDA or cuBLAS call (FL_ESYS from a
+ * device backend) as fastloop.CudaError, the rest as fl_raise() maps them. */
 static PyObject *nn_raise(PyObject *self, int rc, const char *what) {
-    return fl_raise(nn_state(self), rc, what);
+    if (rc != FL_ESYS)
+        return fl_raise(nn_state(self), rc, what);
+    PyObject *message = PyUnicode_FromFormat("%s: %s", what, fl_error_detail());
+    fl_error_clear();
+    PyObject *errors = message ? PyImport_ImportModule("fastloop.errors") : NULL;
+    PyObject *type = errors ? PyObject_GetAttrString(errors, "CudaError") : NULL;
+    if (type != NULL)
+        PyErr_SetObject(type, message);
+    Py_XDECREF(type);
+    Py_XDECREF(errors);
+    Py_XDECREF(message);
+    return NULL;
 }
 
 /* ---- arrays: NumPy (host) or __cuda_array_interface__ (device) ---- */
