@@ -26,7 +26,7 @@ PYTHONPATH=python "$PY" -c "import fastloop; print('   ', fastloop.cuda.is_avail
 echo "### tests" | report
 status=0
 PYTHONPATH=python PYTHONUNBUFFERED=1 timeout 240 "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_cuda.py tests/test_nn.py -k cuda 2>&1 | tail -30 | sed 's/^/    /' | report || status=1
+    tests/test_cuda.py tests/test_device_feed.py tests/test_nn.py -k "cuda or device" 2>&1 | tail -30 | sed 's/^/    /' | report || status=1
 
 echo "### benchmark" | report
 PYTHONPATH=python PYTHONUNBUFFERED=1 timeout 200 "$PY" benchmarks/bench_gpu.py 2>&1 | report || status=1
