@@ -93,7 +93,7 @@ def make_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 1.0, (n, FEATURES))
     teacher = np.random.default_rng(4321)  # the same labelling function for every seed
-    w1, w2 = teacher.normal(0.0, 1.0, (FEATURES, 32)), teacher.normal(0.0, 1.0, (32, CLASSES))
+    w1, w2 = teacher.normal(0.0, 0.25, (FEATURES, 8)), teacher.normal(0.0, 1.0, (8, CLASSES))
     labels = (np.tanh(x @ w1) @ w2).argmax(axis=1)
     return x.astype(np.float32), labels.astype(np.int64), np.arange(n, dtype=np.int64)
 
