@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--val-samples", type=int, default=None, help="validation samples (default 4096; 1024 with --quick)")
     add("--batch-size", type=int, default=None, help="per-rank batch size (default 128; 64 with --quick)")
     add("--lr", type=float, default=3e-3, help="Adam learning rate (default %(default)s)")
-    add("--seed", type=int, default=0, help="seeds the data, the initialization and the shuffling (default %(default)s)")
+    add("--seed", type=int, default=0,
+        help="seeds the data, the initialization and the shuffling (default %(default)s)")
     add("--workers", type=int, default=1, help="Loader worker threads per rank (default %(default)s)")
     add("--out", default=os.path.join("runs", "ddp_train"),
         help="logs, checkpoints/, sample ids and final parameters go here (default %(default)s)")
