@@ -4,7 +4,7 @@ Launch one process per rank with torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT, which torch.distributed and fastloop.Loader read):
 
     torchrun --nproc_per_node=2 examples/ddp_train.py                  # 10 epochs
-    torchrun --nproc_per_node=2 examples/ddp_train.py --quick --out /tmp/ddp
+    torchrun --nproc_per_node=2 examples/ddp_train.py --quick --out runs/ddp_quick
     tensorboard --logdir runs/ddp_train
 
 Every rank generates the same data (same seed): a 4-class problem in 16 float32 features,
