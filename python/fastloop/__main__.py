@@ -1,6 +1,6 @@
 """The fastloop command line.
 
-    $ python -m fastloop demo            # the main job: threads vs processes on preprocessing
+    $ python -m fastloop demo            # the main job: train on generated data, log, checkpoint, plot
     $ python -m fastloop bench --quick   # every benchmark suite, tables + PNG + markdown report
     $ python -m fastloop info            # what this build has (CUDA, why not)
 """
@@ -49,13 +49,17 @@ def run_bench(quick: bool, out_dir: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # the demo parses its own options
+        from .demo import main as demo_main
+
+        return demo_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fastloop", description="fastloop command line")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in [("demo", "the main job on an embedded default: threads vs processes preprocessing"),
-                       ("bench", "every benchmark suite, side by side, with a report")]:
-        command = commands.add_parser(name, help=text)
-        command.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
-        command.add_argument("--out", default="bench-results", help="folder for the PNG plot and reports")
+    commands.add_parser("demo", help="the main job on an embedded default: train, log, checkpoint (see demo -h)")
+    bench = commands.add_parser("bench", help="every benchmark suite, side by side, with a report")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
+    bench.add_argument("--out", default="bench-results", help="folder for the PNG plots and the report")
     commands.add_parser("info", help="what this build of fastloop has (CUDA, and why not)")
     args = parser.parse_args(argv)
 
@@ -64,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print_info()
         return 0
-    if args.command == "bench":
-        return run_bench(args.quick, args.out)
-    from .bench import preprocess
-
-    return preprocess.main(quick=args.quick, out_dir=args.out)
+    return run_bench(args.quick, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,232 @@
+"""The demo's training run: Loader -> fastloop.nn train_step -> Monitor -> Checkpointer.
+
+Two tasks on embedded generated data: "classification" (uint8 images through a C pipeline
+of crop, flip and normalize in Loader threads, an MLP, cross-entropy, Adam) and "regression"
+(the seed's Linear(10, 1), MSE, SGD lr 0.01). Everything a run writes lands in one folder:
+the TensorBoard event file, metrics.csv, checkpoints/, plot.png and summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import cuda, nn
+from ..checkpoint import Checkpointer
+from ..loader import Loader
+from ..monitor import CSVSink, Monitor, TensorBoardSink
+from ..ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip
+from .data import CLASSES, IMAGE_SHAPE, make_images, make_regression
+from .plot import write_plot
+from .progress import Progress
+
+CROP = 28
+
+
+@dataclass
+class Task:
+    """What differs between the two tasks; the loop is shared."""
+
+    loader: Loader
+    model: nn.Sequential
+    opt: nn.Optimizer
+    loss: str
+    evaluate: Callable[[], dict[str, float]]  # validation metrics, logged per epoch
+    epochs: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def to_host(array: Any) -> np.ndarray:
+    return array.to_numpy() if hasattr(array, "to_numpy") else np.asarray(array)
+
+
+def classification(args: Any, device: str) -> Task:
+    n_train, n_val = (4096, 1024) if args.quick else (20480, 2048)
+    images, labels = make_images(n_train + n_val, seed=args.seed)
+    train_x, train_y, val_x, val_y = images[:n_train], labels[:n_train], images[n_train:], labels[n_train:]
+    augment = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(0.5, 0.25)], layout="CHW")
+    loader = Loader((train_x, train_y), batch_size=args.batch_size or 256, shuffle=True, seed=args.seed,
+                    workers=args.workers, transform=augment, drop_last=True,
+                    device=None if device == "cpu" else device)
+    val_inputs = Pipeline([CenterCrop(CROP), Normalize(0.5, 0.25)], layout="CHW")(val_x)
+    nn.manual_seed(args.seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SHAPE[0] * CROP * CROP, 512), nn.ReLU(),
+                          nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, CLASSES), device=device)
+    opt = nn.Adam(model, lr=args.lr or 1e-3)
+
+    def evaluate() -> dict[str, float]:
+        logits = np.concatenate([to_host(model(val_inputs[i:i + 512])) for i in range(0, n_val, 512)])
+        shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return {"val/accuracy": float((logits.argmax(axis=1) == val_y).mean()),
+                "val/loss": float(-log_probs[np.arange(n_val), val_y].mean())}
+
+    info = {"data": f"{n_train} generated images {IMAGE_SHAPE} uint8, {CLASSES} classes (+{n_val} validation)",
+            "pipeline": "RandomCrop(28) + RandomHFlip + Normalize, in Loader threads",
+            "model": "MLP 2352-512-256-10, cross-entropy, Adam"}
+    return Task(loader, model, opt, "cross_entropy", evaluate, args.epochs or (3 if args.quick else 20), info)
+
+
+def regression(args: Any, device: str) -> Task:
+    x, y, w_true, b_true = make_regression(1024 + 256, seed=args.seed)
+    loader = Loader((x[:1024], y[:1024]), batch_size=args.batch_size or 64, shuffle=True, seed=args.seed,
+                    device=None if device == "cpu" else device)
+    nn.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(10, 1), device=device)
+    opt = nn.SGD(model, lr=args.lr or 0.01)
+
+    def evaluate() -> dict[str, float]:
+        mse = float(np.mean((to_host(model(x[1024:])) - y[1024:]) ** 2))
+        weight = model.state_dict()["0.weight"][0]
+        return {"val/mse": mse, "val/weight_error": float(np.abs(weight - w_true).max())}
+
+    info = {"data": "1024 samples x (10,) float32, y = x @ w + b + noise (+256 validation)",
+            "model": "Linear(10, 1), MSE, SGD lr 0.01 (the seed's example)"}
+    return Task(loader, model, opt, "mse", evaluate, args.epochs or (20 if args.quick else 100), info)
+
+
+TASKS = {"classification": classification, "regression": regression}
+
+
+def pick_device(requested: str) -> tuple[str, str]:
+    """(device, why) for --device auto|cpu|cuda|cuda:N."""
+    if requested == "auto":
+        answer = cuda.is_available()
+        return ("cuda", answer.reason) if answer else ("cpu", f"CUDA not used: {answer.reason}")
+    return requested, ""
+
+
+def run_dir(root: str, name: str, resume: bool) -> str:
+    """runs/<name> for a resume (it must hold checkpoints); for a new run, runs/<name>, or
+    runs/<name>-2, -3... when that already holds a run."""
+    path = os.path.join(root, name)
+    if resume:
+        return path
+    n = 1
+    while os.path.exists(path) and os.listdir(path):
+        n += 1
+        path = os.path.join(root, f"{name}-{n}")
+    return path
+
+
+def train(args: Any, log: Callable[[str], None] = print) -> int:
+    device, why = pick_device(args.device)
+    folder = run_dir(args.out, args.name or args.task, args.resume)
+    ckpt_dir = os.path.join(folder, "checkpoints")
+    if args.resume and not os.path.isdir(ckpt_dir):
+        log(f"error: --resume: no checkpoints in {ckpt_dir} (run the demo once without --resume first)")
+        return 2
+    os.makedirs(folder, exist_ok=True)
+    task = TASKS[args.task](args, device)
+    steps_per_epoch = len(task.loader)
+    log(f"fastloop demo: {args.task} on {device}{f' ({why})' if why else ''}; BLAS: "
+        f"{nn.blas_info() if device == 'cpu' else 'cuBLAS'}")
+    for key, value in task.info.items():
+        log(f"  {key}: {value}")
+    log(f"  output: {folder}")
+
+    ckpt = Checkpointer(ckpt_dir, keep=3)
+    epoch, batch_in_epoch, step = 0, 0, 0
+    if args.resume:
+        progress = nn.load_training_state(ckpt.load(), task.model, task.opt)
+        epoch, batch_in_epoch, step = int(progress["epoch"]), int(progress["batch"]), int(progress["step"])
+        if epoch >= task.epochs:
+            log(f"  the run is complete: {step} steps, {epoch} epochs (ask for more with --epochs)")
+        else:
+            log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
+    mon = Monitor(interval=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
+                  metrics=task.loader.metrics, gpu=device != "cpu")
+    bar = Progress(task.epochs * steps_per_epoch, done_steps=step)
+    loss, started, window = float("nan"), time.perf_counter(), (time.perf_counter(), 0)
+    val: dict[str, float] = task.evaluate() if epoch >= task.epochs else {}
+
+    def save() -> None:
+        state = nn.training_state(task.model, task.opt, epoch=epoch, batch=batch_in_epoch, step=step)
+        ckpt.save(state, step)
+
+    interrupted = False
+    stop_requested = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        """The first Ctrl-C stops after the step in flight (the checkpoint then matches the
+        step count exactly); a second one stops at once."""
+        nonlocal stop_requested
+        if stop_requested:
+            raise KeyboardInterrupt
+        stop_requested = True
+        bar.message("Ctrl-C: stopping after this step (Ctrl-C again to stop at once)")
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+    try:
+        while epoch < task.epochs:
+            task.loader.set_epoch(epoch)
+            batches = iter(task.loader)
+            for _ in range(batch_in_epoch):  # a resumed epoch skips what was trained
+                next(batches)
+            for x, y in batches:
+                loss = task.model.train_step(x, y, loss=task.loss, opt=task.opt)
+                step += 1
+                batch_in_epoch += 1
+                rows = y.shape[0]
+                mon.scalar("train/loss", loss, step)
+                bar.update(rows, epoch, task.epochs, loss)
+                if step % 20 == 0:
+                    now = time.perf_counter()
+                    mon.scalar("train/samples_per_s", (step - window[1]) * rows / (now - window[0]), step)
+                    window = (now, step)
+                if args.checkpoint_every and step % args.checkpoint_every == 0:
+                    save()
+                if stop_requested or step == args.stop_after:
+                    raise KeyboardInterrupt
+            epoch, batch_in_epoch = epoch + 1, 0
+            val = task.evaluate()
+            for name, value in val.items():
+                mon.scalar(name, value, step)
+            bar.message(f"epoch {epoch}/{task.epochs}: loss {loss:.4f}, "
+                        + ", ".join(f"{k} {v:.4f}" for k, v in val.items())
+                        + f", {bar.samples_per_s():,.0f} samples/s")
+        save()
+    except KeyboardInterrupt:
+        interrupted = True
+        bar.message(f"interrupted at step {step}: saving a checkpoint ...")
+        save()
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+        bar.close()
+        ckpt.wait()
+        task.loader.close()
+        mon.close()
+        ckpt.close()
+    elapsed = time.perf_counter() - started
+    return summarize(args, folder, task, step, loss, val, elapsed, bar.samples_per_s(), device, interrupted, log)
+
+
+def summarize(args: Any, folder: str, task: Task, step: int, loss: float, val: dict[str, float], elapsed: float,
+              samples_per_s: float, device: str, interrupted: bool, log: Callable[[str], None]) -> int:
+    csv_path = os.path.join(folder, "metrics.csv")
+    plot_path = os.path.join(folder, "plot.png")
+    why_no_plot = write_plot(csv_path, plot_path, "train/loss", "train/samples_per_s")
+    events = sorted(f for f in os.listdir(folder) if f.startswith("events.out.tfevents"))
+    summary = {"task": args.task, "device": device, "steps": step, "epochs": task.epochs, "final_loss": loss,
+               **val, "seconds": round(elapsed, 2), "samples_per_s": round(samples_per_s, 1),
+               "interrupted": interrupted, "folder": folder}
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    log("")
+    log(f"{'interrupted' if interrupted else 'done'}: {step} steps in {elapsed:.1f} s, {samples_per_s:,.0f} samples/s, "
+        f"final loss {loss:.4f}" + "".join(f", {k} {v:.4f}" for k, v in val.items()))
+    log(f"  TensorBoard: tensorboard --logdir {folder}   ({len(events)} event file(s))")
+    log(f"  metrics:     {csv_path}")
+    log(f"  checkpoints: {os.path.join(folder, 'checkpoints')}  (resume: python -m fastloop demo --task {args.task} "
+        f"--resume{f' --name {os.path.basename(folder)}' if os.path.basename(folder) != args.task else ''})")
+    log(f"  plot:        {plot_path}" if why_no_plot is None else f"  plot:        none ({why_no_plot})")
+    return 130 if interrupted else 0
