@@ -16,8 +16,11 @@ int fl_sampler_check(const fl_sampler *s) {
 }
 
 uint64_t fl_sampler_shard_size(const fl_sampler *s) {
-    uint64_t w = (uint64_t)s->world_size, r = (uint64_t)s->rank;
-    return s->n > r ? (s->n - r + w - 1) / w : 0;
+    uint64_t w = (uint64_t)s->world_size;
+    if (w == 1)
+        return s->n;
+    /* Equal shards, as torch's DistributedSampler: trimmed with drop_last, else padded. */
+    return s->drop_last ? s->n / w : (s->n + w - 1) / w;
 }
 
 uint64_t fl_sampler_batches(const fl_sampler *s) {
@@ -30,14 +33,22 @@ uint64_t fl_sampler_epoch_seed(uint64_t seed, uint64_t epoch) {
     return fl_rng_next(&mix);
 }
 
+/* Keeps this rank's stride of the epoch order `all` (n entries, NULL: in order): position
+ * rank + k * world_size, wrapping around past the end when the shards are padded. */
+static void take_stride(const fl_sampler *s, const int64_t *all, int64_t *order) {
+    uint64_t w = (uint64_t)s->world_size, size = fl_sampler_shard_size(s);
+    for (uint64_t k = 0; k < size; k++) {
+        uint64_t position = ((uint64_t)s->rank + k * w) % s->n;
+        order[k] = all ? all[position] : (int64_t)position;
+    }
+}
+
 int fl_sampler_epoch(const fl_sampler *s, uint64_t epoch, int64_t *order) {
-    uint64_t w = (uint64_t)s->world_size, r = (uint64_t)s->rank;
-    if (!s->shuffle) {
-        for (uint64_t i = r, k = 0; i < s->n; i += w)
-            order[k++] = (int64_t)i;
+    if (!s->shuffle || s->n == 0) {
+        take_stride(s, NULL, order);
         return FL_OK;
     }
-    int64_t *all = malloc((s->n ? s->n : 1) * sizeof *all);
+    int64_t *all = malloc(s->n * sizeof *all);
     if (all == NULL)
         return FL_ENOMEM;
     for (uint64_t i = 0; i < s->n; i++)
@@ -50,8 +61,7 @@ int fl_sampler_epoch(const fl_sampler *s, uint64_t epoch, int64_t *order) {
         all[i - 1] = all[j];
         all[j] = t;
     }
-    for (uint64_t i = r, k = 0; i < s->n; i += w)
-        order[k++] = all[i];
+    take_stride(s, all, order);
     free(all);
     return FL_OK;
 }

@@ -2,9 +2,14 @@
  * shuffle (a new order every epoch, the same on every rank) split into disjoint shards by
  * rank, then cut into batches.
  *
- * Shard r takes every world_size-th sample of the epoch's order, starting at r: the shards
- * are disjoint and together hold every sample exactly once (their sizes differ by at most
- * one). Pure functions of their arguments; thread-safe; no Python.
+ * Shard r takes every world_size-th sample of the epoch's order, starting at r. As with
+ * torch's DistributedSampler, every rank gets the same number of samples, so ranks run the
+ * same number of steps (a rank with one batch more would wait forever in an all-reduce):
+ * with drop_last the order's tail is trimmed to a multiple of world_size (the shards are
+ * disjoint; up to world_size - 1 samples sit out the epoch, a different few each shuffled
+ * epoch), without it the order wraps around to pad the last shards (up to world_size - 1
+ * samples are seen twice). When world_size divides n, the shards are disjoint and together
+ * hold every sample exactly once. Pure functions of their arguments; thread-safe; no Python.
  */
 #ifndef FL_SAMPLER_H
 #define FL_SAMPLER_H

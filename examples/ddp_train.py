@@ -188,15 +188,6 @@ def max_difference_from_rank0(model: nn.Sequential, comm: Any) -> float:
     return float(difference.item())
 
 
-def min_over_ranks(value: int, comm: Any) -> int:
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([value], dtype=torch.int64, device=comm)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor.item())
-
-
 # ---- training
 
 
@@ -208,15 +199,12 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: str, com
     # rank and world_size come from RANK / WORLD_SIZE; drop_last so that no rank's last batch is short.
     loader = fastloop.Loader((x_train, y_train, id_train), batch_size=args.batch_size, shuffle=True,
                              seed=args.seed, workers=args.workers, drop_last=True)
-    # Shards differ by at most one sample, so batch counts can too: every rank runs the
-    # smallest count, or one rank would wait forever in an all-reduce the others never join.
-    steps_per_epoch = min_over_ranks(len(loader), comm)
+    # The shards are equal in size (trimmed, with drop_last), so every rank runs the same
+    # number of steps: none waits in an all-reduce the others never join.
+    steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
         fail(f"{args.samples} samples give rank {rank} no full batch of {args.batch_size}: "
              f"use more --samples or a smaller --batch-size")
-    if rank == 0 and steps_per_epoch != len(loader):
-        print(f"note: the shards give different batch counts; every rank runs {steps_per_epoch} per epoch",
-              file=sys.stderr)
 
     nn.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
@@ -240,7 +228,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: str, com
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)  # every rank the same epoch order, a new one each epoch
             seen, total = [], 0.0
-            for _, (xb, yb, idb) in zip(range(steps_per_epoch), loader):
+            for xb, yb, idb in loader:
                 loss = model.backward(xb, yb, loss="cross_entropy")  # forward + backward, no update
                 loss = average_gradients(model, loss, world_size, comm)
                 opt.step()

@@ -58,7 +58,7 @@ class ImageDataset:
 
 @pytest.mark.parametrize("mode, workers", [("threads", 0), ("threads", 2), ("processes", 2)])
 def test_1e6_indices_each_exactly_once_per_shuffled_epoch_and_across_shards(mode, workers):
-    n = 1_000_000
+    n = 999_999  # divisible by the 3 ranks (else shards are trimmed or padded: the next test)
     source = np.arange(n, dtype=np.int64) if mode == "threads" else IndexDataset(n)
     seen_all = np.zeros(n, np.int64)
     for rank in range(3):
@@ -73,6 +73,25 @@ def test_1e6_indices_each_exactly_once_per_shuffled_epoch_and_across_shards(mode
             assert len(np.unique(again)) == len(again) == len(got) and not np.array_equal(again, got)
         loader.close()
     assert (seen_all == 1).all()  # shards disjoint, together everything
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_uneven_shards_are_equal_in_length_as_torch_distributed_sampler(drop_last):
+    n, world = 1003, 4  # 1003 = 4 * 250 + 3
+    shards = [np.concatenate(list(fastloop.Loader(np.arange(n), batch_size=50, shuffle=True, seed=1, rank=r,
+                                                  world_size=world, drop_last=drop_last)))
+              for r in range(world)]
+    lengths = {len(shard) for shard in shards}
+    if drop_last:  # trimmed to 250 per rank (5 full batches), disjoint
+        assert lengths == {250}
+        every = np.concatenate(shards)
+        assert len(np.unique(every)) == len(every) == 1000
+    else:  # padded to 251 per rank by wrapping around: everything once, 1 sample twice
+        assert lengths == {251}
+        counts = np.bincount(np.concatenate(shards), minlength=n)
+        assert counts.min() == 1 and counts.sum() == 1004 and (counts == 2).sum() == 1
+    assert len({len(fastloop.Loader(np.arange(n), batch_size=64, rank=r, world_size=world, drop_last=drop_last))
+                for r in range(world)}) == 1  # every rank runs the same number of steps
 
 
 def test_shuffle_is_reproducible_and_in_order_without_it():
