@@ -1,7 +1,7 @@
 """The fastloop command line.
 
     $ python -m fastloop demo            # the main job: train on generated data, log, checkpoint, plot
-    $ python -m fastloop bench --quick   # every benchmark suite, tables + PNG + markdown report
+    $ python -m fastloop bench --quick   # every suite side by side: tables, PNG plots, a report with the answer
     $ python -m fastloop info            # what this build has (CUDA, why not)
 """
 
@@ -13,37 +13,56 @@ import sys
 
 
 def run_bench(quick: bool, out_dir: str) -> int:
-    """All suites side by side: the speed targets, then threads vs processes."""
+    """Every suite side by side, then one report (report.md + PNG plots in out_dir) that
+    ends with the answer to "threads or processes?" for this machine."""
     import warnings
 
-    from .bench import loader, logistics, model, preprocess, targets
+    from .bench import answer, loader, logistics, model, preprocess, targets
     from .bench.report import format_table, machine_summary
 
     warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
-    print(f"fastloop benchmarks ({'quick' if quick else 'full'}) on {machine_summary()}\n")
-    print("== targets")
+    machine = machine_summary()
+    print(f"fastloop benchmarks ({'quick' if quick else 'full'}) on {machine}\n")
+    sections: list[tuple[str, list[str], list[list[object]], list[str]]] = []  # title, headers, rows, notes
+
+    def section(title: str, headers: list[str], rows: list[list[object]], notes: list[str]) -> None:
+        print(f"\n== {title}\n" + format_table(headers, rows) + ("\n" + "\n".join(notes) if notes else ""))
+        sections.append((title, headers, rows, notes))
+
+    print("== targets (ops, queue, logging, checkpointing)")
     results = targets.run(quick=quick, log=print) + logistics.run(quick=quick, log=print)
-    print(format_table(targets.HEADERS, targets.table_rows(results)))
-    print("\n== data loading: fastloop.Loader vs torch DataLoader")
-    loader_rows = loader.run(quick=quick)
-    print(format_table(loader.HEADERS, loader.table_rows(loader_rows)))
-    print("\n".join(loader.summary(loader_rows)))
-    print("\n== model core: fastloop.nn vs torch on the CPU")
+    section("Targets: ops, queue, logging, checkpointing", targets.HEADERS, targets.table_rows(results), [])
+    print("\n== data loading: threads, processes, torch's DataLoader (each in a fresh interpreter)")
+    loader_rows = loader.run(quick=quick, log=print)
+    section("Data loading", loader.HEADERS, loader.table_rows(loader_rows), loader.summary(loader_rows))
     model_rows = model.run(quick=quick)
-    print(format_table(model.HEADERS, model.table_rows(model_rows)))
-    print("\n".join(model.summary(model_rows)))
-    print("\n== threads vs processes")
-    preprocess.main(quick=quick, out_dir=out_dir)
+    section("Model core: fastloop.nn vs torch on the CPU", model.HEADERS, model.table_rows(model_rows),
+            model.summary(model_rows))
+    print("\n== preprocessing: threads vs processes")
+    preprocess_rows = preprocess.run(quick=quick, log=print)
+    section("Preprocessing: threads vs processes", preprocess.HEADERS, preprocess.table_rows(preprocess_rows),
+            [preprocess.verdict(preprocess_rows)])
+
+    side_by_side = answer.side_by_side(results, loader_rows, model_rows, preprocess_rows)
+    final = answer.answer(results, loader_rows, model_rows, preprocess_rows)
+    print("\n== side by side\n" + format_table(answer.HEADERS, side_by_side))
+    print("\n" + "\n".join(final))
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "targets.md"), "w") as f:
-        f.write(f"# fastloop targets\n\n{machine_summary()}\n\n")
-        f.write(format_table(targets.HEADERS, targets.table_rows(results), markdown=True) + "\n")
-        f.write("\n## Data loading\n\n" + format_table(loader.HEADERS, loader.table_rows(loader_rows), markdown=True))
-        f.write("\n\n" + "\n".join(f"- {line}" for line in loader.summary(loader_rows)) + "\n")
-        f.write("\n## Model core\n\n" + format_table(model.HEADERS, model.table_rows(model_rows), markdown=True))
-        f.write("\n\n" + "\n".join(f"- {line}" for line in model.summary(model_rows)) + "\n")
+    plots = [p for p in (preprocess.save_plot(preprocess_rows, out_dir), loader.save_plot(loader_rows, out_dir)) if p]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write(f"# fastloop: threads or processes, on this machine\n\n{machine}; "
+                f"`python -m fastloop bench{' --quick' if quick else ''}`\n\n")
+        f.write("## Side by side\n\n" + format_table(answer.HEADERS, side_by_side, markdown=True) + "\n\n")
+        f.write("".join(f"![{os.path.basename(p)}]({os.path.basename(p)})\n\n" for p in plots))
+        for title, headers, rows, notes in sections:
+            f.write(f"## {title}\n\n" + format_table(headers, rows, markdown=True) + "\n\n")
+            f.write("".join(f"{line}\n" if line.startswith("- ") else f"- {line}\n" for line in notes if line))
+            f.write("\n" if notes else "")
+        f.write("\n".join(final) + "\n")
     missed = [r.name for r in results if r.passed is False]
-    print(f"\ntargets met: {sum(r.passed is True for r in results)}/{sum(r.passed is not None for r in results)}"
+    print(f"\nreport: {path}" + (f"; plots: {', '.join(plots)}" if plots else ""))
+    print(f"targets met: {sum(r.passed is True for r in results)}/{sum(r.passed is not None for r in results)}"
           + (f"; missed: {', '.join(missed)}" if missed else ""))
     return 0
 

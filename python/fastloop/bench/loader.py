@@ -167,6 +167,24 @@ def torch_dataset(images: np.ndarray, labels: np.ndarray, numpy_ops: bool):
     return NumpyOps() if numpy_ops else TorchOps()
 
 
+class ThreadPoolLoader:
+    """Batches of a map-style dataset fetched by Python threads (concurrent.futures): what
+    "just use threads" gives per-sample Python code, for comparison with processes."""
+
+    def __init__(self, dataset: Any, batch_size: int, workers: int, seed: int = 0) -> None:
+        self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
+        self.rng = np.random.default_rng(seed)
+
+    def __iter__(self) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
+        order = self.rng.permutation(len(self.dataset))
+        with ThreadPoolExecutor(self.workers) as pool:
+            for start in range(0, len(order), self.batch_size):
+                samples = list(pool.map(self.dataset.__getitem__, order[start:start + self.batch_size].tolist()))
+                yield np.stack([s[0] for s in samples]), np.asarray([s[1] for s in samples])
+
+
 @dataclass
 class Row:
     dataset: str
@@ -218,7 +236,8 @@ CONFIGS = [("fastloop threads", C_OPS, 1), ("fastloop threads", C_OPS, 2),
            ("fastloop processes", C_OPS, 1), ("fastloop processes", C_OPS, 2),
            ("torch DataLoader", C_OPS, 0), ("torch DataLoader", C_OPS, 1), ("torch DataLoader", C_OPS, 2),
            ("fastloop processes", PY, 1), ("fastloop processes", PY, 2),
-           ("torch DataLoader", PY, 1), ("torch DataLoader", PY, 2)]
+           ("torch DataLoader", PY, 1), ("torch DataLoader", PY, 2),
+           ("Python threads", PY, 1), ("Python threads", PY, 2)]
 
 
 def factory(loader: str, dataset: str, workers: int, images: np.ndarray, labels: np.ndarray) -> Callable[[], Any]:
@@ -230,6 +249,8 @@ def factory(loader: str, dataset: str, workers: int, images: np.ndarray, labels:
         torch.set_num_threads(1)  # as in a worker; the in-process case gets one core too
         data = torch_dataset(images, labels, numpy_ops=dataset == PY)
         return lambda: DataLoader(data, BATCH, shuffle=True, num_workers=workers)
+    if loader == "Python threads":
+        return lambda: ThreadPoolLoader(NumpyDataset(images, labels), BATCH, workers)
     if dataset == PY:
         return lambda: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, workers=workers)
     aug = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
@@ -279,6 +300,17 @@ def table_rows(rows: list[Row]) -> list[list[object]]:
             for r in rows]
 
 
+def save_plot(rows: list[Row], out_dir: str) -> str | None:
+    """Samples/s of every loader configuration, as loader.png in out_dir."""
+    from .report import save_bar_plot
+
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        groups.setdefault(r.dataset, {})[f"{r.loader} x{r.workers}"] = r.samples_per_s
+    return save_bar_plot(os.path.join(out_dir, "loader.png"), "Batches per second of each loader (samples/s, log scale)",
+                         groups, "samples/s", log=True)
+
+
 def summary(rows: list[Row]) -> list[str]:
     """The target ratios, as sentences."""
     lines = []
@@ -298,6 +330,11 @@ def summary(rows: list[Row]) -> list[str]:
             ratio = fastest_first / min(r.first_batch_s for r in torch_workers)
             lines.append(f"time to first batch: fastloop threads {fastest_first * 1e3:.1f} ms vs torch with workers "
                          f"{min(r.first_batch_s for r in torch_workers) * 1e3:.0f} ms: {ratio:.3f} (target <= 0.1)")
+    threads_py, processes_py = best(py, "Python threads"), best(py, "fastloop processes")
+    if threads_py and processes_py:
+        lines.append(f"Python transform: fastloop processes {processes_py.samples_per_s:.0f}/s vs Python threads "
+                     f"{threads_py.samples_per_s:.0f}/s ({processes_py.samples_per_s / threads_py.samples_per_s:.1f}x): "
+                     "per-sample Python code runs one thread at a time")
     for w in (1, 2):
         ours, theirs = best(py, "fastloop processes", {w}), best(py, "torch DataLoader", {w})
         if ours and theirs:

@@ -216,23 +216,11 @@ def verdict(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, out_dir: str = "bench-results") -> int:
-    """Runs the suite, prints the table and verdict, saves a PNG plot and a markdown report."""
-    print(f"threads vs processes, preprocessing ({'quick' if quick else 'full'}) on {machine_summary()}")
-    rows = run(quick=quick, log=print)
-    print()
-    print(format_table(HEADERS, table_rows(rows)))
-    print()
-    print(verdict(rows))
+def save_plot(rows: list[Row], out_dir: str) -> str | None:
+    """The speedup of every way over serial NumPy, as preprocess.png in out_dir."""
     groups: dict[str, dict[str, float]] = {}
     for r in sorted(rows, key=lambda r: (r.way, r.workers)):
         groups.setdefault(f"{r.workload}\n{r.chunking}", {})[f"{r.way} x{r.workers}"] = r.speedup
-    os.makedirs(out_dir, exist_ok=True)
-    plot = save_bar_plot(os.path.join(out_dir, "preprocess.png"),
+    return save_bar_plot(os.path.join(out_dir, "preprocess.png"),
                          "Speedup over serial NumPy (log scale; higher is better, below 1 is slower)",
                          groups, "x serial numpy", log=True)
-    with open(os.path.join(out_dir, "preprocess.md"), "w") as f:
-        f.write(f"# Threads vs processes: preprocessing\n\n{machine_summary()}\n\n")
-        f.write(format_table(HEADERS, table_rows(rows), markdown=True) + "\n\n" + verdict(rows) + "\n")
-    print(f"\nreport: {os.path.join(out_dir, 'preprocess.md')}" + (f", plot: {plot}" if plot else ""))
-    return 0
