@@ -1,5 +1,5 @@
 # fastloop - build, test, demo.
-#   make demo    venv + build + the main job (threads vs processes preprocessing table)
+#   make demo    venv + build + the main job (python -m fastloop demo: train on generated images, log, checkpoint)
 #   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay + pytest
 #   make bench   the full benchmark suite (not part of the tests)
 PYTHON ?= python3
