@@ -677,7 +677,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(),
                                          "docs/api.md (committed)", "docs/api.md (generated)", lineterm="", n=1))
         shown = "\n".join(diff[:60]) + ("\n..." if len(diff) > 60 else "")
-        print(f"{args.output} is out of date with the docstrings; regenerate it with\n"
+        shown_path = args.output.resolve()
+        shown_path = shown_path.relative_to(ROOT) if shown_path.is_relative_to(ROOT) else shown_path
+        print(f"{shown_path} is out of date with the docstrings; regenerate it with\n"
               f"    python tools/gen_api_docs.py\n{shown}", file=sys.stderr)
         return 1
     args.output.write_text(text)
