@@ -453,7 +453,7 @@ PyDoc_STRVAR(queue_doc,
              "A thread-safe FIFO queue implemented in C, with the semantics of queue.Queue\n"
              "(put/get with block and timeout, qsize, task_done/join) plus close().\n"
              "maxsize <= 0 means no bound. Blocking calls release the GIL and stop on\n"
-             "Ctrl-C within 100 ms. C threads inside fastloop (monitors, loaders) put\n"
+             "Ctrl-C within 50 ms. C threads inside fastloop (monitors, loaders) put\n"
              "fixed-size records on it without the GIL; get() returns them as\n"
              "fastloop.Event. Iterating yields items until the queue is closed and empty.\n\n"
              "    q = fastloop.Queue(maxsize=1024)\n"

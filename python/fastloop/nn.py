@@ -158,24 +158,31 @@ class Linear(Module):
 
     # A Linear on its own behaves as a one-layer model.
     def forward(self, x: Any) -> Any:
+        """This layer alone as a model: x (batch, in_features) -> (batch, out_features)."""
         return self._as_model().forward(x)
 
     def train_step(self, x: Any, y: Any, loss: str = "mse", opt: "Optimizer | None" = None) -> float:
+        """One training step of this layer alone (see Sequential.train_step)."""
         return self._as_model().train_step(x, y, loss=loss, opt=opt)
 
     def backward(self, x: Any, y: Any, loss: str = "mse") -> float:
+        """Loss and gradients without an update (see Sequential.backward)."""
         return self._as_model().backward(x, y, loss=loss)
 
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """{"weight": ..., "bias": ...} copies, as torch.nn.Linear's."""
         return self._as_model().state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Loads {"weight", "bias"} (NumPy arrays or torch tensors), checked first."""
         self._as_model().load_state_dict(state, strict=strict)
 
     def grads(self) -> "OrderedDict[str, np.ndarray]":
+        """Copies of the gradients of the last backward()/train_step()."""
         return self._as_model().grads()
 
     def to(self, device: str | int) -> "Linear":
+        """Moves this layer-as-a-model to `device`; returns self."""
         self._as_model().to(device)
         return self
 
