@@ -316,7 +316,7 @@ int fl_monitor_new(const fl_monitor_config *config, fl_sink **sinks, size_t n, f
     m->n_sinks = n;
     m->gpu = gpu;
     atomic_init(&m->refs, 1);
-    atomic_init(&m->last_step, 0);
+    atomic_init(&m->last_step, config->start_step); /* a resumed run goes on from its step */
     pthread_mutex_init(&m->lock, NULL);
     int rc = fl_cond_init(&m->wake);
     if (rc == FL_OK)

@@ -30,6 +30,7 @@ typedef struct fl_monitor_config {
     double flush_interval_s; /* sinks are written out at least this often */
     size_t queue_size;       /* bound of the record queue */
     int sample_host;         /* record host/... metrics */
+    int64_t start_step;      /* the step sampled records carry before the first record sets one */
 } fl_monitor_config;
 
 enum { FL_MONITOR_MAX_SINKS = 32, FL_MONITOR_MAX_WATCHED = 32 };

@@ -301,3 +301,15 @@ def test_exiting_with_a_live_monitor_writes_everything_quickly(tmp_path):
     exit_took = ended - float(out.stdout.strip())
     assert exit_took < 5.0, f"exit took {exit_took:.2f} s"
     assert len([r for r in read_csv(path) if r["name"] == "x"]) == 50000
+
+
+def test_start_step_stamps_sampled_records_of_a_resumed_run(tmp_path):
+    path = tmp_path / "m.csv"
+    with fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(path)], gpu=False, start_step=500) as mon:
+        time.sleep(0.1)  # samples before the first scalar
+        mon.scalar("loss", 1.0, 501)
+    rows = list(csv.DictReader(open(path)))
+    host_steps = {int(r["step"]) for r in rows if r["name"].startswith("host/")}
+    assert host_steps and min(host_steps) >= 500
+    with pytest.raises(ValueError, match="start_step"):
+        fastloop.Monitor(start_step=-1)

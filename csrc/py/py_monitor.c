@@ -304,19 +304,20 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
 static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"sinks",       "interval", "flush_interval", "queue_size",
                                "host",        "gpu",      "nvml_library",   "smi_command",
-                               "record_wait", NULL};
+                               "record_wait", "start_step",   NULL};
     PyObject *sinks_obj;
     double interval = 30.0, flush_interval = 5.0, record_wait = 0.01;
     Py_ssize_t queue_size = 65536;
+    long long start_step = 0;
     int host = 1, gpu = 1;
     const char *nvml_library = NULL, *smi_command = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddnppzzd:_Monitor", keywords, &sinks_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddnppzzdL:_Monitor", keywords, &sinks_obj,
                                      &interval, &flush_interval, &queue_size, &host, &gpu,
-                                     &nvml_library, &smi_command, &record_wait))
+                                     &nvml_library, &smi_command, &record_wait, &start_step))
         return NULL;
-    if (queue_size < 1 || record_wait < 0 || flush_interval <= 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "queue_size must be >= 1, record_wait >= 0 and flush_interval > 0");
+    if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
+        PyErr_SetString(PyExc_ValueError, "queue_size must be >= 1, record_wait >= 0, "
+                                          "flush_interval > 0 and start_step >= 0");
         return NULL;
     }
     fl_module_state *state = fl_state_from_type(type);
@@ -355,7 +356,7 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         Py_DECREF(sinks);
         return rc == FL_OK ? NULL : PyErr_NoMemory();
     }
-    fl_monitor_config config = {interval, flush_interval, (size_t)queue_size, host};
+    fl_monitor_config config = {interval, flush_interval, (size_t)queue_size, host, start_step};
     rc = fl_monitor_new(&config, opened, (size_t)n, gpus, &self->monitor); /* owns them now */
     if (rc != FL_OK) {
         Py_DECREF(self);

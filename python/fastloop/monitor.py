@@ -121,6 +121,8 @@ class Monitor:
     Queue-full policy: sampled records that find the queue full are dropped; your scalar()
     and event() calls wait up to `record_wait` seconds (GIL released) and are then dropped.
     Both counts are in stats() and are written as the metric ``monitor/dropped``.
+    Sampled records carry the step of your latest record; `start_step` is the step they
+    carry before your first one (a resumed run passes the step it resumes from).
     A failing sink (disk full, permission denied, a callback raising) is reported as
     SinkError by the next scalar()/event()/flush() call or by close() -- never swallowed.
 
@@ -139,6 +141,7 @@ class Monitor:
         metrics: Metrics | None = None,
         queue_size: int = 65536,
         record_wait: float = 0.01,
+        start_step: int = 0,
     ) -> None:
         sinks = list(sinks)
         self._callbacks: list[_CallbackThread] = []
@@ -164,6 +167,7 @@ class Monitor:
                 specs, interval=interval, flush_interval=flush_interval, queue_size=queue_size,
                 host=host, gpu=gpu, nvml_library=os.environ.get("FASTLOOP_NVML_LIBRARY"),
                 smi_command=os.environ.get("FASTLOOP_NVIDIA_SMI"), record_wait=record_wait,
+                start_step=start_step,
             )
         except BaseException:
             for callback in self._callbacks:

@@ -142,7 +142,7 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
         else:
             log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     mon = Monitor(interval=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
-                  metrics=task.loader.metrics, gpu=device != "cpu")
+                  metrics=task.loader.metrics, gpu=device != "cpu", start_step=step)
     bar = Progress(task.epochs * steps_per_epoch, done_steps=step)
     loss, started, window = float("nan"), time.perf_counter(), (time.perf_counter(), 0)
     val: dict[str, float] = task.evaluate() if epoch >= task.epochs else {}
