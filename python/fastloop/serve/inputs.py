@@ -1,0 +1,71 @@
+"""Checking a job's input at submit, so a bad one fails in the caller's thread with a clear
+message instead of inside a batch.
+
+For a fastloop.nn model the input is one sample: shape ``(in_features,)`` (any shape with
+``in_features`` elements when the model starts with Flatten) of the model's dtype. A NumPy
+array of another dtype is a TypeError saying how to convert; a list (which has no dtype) is
+converted. For any other callable the input is any numeric NumPy array (or a list that makes
+one). Nothing is ever read with pickle: object arrays are refused.
+
+    >>> spec = InputSpec.for_model(model)
+    >>> x = spec.check([0.0] * 784)          # float32 (784,), a private copy
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import nn
+
+__all__ = ["InputSpec"]
+
+_NUMERIC_KINDS = "biufc"
+
+
+class InputSpec:
+    """What one job's input must look like: ``dtype`` and ``features`` (None: anything
+    numeric), and whether only the element count matters (a Flatten-first model)."""
+
+    def __init__(self, dtype: np.dtype | None = None, features: int | None = None, flatten: bool = False) -> None:
+        self.dtype, self.features, self.flatten = dtype, features, flatten
+
+    @classmethod
+    def for_model(cls, model: Any) -> "InputSpec":
+        if isinstance(model, nn.Sequential):
+            return cls(model.dtype, model.in_features, isinstance(model[0], nn.Flatten))
+        if isinstance(model, nn.Linear):
+            return cls(np.dtype(np.float32), model.in_features)  # a lone Linear computes in float32
+        if not callable(model):
+            raise TypeError(f"model must be a fastloop.nn model or a callable on a NumPy batch, "
+                            f"not {type(model).__name__}")
+        return cls()
+
+    def check(self, inputs: Any) -> np.ndarray:
+        """Returns a private C-contiguous copy of `inputs`, or raises TypeError/ValueError
+        naming what is wrong."""
+        typed = isinstance(inputs, np.ndarray)
+        if not typed and self.dtype is not None:
+            try:
+                array = np.array(inputs, dtype=self.dtype)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"inputs cannot be read as {self.dtype} numbers: {error}") from None
+        else:
+            try:
+                array = np.array(inputs)
+            except (TypeError, ValueError) as error:  # ragged lists and the like
+                raise TypeError(f"inputs cannot be read as a NumPy array: {error}") from None
+        if array.dtype.kind not in _NUMERIC_KINDS:
+            raise TypeError(f"inputs must be numbers, not dtype {array.dtype} ({type(inputs).__name__})")
+        if self.dtype is not None and array.dtype != self.dtype:
+            raise TypeError(f"inputs have dtype {array.dtype}, the model computes in {self.dtype}: "
+                            f"convert with x.astype(np.{self.dtype})")
+        if self.features is not None:
+            if self.flatten and array.ndim >= 1 and math.prod(array.shape) == self.features:
+                return np.ascontiguousarray(array)
+            if array.shape != (self.features,):
+                want = f"{self.features} elements in any shape" if self.flatten else f"shape ({self.features},)"
+                raise ValueError(f"inputs have shape {array.shape}, the model takes one sample of {want}")
+        return np.ascontiguousarray(array)

@@ -1,0 +1,144 @@
+"""Jobs of an InferenceService: their statuses, the record a store keeps for each, ids, and
+the exceptions that result() raises.
+
+A job moves queued -> running -> done | failed; a queued job may instead be cancelled (it
+ends "failed" with ``cancelled=True`` and never runs). A done or failed job reports "expired"
+once its result is older than the service's ``result_ttl_s``; later the store forgets it and
+the id is unknown (KeyError).
+
+    >>> rec = JobRecord.new("job-1", submitted=time.time(), shape=(784,), dtype="float32")
+    >>> rec.status
+    'queued'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from typing import Any
+
+from ..errors import Error
+
+__all__ = [
+    "QUEUED",
+    "RUNNING",
+    "DONE",
+    "FAILED",
+    "EXPIRED",
+    "STATUSES",
+    "FINISHED",
+    "JobRecord",
+    "JobFailed",
+    "JobCancelled",
+    "JobExpired",
+    "StoreError",
+    "new_job_id",
+    "check_job_id",
+]
+
+QUEUED, RUNNING, DONE, FAILED, EXPIRED = "queued", "running", "done", "failed", "expired"
+STATUSES = (QUEUED, RUNNING, DONE, FAILED, EXPIRED)
+FINISHED = (DONE, FAILED)  # the states a result (or an error) is kept in until it expires
+
+# Ids become file and key names: letters, digits, '_', '-', '.', not starting with '.'.
+_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
+
+
+def new_job_id() -> str:
+    """A fresh random id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def check_job_id(job_id: Any) -> str:
+    """Returns job_id if it is a valid id; raises TypeError/ValueError naming the rule."""
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
+    if not _ID.match(job_id):
+        raise ValueError(f"job_id {job_id!r} is not valid: use 1-128 letters, digits, '_', '-' or '.', "
+                         "not starting with '.'")
+    return job_id
+
+
+@dataclasses.dataclass
+class JobRecord:
+    """What a store keeps for one job (its input and result arrays are kept beside it).
+
+    Times are wall-clock seconds (time.time()), so they mean the same after a restart.
+    """
+
+    id: str
+    status: str
+    submitted: float
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None  # why a failed job failed
+    cancelled: bool = False  # failed because cancel() took it off the queue
+    shape: tuple[int, ...] = ()  # of the input
+    dtype: str = ""  # of the input
+    expired_at: float | None = None  # when the store dropped its result
+
+    @classmethod
+    def new(cls, job_id: str, submitted: float, shape: tuple[int, ...] = (), dtype: str = "") -> "JobRecord":
+        return cls(job_id, QUEUED, submitted, shape=tuple(shape), dtype=dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> "JobRecord":
+        """The inverse of to_json(); raises ValueError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a job record is a JSON object, not {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = {"id", "status", "submitted"} - data.keys()
+        if missing:
+            raise ValueError(f"job record lacks {sorted(missing)}")
+        if data["status"] not in STATUSES:
+            raise ValueError(f"job record has unknown status {data['status']!r}")
+        values = {k: v for k, v in data.items() if k in names}
+        values["shape"] = tuple(int(n) for n in values.get("shape", ()))
+        return cls(**values)
+
+
+class JobFailed(Error, RuntimeError):
+    """result() of a job that failed: ``job_id`` and ``reason`` (the model's exception as
+    "Type: message", or why the service gave up on the job).
+
+    >>> svc.result(job_id)  # raises JobFailed: job 'a1' failed: ValueError: bad row
+    """
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(f"job {job_id!r} failed: {reason}")
+        self.job_id, self.reason = job_id, reason
+
+
+class JobCancelled(JobFailed):
+    """result() of a job that cancel() took off the queue before it ran.
+
+    >>> svc.cancel(job_id); svc.result(job_id)  # raises JobCancelled
+    """
+
+
+class JobExpired(Error, LookupError):
+    """result() of a job whose result outlived the service's result_ttl_s and was dropped.
+
+    >>> svc.result(old_id)  # raises JobExpired: job 'a1' expired (its result was kept 600 s)
+    """
+
+    def __init__(self, job_id: str, message: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+    def __str__(self) -> str:  # LookupError would quote it like a KeyError
+        return str(self.args[0])
+
+
+class StoreError(Error, OSError):
+    """A store could not read or write a job: an unparsable record file (the message names
+    the path), a full disk, a directory another service holds.
+
+    >>> FileStore("jobs")  # raises StoreError if another process serves from 'jobs'
+    """

@@ -1,0 +1,441 @@
+"""InferenceService: submit inputs, a few worker threads run the model on dynamic batches,
+results go to a store, callers poll status() or wait in result().
+
+    >>> with InferenceService(model, workers=2, max_batch=32) as svc:
+    ...     job = svc.submit(x)                  # x: one sample, e.g. float32 (784,)
+    ...     y = svc.result(job, timeout=5.0)     # its row of model(batch)
+
+Threads: ``workers`` Python threads pop jobs from a fastloop.Queue (its waits release the
+GIL) and call the model (a fastloop.nn model computes with the GIL released), and one
+janitor thread expires old results. ``_lock`` guards the table of unfinished jobs and the
+count of queued ones; each job's own lock orders its status changes and their store writes.
+Status listeners run on whichever thread changed the status.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import _lifecycle
+from .._core import Queue
+from ..errors import Closed, QueueFull
+from .batching import collect, group_by_input, run_group
+from .filestore import FileStore
+from .inputs import InputSpec
+from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
+                   JobRecord, check_job_id, new_job_id)
+from .stats import ServiceStats
+from .stores import Store
+
+__all__ = ["InferenceService"]
+
+Listener = Callable[[str, str], None]
+
+_WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at once
+_CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
+RESTARTED_RUNNING = "server restarted while the job was running"
+RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
+
+
+class _Job:
+    """An unfinished job: its record (the truth while it is in memory), input, and an event
+    set when it finishes."""
+
+    __slots__ = ("record", "inputs", "lock", "finished", "visible", "t0")
+
+    def __init__(self, record: JobRecord, inputs: np.ndarray) -> None:
+        self.record, self.inputs = record, inputs
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.visible = False  # recorded in the store (status() answers for it)
+        self.t0 = time.monotonic()
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], str]:
+        return self.inputs.shape, self.inputs.dtype.str
+
+
+class InferenceService:
+    """A bounded queue of inference jobs served by worker threads with dynamic batching.
+
+    ``model``: a fastloop.nn model (inputs are checked against its in_features and dtype at
+    submit) or any callable taking a NumPy batch (N, ...) and returning N rows; with
+    workers > 1 a plain callable must be thread-safe. ``max_queue`` bounds the jobs waiting
+    (submit raises QueueFull beyond it). A worker takes up to ``max_batch`` queued jobs,
+    waiting at most ``max_delay_ms`` for more after the first. ``store``: FileStore (default:
+    one in a fresh temporary directory) or MemoryStore; the service closes it on close().
+    Done and failed jobs report "expired" ``result_ttl_s`` after they finish and are
+    forgotten (unknown id) ``expired_ttl_s`` later (default: result_ttl_s).
+
+    >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
+    >>> svc.result(svc.submit(np.ones(4, np.float32)))
+    """
+
+    def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
+                 max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
+                 result_ttl_s: float = 600.0, expired_ttl_s: float | None = None) -> None:
+        for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+        if max_delay_ms < 0 or result_ttl_s <= 0 or (expired_ttl_s is not None and expired_ttl_s < 0):
+            raise ValueError("max_delay_ms must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
+        if store is not None and not isinstance(store, Store):
+            raise TypeError(f"store must be a fastloop.serve store (FileStore, MemoryStore), not {type(store).__name__}")
+        self._spec = InputSpec.for_model(model)
+        self.model = model
+        self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
+        self.max_delay_s = max_delay_ms / 1e3
+        self.result_ttl_s = float(result_ttl_s)
+        self.expired_ttl_s = self.result_ttl_s if expired_ttl_s is None else float(expired_ttl_s)
+        self.store = store if store is not None else FileStore()
+        self._queue: Queue = Queue(maxsize=max_queue)
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
+        self._closed = False
+        self._abandon = False  # close() ran out of drain time: fail instead of run
+        self._listeners: list[Listener] = []
+        self._stats = ServiceStats()
+        self._stop = threading.Event()
+        self._recover()
+        self._threads = [threading.Thread(target=self._work, name=f"fastloop-serve-worker-{i}", daemon=True)
+                         for i in range(workers)]
+        self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
+        for thread in self._threads + [self._janitor]:
+            thread.start()
+        _lifecycle.register(self)
+
+    # ------------------------------------------------------------ the public calls
+    def submit(self, inputs: Any, job_id: str | None = None) -> str:
+        """Queues one input; returns the job id (a new one, or `job_id`).
+
+        Raises QueueFull at once when max_queue jobs wait, fastloop.Closed after close(),
+        TypeError/ValueError for an input the model cannot take. Submitting a `job_id` that
+        exists (queued, running or finished) returns it and queues nothing.
+        """
+        job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        x = self._spec.check(inputs)
+        job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
+        with self._lock:
+            if self._closed:
+                raise Closed("submit() on a closed InferenceService")
+            if job_id in self._jobs:
+                return job_id
+            if self._queued >= self.max_queue:
+                self._stats.count("rejected")
+                raise QueueFull(f"the service's queue is full ({self.max_queue} jobs waiting): retry later")
+            self._jobs[job_id] = job
+            self._queued += 1
+        try:
+            created = self.store.create(job.record, x if self.store.keeps_inputs else None)
+        except BaseException:
+            self._unreserve(job)
+            raise
+        if not created:  # the store knows this id: a finished job, or one from before a restart
+            self._unreserve(job)
+            return job_id
+        job.visible = True
+        try:
+            self._queue.put_nowait(job)  # never full: _queued bounds what it holds
+        except Closed:
+            with self._lock:
+                self._queued -= 1
+            self._end(job, QUEUED, FAILED, error="service closed before the job was queued")
+            raise Closed("submit() on a closed InferenceService") from None
+        self._stats.count("submitted")
+        self._notify(job_id, QUEUED)
+        return job_id
+
+    def status(self, job_id: str) -> str:
+        """"queued", "running", "done", "failed" or "expired"; KeyError for an unknown id."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is not None and job.visible:
+            return job.record.status
+        return self._status_of(self.store.get(job_id))
+
+    def record(self, job_id: str) -> JobRecord:
+        """The job's record (status, times, error, input shape/dtype); KeyError if unknown."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is not None and job.visible:
+            with job.lock:
+                return JobRecord(**vars(job.record))
+        record = self.store.get(job_id)
+        record.status = self._status_of(record)
+        return record
+
+    def result(self, job_id: str, timeout: float | None = None) -> np.ndarray:
+        """Waits until the job finishes; returns its output row.
+
+        Raises TimeoutError after `timeout` seconds, JobFailed (JobCancelled) carrying the
+        reason for a failed (cancelled) job, JobExpired once its result was dropped,
+        KeyError for an unknown id. Ctrl-C interrupts the wait.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is not None:
+            while not job.finished.wait(_slice(deadline)):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s "
+                                       f"(status: {job.record.status})")
+        record = self.store.get(job_id)
+        while record.status in (QUEUED, RUNNING):  # run by another process sharing the store
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {record.status})")
+            time.sleep(min(0.02, _slice(deadline)))
+            record = self.store.get(job_id)
+        status = self._status_of(record)
+        if status == DONE:
+            try:
+                return self.store.get_result(job_id)
+            except KeyError:  # expired since we read the record
+                status = EXPIRED
+        if status == EXPIRED:
+            raise JobExpired(job_id, f"job {job_id!r} expired: its result was kept {self.result_ttl_s:g} s")
+        if record.cancelled:
+            raise JobCancelled(job_id, record.error or "cancelled")
+        raise JobFailed(job_id, record.error or "unknown error")
+
+    def cancel(self, job_id: str) -> bool:
+        """Takes a queued job off the queue: it never runs, ends "failed" and result() raises
+        JobCancelled. Returns False (and changes nothing) for a job already running or
+        finished; KeyError for an unknown id."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None or not job.visible:
+            self.store.get(job_id)  # KeyError when unknown
+            return False
+        return self._end(job, QUEUED, FAILED, error="cancelled before it ran", cancelled=True)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: queue_depth (jobs waiting), running, submitted, done, failed (cancelled
+        not included), cancelled, rejected (QueueFull), expired, requeued_at_start and
+        failed_at_start (restart recovery), batches, batch_sizes ({size: batches}),
+        mean_batch_size, latency_ms (p50/p90/p99/max of submit-to-done over the last 10^4
+        jobs)."""
+        snap = self._stats.snapshot()
+        with self._lock:
+            running = sum(1 for j in self._jobs.values() if j.record.status == RUNNING)
+            snap["queue_depth"] = self._queued
+        snap["running"] = running
+        snap["workers"] = sum(t.is_alive() for t in self._threads)
+        return snap
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Calls listener(job_id, status) after every status change of every job (queued,
+        running, done, failed, expired); returns a function that unsubscribes. A listener
+        runs on the thread that made the change, so it must be quick and must not block (hand
+        the event to a loop, e.g. loop.call_soon_threadsafe); its exceptions are counted
+        in stats()["listener_errors"] and otherwise ignored."""
+        with self._lock:
+            self._listeners = self._listeners + [listener]
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._listeners = [fn for fn in self._listeners if fn is not listener]
+        return unsubscribe
+
+    def close(self, drain_s: float = 10.0) -> None:
+        """Stops accepting jobs, lets the workers run what is queued for up to `drain_s`
+        seconds, then fails what is left ("service closed ..."), joins the workers and closes
+        the store. No job is left "running". Calling it again does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.close()
+        deadline = time.monotonic() + max(0.0, drain_s)
+        _join(self._threads, deadline)
+        if any(t.is_alive() for t in self._threads):
+            self._abandon = True
+            self._queue.close(immediate=True)
+            self._fail_all(QUEUED, f"service closed before the job ran (drain_s={drain_s:g})")
+            _join(self._threads, time.monotonic() + _CLOSE_GRACE_S)
+            self._fail_all(RUNNING, "service closed while the job was running")
+        self._stop.set()
+        self._janitor.join(timeout=_CLOSE_GRACE_S)
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            warnings.warn(f"InferenceService.close(): {stuck} still inside the model after drain; "
+                          "their jobs were marked failed", RuntimeWarning, stacklevel=2)
+        self.store.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "InferenceService":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"InferenceService({type(self.model).__name__}, workers={self.workers}, max_batch={self.max_batch}, "
+                f"max_delay_ms={self.max_delay_s * 1e3:g}, store={self.store!r}{', closed' if self._closed else ''})")
+
+    def _close_at_exit(self, deadline: float) -> None:
+        self.close(drain_s=max(0.0, min(5.0, deadline - time.monotonic())))
+
+    # ------------------------------------------------------------ job state changes
+    def _status_of(self, record: JobRecord) -> str:
+        if record.status in FINISHED and record.finished is not None \
+                and record.finished <= time.time() - self.result_ttl_s:
+            return EXPIRED  # due; the janitor drops the result soon
+        return record.status
+
+    def _unreserve(self, job: _Job) -> None:
+        with self._lock:
+            if self._jobs.get(job.record.id) is job:
+                del self._jobs[job.record.id]
+            self._queued -= 1
+
+    def _start(self, job: _Job) -> bool:
+        """queued -> running; False when it was cancelled (or failed by close) meanwhile."""
+        with job.lock:
+            if job.record.status != QUEUED:
+                return False
+            record = JobRecord(**vars(job.record))
+            record.status, record.started = RUNNING, time.time()
+            try:
+                self.store.update(record)
+            except Exception as error:
+                self._stats.count("store_errors")
+                warnings.warn(f"InferenceService: could not record job {record.id!r} as running: {error}",
+                              RuntimeWarning, stacklevel=2)
+            job.record = record
+        self._notify(record.id, RUNNING)
+        return True
+
+    def _end(self, job: _Job, expected: str, status: str, result: np.ndarray | None = None,
+             error: str | None = None, cancelled: bool = False) -> bool:
+        """expected -> done/failed, stored; False (nothing done) if the job was elsewhere."""
+        with job.lock:
+            if job.record.status != expected:
+                return False
+            record = JobRecord(**vars(job.record))
+            record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
+            try:
+                self.store.finish(record, result)
+            except Exception as store_error:  # a full disk: the job fails, the worker goes on
+                self._stats.count("store_errors")
+                record.status, record.error = FAILED, f"could not store the result: {store_error}"
+                try:
+                    self.store.finish(record, None)
+                except Exception:
+                    pass
+            job.record, job.inputs = record, None
+        with self._lock:
+            self._jobs.pop(record.id, None)
+        if record.status == DONE:
+            self._stats.count("done")
+            self._stats.latency(time.monotonic() - job.t0)
+        else:
+            self._stats.count("cancelled" if cancelled else "failed")
+        job.finished.set()
+        self._notify(record.id, record.status)
+        return True
+
+    def _fail_all(self, expected: str, reason: str) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            if job.visible:
+                self._end(job, expected, FAILED, error=reason)
+
+    def _notify(self, job_id: str, status: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(job_id, status)
+            except Exception:
+                self._stats.count("listener_errors")
+
+    # ------------------------------------------------------------ threads
+    def _work(self) -> None:
+        """A worker: collect a batch, start its jobs, run each same-shape group, store rows."""
+        while True:
+            try:
+                jobs = collect(self._queue, self.max_batch, self.max_delay_s)
+            except Closed:
+                return
+            with self._lock:
+                self._queued -= len(jobs)
+            if self._abandon:
+                continue  # close() fails them
+            started = [job for job in jobs if self._start(job)]
+            for group in group_by_input(started, lambda job: job.key):
+                self._run(group)
+
+    def _run(self, group: list[_Job]) -> None:
+        try:
+            outcomes = run_group(self.model, [job.inputs for job in group])
+        except BaseException as error:  # not an Exception from the model (run_group catches those)
+            outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
+        self._stats.batch(len(group))
+        for job, (row, error) in zip(group, outcomes):
+            if error is None:
+                self._end(job, RUNNING, DONE, result=row)
+            else:
+                self._end(job, RUNNING, FAILED, error=error)
+
+    def _sweep(self) -> None:
+        """The janitor: marks old results expired and forgets old expired jobs."""
+        interval = min(max(self.result_ttl_s / 4, 0.05), 5.0)
+        while not self._stop.wait(interval):
+            try:
+                expired = self.store.expire(time.time(), self.result_ttl_s, self.expired_ttl_s)
+            except Exception as error:
+                self._stats.count("store_errors")
+                warnings.warn(f"InferenceService: expiring old jobs failed: {error}", RuntimeWarning, stacklevel=2)
+                continue
+            self._stats.count("expired", len(expired))
+            for job_id in expired:
+                self._notify(job_id, EXPIRED)
+
+    # ------------------------------------------------------------ restart
+    def _recover(self) -> None:
+        """Jobs a previous process left behind: queued ones with a stored input run again
+        (oldest first, up to max_queue); running ones fail (their input may be what brought
+        the process down); the rest fail with the reason."""
+        for record in self.store.recover():
+            reason = RESTARTED_RUNNING if record.status == RUNNING else None
+            x = None
+            if reason is None:
+                x = self.store.get_input(record.id) if self.store.keeps_inputs else None
+                reason = RESTARTED_NO_INPUT if x is None else None
+            if x is not None:
+                try:
+                    x = self._spec.check(x)
+                except (TypeError, ValueError) as error:
+                    reason = f"server restarted, and the model no longer takes the stored input: {error}"
+            if reason is None and self._queued >= self.max_queue:
+                reason = f"server restarted with more than max_queue={self.max_queue} jobs queued"
+            if reason is not None:
+                record.status, record.finished, record.error = FAILED, time.time(), reason
+                self.store.finish(record, None)
+                self._stats.count("failed_at_start")
+                continue
+            job = _Job(record, x)  # type: ignore[arg-type]
+            job.visible = True
+            self._jobs[record.id] = job
+            self._queued += 1
+            self._queue.put_nowait(job)
+            self._stats.count("requeued_at_start")
+
+
+def _slice(deadline: float | None) -> float:
+    if deadline is None:
+        return _WAIT_SLICE_S
+    return max(0.0, min(_WAIT_SLICE_S, deadline - time.monotonic()))
+
+
+def _join(threads: list[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,151 @@
+"""Where an InferenceService keeps its jobs: the Store interface and MemoryStore.
+
+A store holds one JobRecord per job, the job's input (when it ``keeps_inputs``, so that a
+restarted service can run queued jobs again) and its result array. The service calls it
+from several threads; each call is atomic. Per job the calls come in order (create, then
+updates, then finish), never two at once. FileStore (filestore.py) keeps jobs in a
+directory; a Redis store implements the same methods.
+
+    >>> store = MemoryStore()
+    >>> store.create(JobRecord.new("a", time.time()), None)
+    True
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import threading
+
+import numpy as np
+
+from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord
+
+__all__ = ["Store", "MemoryStore"]
+
+
+class Store(abc.ABC):
+    """The interface every store implements."""
+
+    #: whether create() keeps the input, so that recover() can hand queued jobs back to run
+    keeps_inputs: bool = False
+
+    @abc.abstractmethod
+    def create(self, record: JobRecord, inputs: np.ndarray | None) -> bool:
+        """Records a new job (status queued) and its input, atomically. Returns False, and
+        changes nothing, when a job with that id exists already (submit is idempotent)."""
+
+    @abc.abstractmethod
+    def update(self, record: JobRecord) -> None:
+        """Replaces the record of an existing job (a status change)."""
+
+    @abc.abstractmethod
+    def finish(self, record: JobRecord, result: np.ndarray | None) -> None:
+        """Stores the result (for a done job) and then the final record: a reader that sees
+        "done" finds the result."""
+
+    @abc.abstractmethod
+    def get(self, job_id: str) -> JobRecord:
+        """The job's record; KeyError for an unknown (or forgotten) id, StoreError for an
+        unreadable one."""
+
+    @abc.abstractmethod
+    def get_input(self, job_id: str) -> np.ndarray | None:
+        """The stored input, or None when the store does not keep it (any more)."""
+
+    @abc.abstractmethod
+    def get_result(self, job_id: str) -> np.ndarray:
+        """The result of a done job; KeyError when there is none."""
+
+    @abc.abstractmethod
+    def delete(self, job_id: str) -> None:
+        """Forgets a job (nothing happens for an unknown id)."""
+
+    @abc.abstractmethod
+    def expire(self, now: float, ttl_s: float, forget_after_s: float) -> list[str]:
+        """Marks done/failed jobs finished before ``now - ttl_s`` expired (dropping result and
+        input) and forgets jobs expired before ``now - forget_after_s``. Returns the ids it
+        marked expired."""
+
+    @abc.abstractmethod
+    def recover(self) -> list[JobRecord]:
+        """The jobs a previous process left queued or running, oldest submit first. Called
+        once, when a service starts on this store. Unreadable records are reported in
+        ``problems`` (and by a warning), not skipped silently."""
+
+    def close(self) -> None:
+        """Releases the store (files, connections). The default does nothing."""
+
+    @property
+    def problems(self) -> list[str]:
+        """What the store could not read (each naming the path or key)."""
+        return []
+
+
+class MemoryStore(Store):
+    """Jobs in a dict, for tests and for a service whose jobs need not outlive the process.
+
+    >>> svc = InferenceService(model, store=MemoryStore())
+    """
+
+    keeps_inputs = False  # nothing survives the process, so nothing is ever requeued
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, JobRecord] = {}
+        self._results: dict[str, np.ndarray] = {}
+
+    def create(self, record: JobRecord, inputs: np.ndarray | None) -> bool:
+        with self._lock:
+            if record.id in self._records:
+                return False
+            self._records[record.id] = copy.copy(record)
+            return True
+
+    def update(self, record: JobRecord) -> None:
+        with self._lock:
+            if record.id not in self._records:
+                raise KeyError(record.id)
+            self._records[record.id] = copy.copy(record)
+
+    def finish(self, record: JobRecord, result: np.ndarray | None) -> None:
+        with self._lock:
+            if result is not None:
+                self._results[record.id] = result
+            self._records[record.id] = copy.copy(record)
+
+    def get(self, job_id: str) -> JobRecord:
+        with self._lock:
+            return copy.copy(self._records[job_id])
+
+    def get_input(self, job_id: str) -> np.ndarray | None:
+        return None
+
+    def get_result(self, job_id: str) -> np.ndarray:
+        with self._lock:
+            return self._results[job_id]
+
+    def delete(self, job_id: str) -> None:
+        with self._lock:
+            self._records.pop(job_id, None)
+            self._results.pop(job_id, None)
+
+    def expire(self, now: float, ttl_s: float, forget_after_s: float) -> list[str]:
+        expired = []
+        with self._lock:
+            for job_id, rec in list(self._records.items()):
+                if rec.status in FINISHED and rec.finished is not None and rec.finished <= now - ttl_s:
+                    rec.status, rec.expired_at = EXPIRED, now
+                    self._results.pop(job_id, None)
+                    expired.append(job_id)
+                elif rec.status == EXPIRED and (rec.expired_at or 0.0) <= now - forget_after_s:
+                    del self._records[job_id]
+        return expired
+
+    def recover(self) -> list[JobRecord]:
+        with self._lock:
+            left = [copy.copy(r) for r in self._records.values() if r.status in (QUEUED, RUNNING)]
+        return sorted(left, key=lambda r: r.submitted)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({len(self._records)} jobs)"

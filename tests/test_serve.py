@@ -1,0 +1,452 @@
+"""fastloop.serve: the InferenceService core (dynamic batching, bounds, cancel, TTL, close,
+restart recovery) and its stores."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastloop as fl
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,
+                            StoreError)
+
+IN, OUT = 16, 4
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    fl.nn.manual_seed(0)
+    return fl.nn.Sequential(fl.nn.Linear(IN, 32), fl.nn.ReLU(), fl.nn.Linear(32, OUT))
+
+
+def sample(i: int) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(IN).astype(np.float32)
+
+
+class Gate:
+    """A model that blocks until released, recording the first value of every row it sees."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.seen: list[float] = []
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.seen += [float(row[0]) for row in batch]
+        assert self.open.wait(10), "the test never released the gate"
+        return batch * 2
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_submit_poll_result_with_an_nn_mlp(mlp, store, tmp_path):
+    made = MemoryStore() if store == "memory" else FileStore(tmp_path)
+    with InferenceService(mlp, store=made) as svc:
+        ids = [svc.submit(sample(i)) for i in range(5)]
+        for i, job in enumerate(ids):
+            np.testing.assert_allclose(svc.result(job, timeout=5), mlp(sample(i)), rtol=1e-5, atol=1e-6)
+            assert svc.status(job) == "done"
+        assert svc.stats()["done"] == 5
+
+
+def test_a_plain_callable_is_a_model():
+    with InferenceService(lambda batch: batch.sum(axis=(1, 2)), store=MemoryStore()) as svc:
+        job = svc.submit([[1, 2], [3, 4]])
+        assert svc.result(job, timeout=5) == 10
+
+
+def test_default_store_is_a_file_store_in_a_temporary_directory(mlp):
+    svc = InferenceService(mlp)
+    directory = svc.store.directory
+    assert isinstance(svc.store, FileStore) and os.path.isdir(directory)
+    svc.result(svc.submit(sample(0)), timeout=5)
+    svc.close()
+    assert not os.path.exists(directory)
+
+
+def test_concurrent_submitters_are_batched_and_each_job_gets_its_own_row(mlp):
+    def slow_model(batch):  # slow enough that jobs pile up while a batch runs
+        time.sleep(0.004)
+        return mlp(batch)
+
+    results: dict[int, np.ndarray] = {}
+    with InferenceService(slow_model, workers=2, max_batch=16, max_delay_ms=5, store=MemoryStore()) as svc:
+        def client(c: int) -> None:
+            for k in range(15):
+                i = c * 100 + k
+                results[i] = svc.result(svc.submit(sample(i)), timeout=10)
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = svc.stats()
+    assert len(results) == 16 * 15
+    assert max(stats["batch_sizes"]) > 1 and stats["mean_batch_size"] > 2, stats["batch_sizes"]
+    assert sum(k * v for k, v in stats["batch_sizes"].items()) == 16 * 15
+    xs = np.stack([sample(i) for i in results])
+    np.testing.assert_allclose(np.stack(list(results.values())), mlp(xs), rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_of_another_shape_run_in_their_own_batch():
+    gate = Gate()
+    with InferenceService(gate, workers=1, max_batch=8, store=MemoryStore()) as svc:
+        first = svc.submit(np.zeros(3))
+        wait_for(lambda: svc.status(first) == "running")
+        jobs = [svc.submit(np.full(3, 1.0)), svc.submit(np.full(4, 2.0)), svc.submit(np.full(3, 3.0))]
+        gate.open.set()
+        outs = [svc.result(j, timeout=5) for j in jobs]
+        assert [o.tolist() for o in outs] == [[2.0] * 3, [4.0] * 4, [6.0] * 3]
+        assert svc.stats()["batch_sizes"] == {1: 2, 2: 1}
+
+
+# ---------------------------------------------------------------- bounds, ids, cancel
+
+
+def test_queue_full_raises_at_once_at_the_bound():
+    gate = Gate()
+    with InferenceService(gate, workers=1, max_queue=3, max_batch=1, store=MemoryStore()) as svc:
+        running = svc.submit(np.zeros(2))
+        wait_for(lambda: svc.status(running) == "running")
+        queued = [svc.submit(np.ones(2)) for _ in range(3)]
+        start = time.perf_counter()
+        with pytest.raises(fl.QueueFull, match="full"):
+            svc.submit(np.ones(2))
+        assert time.perf_counter() - start < 0.05
+        stats = svc.stats()
+        assert stats["rejected"] == 1 and stats["queue_depth"] == 3
+        gate.open.set()
+        for job in [running] + queued:
+            svc.result(job, timeout=5)
+
+
+def test_a_caller_given_id_is_idempotent():
+    calls = []
+    with InferenceService(lambda b: calls.append(len(b)) or b, store=MemoryStore()) as svc:
+        assert svc.submit(np.ones(2), job_id="req-1") == "req-1"
+        assert svc.submit(np.ones(2), job_id="req-1") == "req-1"
+        svc.result("req-1", timeout=5)
+        assert svc.submit(np.zeros(2), job_id="req-1") == "req-1"
+        assert svc.result("req-1", timeout=5).tolist() == [1.0, 1.0]
+        assert svc.stats()["submitted"] == 1 and sum(calls) == 1
+
+
+def test_an_unknown_id_raises_key_error_everywhere():
+    with InferenceService(lambda b: b, store=MemoryStore()) as svc:
+        for call in (svc.status, svc.result, svc.cancel, svc.record):
+            with pytest.raises(KeyError):
+                call("never-submitted")
+
+
+def test_cancel_takes_a_queued_job_off_the_queue_and_it_never_runs():
+    gate = Gate()
+    with InferenceService(gate, workers=1, max_batch=1, store=MemoryStore()) as svc:
+        running = svc.submit(np.array([1.0]))
+        wait_for(lambda: svc.status(running) == "running")
+        queued = svc.submit(np.array([2.0]))
+        assert svc.cancel(queued) is True
+        assert svc.cancel(running) is False
+        assert svc.cancel(queued) is False
+        gate.open.set()
+        assert svc.result(running, timeout=5).tolist() == [2.0]
+        with pytest.raises(JobCancelled, match="cancelled"):
+            svc.result(queued, timeout=5)
+        assert svc.status(queued) == "failed" and svc.record(queued).cancelled
+        svc.result(svc.submit(np.array([3.0])), timeout=5)
+    assert gate.seen == [1.0, 3.0]
+    assert svc.stats()["cancelled"] == 1 and svc.stats()["failed"] == 0
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_model_raising_on_some_inputs_fails_those_jobs_and_keeps_serving():
+    def picky(batch):
+        if (batch[:, 0] < 0).any():
+            raise ValueError("negative input")
+        time.sleep(0.002)
+        return batch + 1
+
+    with InferenceService(picky, workers=2, max_batch=8, max_delay_ms=5, store=MemoryStore()) as svc:
+        values = [(-1.0 if i % 5 == 0 else float(i)) for i in range(60)]
+        ids = [None] * len(values)
+
+        def client(c):
+            for i in range(c, len(values), 6):
+                ids[i] = svc.submit(np.array([values[i], 0.0]))
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for value, job in zip(values, ids):
+            if value < 0:
+                with pytest.raises(JobFailed, match="ValueError: negative input"):
+                    svc.result(job, timeout=5)
+            else:
+                assert svc.result(job, timeout=5)[0] == value + 1
+        stats = svc.stats()
+        assert stats["failed"] == 12 and stats["done"] == 48 and stats["workers"] == 2
+        assert svc.result(svc.submit(np.array([5.0, 0.0])), timeout=5)[0] == 6.0
+
+
+def test_a_model_returning_the_wrong_number_of_rows_fails_the_job():
+    with InferenceService(lambda b: b[:0], store=MemoryStore()) as svc:
+        with pytest.raises(JobFailed, match="one row per input"):
+            svc.result(svc.submit(np.ones(2)), timeout=5)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (np.ones(IN + 1, np.float32), ValueError, "shape"),
+    (np.ones((2, IN), np.float32), ValueError, "shape"),
+    (np.ones(IN, np.float64), TypeError, "astype"),
+    (np.ones(IN, np.int32), TypeError, "float32"),
+    (["a"] * IN, TypeError, "float32"),
+    (np.array([object()] * IN), TypeError, "dtype"),
+])
+def test_bad_inputs_raise_at_submit_naming_the_cause(mlp, bad, error, words):
+    with InferenceService(mlp, store=MemoryStore()) as svc:
+        with pytest.raises(error, match=words):
+            svc.submit(bad)
+        assert svc.stats()["submitted"] == 0
+        assert svc.result(svc.submit(list(map(float, range(IN)))), timeout=5).shape == (OUT,)
+
+
+@pytest.mark.parametrize("job_id", ["", ".hidden", "../x", "a/b", "x" * 129, 7])
+def test_bad_job_ids_are_refused(job_id):
+    with InferenceService(lambda b: b, store=MemoryStore()) as svc:
+        with pytest.raises((ValueError, TypeError)):
+            svc.submit(np.ones(1), job_id=job_id)
+
+
+# ---------------------------------------------------------------- waiting
+
+
+def test_result_times_out():
+    gate = Gate()
+    with InferenceService(gate, workers=1, store=MemoryStore()) as svc:
+        job = svc.submit(np.ones(1))
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not finish"):
+            svc.result(job, timeout=0.2)
+        assert 0.15 < time.monotonic() - start < 1.0
+        gate.open.set()
+
+
+def test_result_is_interrupted_by_ctrl_c():
+    gate = Gate()
+    with InferenceService(gate, workers=1, store=MemoryStore()) as svc:
+        job = svc.submit(np.ones(1))
+        timer = threading.Timer(0.2, _thread.interrupt_main)
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            svc.result(job)
+        assert time.monotonic() - start < 2.0
+        gate.open.set()
+
+
+def test_listeners_see_every_status_change():
+    events = []
+    with InferenceService(lambda b: b, store=MemoryStore()) as svc:
+        unsubscribe = svc.subscribe(lambda job, status: events.append((job, status)))
+        job = svc.submit(np.ones(1))
+        svc.result(job, timeout=5)
+        unsubscribe()
+        svc.result(svc.submit(np.ones(1)), timeout=5)
+    assert events == [(job, "queued"), (job, "running"), (job, "done")]
+
+
+# ---------------------------------------------------------------- expiry
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_results_expire_after_the_ttl_and_are_forgotten_later(store, tmp_path):
+    made = MemoryStore() if store == "memory" else FileStore(tmp_path)
+    expired = []
+    with InferenceService(lambda b: b, store=made, result_ttl_s=0.2, expired_ttl_s=0.3) as svc:
+        svc.subscribe(lambda job, status: status == "expired" and expired.append(job))
+        job = svc.submit(np.ones(1))
+        assert svc.result(job, timeout=5).tolist() == [1.0]
+        time.sleep(0.25)
+        assert svc.status(job) == "expired"
+        with pytest.raises(JobExpired, match="expired"):
+            svc.result(job)
+        wait_for(lambda: expired == [job])
+        if store == "file":
+            assert sorted(os.listdir(tmp_path / job)) == ["record.json"]
+        wait_for(lambda: _unknown(svc, job))
+        assert svc.stats()["expired"] == 1
+
+
+def _unknown(svc, job) -> bool:
+    try:
+        svc.status(job)
+        return False
+    except KeyError:
+        return True
+
+
+# ---------------------------------------------------------------- close
+
+
+def test_close_runs_what_is_queued_within_drain():
+    def slow(batch):
+        time.sleep(0.01)
+        return batch
+
+    svc = InferenceService(slow, workers=1, max_batch=2, store=MemoryStore())
+    jobs = [svc.submit(np.full(1, i)) for i in range(10)]
+    svc.close(drain_s=10)
+    assert [svc.status(j) for j in jobs] == ["done"] * 10
+    with pytest.raises(fl.Closed):
+        svc.submit(np.ones(1))
+
+
+def test_close_with_a_short_drain_fails_the_rest_and_leaves_none_running(tmp_path):
+    gate = Gate()
+    svc = InferenceService(gate, workers=1, max_batch=1, store=FileStore(tmp_path))
+    jobs = [svc.submit(np.full(1, i)) for i in range(5)]
+    wait_for(lambda: svc.status(jobs[0]) == "running")
+    threading.Timer(0.3, gate.open.set).start()
+    start = time.monotonic()
+    svc.close(drain_s=0.1)
+    assert time.monotonic() - start < 3
+    assert svc.status(jobs[0]) in ("done", "failed")
+    assert [svc.status(j) for j in jobs[1:]] == ["failed"] * 4
+    with pytest.raises(JobFailed, match="service closed before the job ran"):
+        svc.result(jobs[1])
+    reopened = FileStore(tmp_path)
+    assert reopened.recover() == []
+    reopened.close()
+
+
+def test_a_service_left_open_is_drained_at_exit(tmp_path):
+    script = textwrap.dedent(f"""
+        import time, numpy as np
+        from fastloop.serve import InferenceService, FileStore
+        def slow(b):
+            time.sleep(0.01)
+            return b
+        svc = InferenceService(slow, workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
+        for i in range(5):
+            svc.submit(np.full(1, float(i)), job_id=f"j{{i}}")
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    store = FileStore(tmp_path)
+    assert [store.get(f"j{i}").status for i in range(5)] == ["done"] * 5
+    store.close()
+
+
+# ---------------------------------------------------------------- stores and restart
+
+
+def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
+    """A child serves from tmp_path with a model that hangs; it is killed with SIGKILL while
+    one job runs and three wait. A new service on the same directory fails the running one
+    ("server restarted") and runs the queued ones."""
+    script = textwrap.dedent(f"""
+        import sys, time, numpy as np
+        from fastloop.serve import InferenceService, FileStore
+        def hang(batch):
+            print("running", flush=True)
+            time.sleep(60)
+        svc = InferenceService(hang, workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
+        for i in range(4):
+            svc.submit(np.random.default_rng(i).standard_normal({IN}).astype(np.float32), job_id=f"job{{i}}")
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "running"
+        time.sleep(0.05)  # let the submits of the three others finish
+    finally:
+        child.kill()
+        child.wait()
+    with InferenceService(mlp, store=FileStore(tmp_path)) as svc:
+        with pytest.raises(JobFailed, match="server restarted while the job was running"):
+            svc.result("job0", timeout=5)
+        for i in range(1, 4):
+            np.testing.assert_allclose(svc.result(f"job{i}", timeout=5), mlp(sample(i)), rtol=1e-5, atol=1e-6)
+        stats = svc.stats()
+        assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
+
+
+def test_restart_with_records_a_dead_process_left(tmp_path):
+    """Records written as a dead process leaves them: queued with and without input,
+    running, done, and leftover temporary files."""
+    from fastloop.serve.jobs import JobRecord
+
+    store = FileStore(tmp_path)
+    for job_id in ("q-input", "q-bare", "r", "d"):
+        store.create(JobRecord.new(job_id, time.time(), (2,), "<f8"), np.ones(2) if job_id != "q-bare" else None)
+    for job_id, status in (("r", "running"), ("d", "done")):
+        record = store.get(job_id)
+        record.status = status
+        if status == "done":
+            record.finished = time.time()
+            store.finish(record, np.full(2, 7.0))
+        else:
+            store.update(record)
+    store.close()
+    (tmp_path / ".tmp-deadbeef").write_bytes(b"half a file")
+    (tmp_path / ".new-deadbeef").mkdir()
+    with InferenceService(lambda b: b * 3, store=FileStore(tmp_path)) as svc:
+        assert svc.result("q-input", timeout=5).tolist() == [3.0, 3.0]
+        with pytest.raises(JobFailed, match="kept no input"):
+            svc.result("q-bare", timeout=5)
+        with pytest.raises(JobFailed, match="server restarted while the job was running"):
+            svc.result("r", timeout=5)
+        assert svc.result("d", timeout=5).tolist() == [7.0, 7.0]
+    assert not any(name.startswith((".tmp-", ".new-")) for name in os.listdir(tmp_path))
+
+
+def test_file_store_files_are_json_and_npy_without_pickle(tmp_path):
+    with InferenceService(lambda b: b.astype(np.float32), store=FileStore(tmp_path)) as svc:
+        job = svc.result(svc.submit(np.arange(3.0), job_id="abc"), timeout=5)
+    record = json.loads((tmp_path / "abc" / "record.json").read_text())
+    assert record["status"] == "done" and record["shape"] == [3] and record["dtype"] == "<f8"
+    assert np.load(tmp_path / "abc" / "result.npy", allow_pickle=False).tolist() == [0.0, 1.0, 2.0]
+    assert not (tmp_path / "abc" / "input.npy").exists()
+    assert sorted(os.listdir(tmp_path)) == [".lock", "abc"]
+    assert job.dtype == np.float32
+
+
+def test_an_unparsable_record_is_reported_not_skipped(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "record.json").write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="broken/record.json"):
+        store = FileStore(tmp_path)
+    assert "broken/record.json" in store.problems[0]
+    with InferenceService(lambda b: b, store=store) as svc:
+        with pytest.raises(StoreError, match="broken/record.json"):
+            svc.status("broken")
+        assert svc.submit(np.ones(1), job_id="broken") == "broken"  # never overwrites it
+        assert svc.stats()["submitted"] == 0
+
+
+def test_one_open_file_store_per_directory(tmp_path):
+    first = FileStore(tmp_path)
+    with pytest.raises(StoreError, match="in use"):
+        FileStore(tmp_path)
+    first.close()
+    FileStore(tmp_path).close()
