@@ -34,22 +34,31 @@ static void test_every_index_once_per_epoch_and_shards_partition(void) {
     }
     CHECK(fl_sampler_epoch(&s, 1, again) == FL_OK && memcmp(order, again, sizeof order) == 0);
     CHECK(fl_sampler_epoch(&s, 2, again) == FL_OK && memcmp(order, again, sizeof order) != 0);
-    memset(seen, 0, N); /* three ranks: disjoint, together everything */
-    size_t total = 0;
-    for (int rank = 0; rank < 3; rank++) {
-        fl_sampler shard = s;
-        shard.rank = rank;
-        shard.world_size = 3;
-        uint64_t size = fl_sampler_shard_size(&shard);
-        CHECK(size == 333333 || size == 333334);
-        CHECK(fl_sampler_epoch(&shard, 5, order) == FL_OK);
+    /* Three ranks, N = 3 * 333333 + 1. Padded (no drop_last): 333334 each, everything at
+     * least once, one sample twice. Trimmed (drop_last): 333333 each, disjoint. */
+    for (int drop_last = 0; drop_last < 2; drop_last++) {
+        memset(seen, 0, N);
+        size_t total = 0;
         int ok = 1;
-        for (size_t i = 0; i < size; i++)
-            ok &= seen[order[i]]++ == 0;
+        for (int rank = 0; rank < 3; rank++) {
+            fl_sampler shard = s;
+            shard.rank = rank;
+            shard.world_size = 3;
+            shard.drop_last = drop_last;
+            uint64_t size = fl_sampler_shard_size(&shard);
+            CHECK(size == (drop_last ? 333333u : 333334u));
+            CHECK(fl_sampler_epoch(&shard, 5, order) == FL_OK);
+            for (size_t i = 0; i < size; i++)
+                ok &= ++seen[order[i]] <= (drop_last ? 1 : 2);
+            total += size;
+        }
+        size_t twice = 0, never = 0;
+        for (size_t i = 0; i < N; i++)
+            twice += seen[i] == 2, never += seen[i] == 0;
         CHECK(ok);
-        total += size;
+        CHECK(total == (drop_last ? 999999u : 1000002u));
+        CHECK(twice == (drop_last ? 0u : 2u) && never == (drop_last ? 1u : 0u));
     }
-    CHECK(total == N);
     fl_sampler bad = s;
     bad.rank = 3;
     bad.world_size = 3;
@@ -191,8 +200,8 @@ static void test_threaded_loader_delivers_every_sample_once_through_the_pipeline
 
 static void test_shards_of_a_loader_partition_the_data(void) {
     unsigned char seen[SAMPLES] = {0};
-    for (int rank = 0; rank < 3; rank++) {
-        fl_loader *l = make_loader(2, 1, NULL, rank, 3);
+    for (int rank = 0; rank < 4; rank++) { /* 4 divides SAMPLES: equal shards, no padding */
+        fl_loader *l = make_loader(2, 1, NULL, rank, 4);
         run_epoch(l, 4, NULL, seen, 0);
         fl_loader_free(l);
     }
