@@ -81,7 +81,8 @@ install-check:
 	"$$dir/venv/bin/python" -m pip install -q "$(CURDIR)"; \
 	cd "$$dir" && venv/bin/python -c "import fastloop, numpy; \
 	    y = fastloop.ops.normalize(numpy.zeros((2, 4, 4, 3), numpy.uint8), 0.5, 0.25); \
-	    assert y.shape == (2, 3, 4, 4); print('installed fastloop OK;', fastloop.cuda.is_built().reason)"
+	    assert y.shape == (2, 3, 4, 4); print('installed fastloop OK;', fastloop.cuda.is_built().reason)"; \
+	venv/bin/python -c "import fastloop.demo, fastloop.serve, fastloop.bench.answer, fastloop.nn"
 
 clean:
 	rm -rf build $(BIN) python/fastloop/*.so python/fastloop/_build_info.py *.egg-info python/*.egg-info
