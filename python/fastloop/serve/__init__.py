@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .filestore import FileStore
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
+from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
 from .stores import MemoryStore, Store
 
@@ -23,10 +24,12 @@ __all__ = [
     "InferenceService",
     "FileStore",
     "MemoryStore",
+    "RedisStore",
     "Store",
     "JobRecord",
     "JobFailed",
     "JobCancelled",
     "JobExpired",
     "StoreError",
+    "StoreUnavailable",
 ]

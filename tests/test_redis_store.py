@@ -1,0 +1,362 @@
+"""fastloop.serve.RedisStore against a real redis-server: the store contract (shared with
+MemoryStore and FileStore), TTLs, an InferenceService on it, Redis stopped and restarted
+under a running service, restart recovery, and 10^4 jobs with failures and a Redis restart.
+
+The module starts its own redis-server on a free port in a temporary directory (no
+persistence, except the dump.rdb a graceful restart writes) and skips when the
+redis-server binary or the redis package is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+redis = pytest.importorskip("redis", reason="the redis package (redis-py) is not installed: pip install redis")
+if shutil.which("redis-server") is None:
+    pytest.skip("the redis-server binary is not installed (Debian: apt-get install redis-server)",
+                allow_module_level=True)
+
+import fastloop as fl  # noqa: E402
+from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
+from fastloop.serve.jobs import JobRecord  # noqa: E402
+from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
+
+IN = 16
+
+
+class RedisServer:
+    """A redis-server on a free port in its own directory; stop() and start() keep the port."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.directory, "--logfile", os.path.join(self.directory, "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.exceptions.RedisError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port} (see {self.directory}/redis.log)")
+            time.sleep(0.01)
+        client.close()
+
+    def stop(self, save: bool = False) -> None:
+        """save: a graceful SHUTDOWN SAVE (dump.rdb, loaded by the next start); else SIGKILL,
+        which loses everything (this server keeps no other persistence)."""
+        if save:
+            try:
+                redis.Redis(port=self.port, socket_timeout=5).shutdown(save=True)
+            except redis.exceptions.ConnectionError:
+                pass  # redis-py may see the connection close as an error
+        else:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+    def client(self) -> "redis.Redis":
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    srv.start()
+    yield srv
+    if srv.process.poll() is None:
+        srv.process.kill()
+        srv.process.wait()
+
+
+@pytest.fixture
+def prefix(request) -> str:
+    return f"t-{request.node.name[:40]}-{time.monotonic_ns()}:"
+
+
+@pytest.fixture
+def rstore(server, prefix):
+    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.5)
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=["memory", "file", "redis"])
+def any_store(request, tmp_path):
+    if request.param == "memory":
+        store = MemoryStore()
+    elif request.param == "file":
+        store = FileStore(tmp_path, durable=False)
+    else:
+        srv = request.getfixturevalue("server")
+        store = RedisStore(srv.url, prefix=request.getfixturevalue("prefix"))
+    yield store
+    store.close()
+
+
+def rec(job_id: str, submitted: float | None = None) -> JobRecord:
+    return JobRecord.new(job_id, time.time() if submitted is None else submitted, (3,), "<f4")
+
+
+def finished(store, job_id: str, status: str, result=None, at: float | None = None) -> JobRecord:
+    record = store.get(job_id)
+    record.status, record.finished = status, time.time() if at is None else at
+    if status == "failed":
+        record.error = "ValueError: no"
+    store.finish(record, result)
+    return record
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------- the store contract
+
+
+def test_create_is_atomic_and_refuses_an_existing_id(any_store):
+    x = np.arange(3, dtype=np.float32)
+    assert any_store.create(rec("a"), x if any_store.keeps_inputs else None) is True
+    assert any_store.create(rec("a"), None) is False
+    got = any_store.get("a")
+    assert (got.id, got.status, got.shape, got.dtype) == ("a", "queued", (3,), "<f4")
+    if any_store.keeps_inputs:
+        np.testing.assert_array_equal(any_store.get_input("a"), x)
+        assert any_store.get_input("a").dtype == np.float32
+    else:
+        assert any_store.get_input("a") is None
+    with pytest.raises(KeyError):
+        any_store.get("nope")
+    with pytest.raises(KeyError):
+        any_store.get_result("a")
+
+
+def test_update_changes_a_known_record_and_refuses_an_unknown_one(any_store):
+    any_store.create(rec("a"), None)
+    record = any_store.get("a")
+    record.status, record.started = "running", time.time()
+    any_store.update(record)
+    assert any_store.get("a").status == "running" and any_store.get("a").started == record.started
+    with pytest.raises(KeyError):
+        any_store.update(rec("nope"))
+
+
+def test_finish_stores_the_result_and_drops_the_input(any_store):
+    any_store.create(rec("d"), np.ones(3, np.float32) if any_store.keeps_inputs else None)
+    any_store.create(rec("f"), np.ones(3, np.float32) if any_store.keeps_inputs else None)
+    finished(any_store, "d", "done", np.array([1.5, 2.5], np.float64))
+    finished(any_store, "f", "failed")
+    assert any_store.get("d").status == "done" and any_store.get("f").error == "ValueError: no"
+    result = any_store.get_result("d")
+    assert result.tolist() == [1.5, 2.5] and result.dtype == np.float64
+    with pytest.raises(KeyError):
+        any_store.get_result("f")
+    assert any_store.get_input("d") is None and any_store.get_input("f") is None
+
+
+def test_delete_forgets_a_job_and_ignores_an_unknown_one(any_store):
+    any_store.create(rec("a"), None)
+    finished(any_store, "a", "done", np.zeros(1))
+    any_store.delete("a")
+    any_store.delete("never")
+    with pytest.raises(KeyError):
+        any_store.get("a")
+    with pytest.raises(KeyError):
+        any_store.get_result("a")
+    assert any_store.create(rec("a"), None) is True  # the id is free again
+
+
+def test_expire_marks_old_results_expired_then_forgets_them(any_store):
+    now = time.time()
+    for job_id in ("old", "old-failed", "young", "queued"):
+        any_store.create(rec(job_id, now - 100), None)
+    finished(any_store, "old", "done", np.ones(2), at=now - 50)
+    finished(any_store, "old-failed", "failed", at=now - 50)
+    finished(any_store, "young", "done", np.ones(2), at=now - 1)
+    assert sorted(any_store.expire(now, ttl_s=10, forget_after_s=20)) == ["old", "old-failed"]
+    assert any_store.get("old").status == "expired" and any_store.get("old").expired_at == now
+    with pytest.raises(KeyError):
+        any_store.get_result("old")
+    assert any_store.get("young").status == "done" and any_store.get("queued").status == "queued"
+    assert any_store.expire(now + 5, ttl_s=10, forget_after_s=20) == []  # nothing new; not forgotten yet
+    assert any_store.get("old").status == "expired"
+    assert any_store.expire(now + 21, ttl_s=10, forget_after_s=20) == ["young"]
+    for job_id in ("old", "old-failed"):
+        with pytest.raises(KeyError):
+            any_store.get(job_id)
+    assert any_store.get("young").status == "expired" and any_store.get("queued").status == "queued"
+
+
+def test_recover_lists_queued_and_running_jobs_oldest_first(any_store):
+    now = time.time()
+    for i, job_id in enumerate(["c", "a", "d", "b"]):
+        any_store.create(rec(job_id, now - i), None)
+    record = any_store.get("a")
+    record.status = "running"
+    any_store.update(record)
+    finished(any_store, "d", "done", np.ones(1))
+    assert [(r.id, r.status) for r in any_store.recover()] == [("b", "queued"), ("a", "running"), ("c", "queued")]
+
+
+# ---------------------------------------------------------------- Redis specifics
+
+
+def test_keys_carry_ttls_that_follow_the_job(server, prefix):
+    store = RedisStore(server.url, prefix=prefix, ttl_s=1000)
+    client = server.client()
+    store.create(rec("a"), np.ones(3, np.float32))
+    key = store.key("a")
+    assert 990 < client.ttl(key) <= 1000
+    assert 990 < client.ttl(prefix + "pending") <= 1000
+    store.expire(time.time(), ttl_s=30, forget_after_s=40)  # the service's janitor tells the TTLs
+    finished(store, "a", "done", np.ones(1))
+    assert 30 + 40 < client.ttl(key) <= 30 + 40 + 60
+    assert client.hkeys(key) and sorted(client.hkeys(key)) == [b"record", b"result"]
+    store.expire(time.time() + 31, ttl_s=30, forget_after_s=40)
+    assert store.get("a").status == "expired"
+    assert 40 < client.ttl(key) <= 40 + 60 and client.hkeys(key) == [b"record"]
+    assert client.ttl(prefix + "expired") > 0
+    store.close()
+
+
+def test_redis_itself_drops_an_unfinished_job_after_ttl_s(server, prefix):
+    store = RedisStore(server.url, prefix=prefix, ttl_s=1)
+    store.create(rec("a"), np.ones(3, np.float32))
+    time.sleep(2.1)
+    with pytest.raises(KeyError):
+        store.get("a")
+    assert store.recover() == []
+    assert server.client().zcard(prefix + "pending") == 0  # recover() dropped the stale index entry
+    store.close()
+
+
+def test_records_are_json_and_arrays_npy_and_nothing_is_unpickled(rstore, server):
+    import pickle
+
+    rstore.create(rec("a"), np.ones(3, np.float32))
+    client = server.client()
+    assert client.hget(rstore.key("a"), "record").startswith(b'{"id": "a"')
+    assert client.hget(rstore.key("a"), "input").startswith(b"\x93NUMPY")
+    client.hset(rstore.key("a"), "result", b"\x93NUMPY" + pickle.dumps(object()))
+    with pytest.raises(StoreError, match="field 'result'"):
+        rstore.get_result("a")
+    buffer = __import__("io").BytesIO()
+    np.save(buffer, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    client.hset(rstore.key("a"), "input", buffer.getvalue())
+    with pytest.raises(StoreError, match="allow_pickle"):
+        rstore.get_input("a")
+
+
+def test_an_unparsable_record_is_reported_not_skipped(rstore, server):
+    client = server.client()
+    client.hset(rstore.key("broken"), "record", b"{not json")
+    client.zadd(rstore.prefix + "pending", {"broken": time.time()})
+    with pytest.raises(StoreError, match="job:broken"):
+        rstore.get("broken")
+    with pytest.warns(RuntimeWarning, match="job:broken"):
+        assert rstore.recover() == []
+    assert "job:broken" in rstore.problems[0]
+    assert rstore.create(rec("broken"), None) is False  # never overwritten
+
+
+def test_a_missing_redis_package_names_pip_install_redis(monkeypatch):
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(ImportError, match="pip install redis"):
+        RedisStore()
+
+
+def test_an_unreachable_redis_raises_store_unavailable_at_once():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    store = RedisStore(f"redis://127.0.0.1:{port}/0")
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}"):
+        store.get("a")
+    with pytest.raises(StoreError):
+        store.create(rec("a"), None)
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_redis_that_stops_answering_times_out_within_socket_timeout(server, prefix):
+    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.3)
+    store.create(rec("a"), None)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.get("a")
+        with pytest.raises(StoreUnavailable):  # within the cooldown: at once, without a try
+            store.get("a")
+        assert time.monotonic() - start < 1.0
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    time.sleep(0.15)
+    assert store.get("a").status == "queued"
+    store.close()
+
+
+# ---------------------------------------------------------------- a service on Redis
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    fl.nn.manual_seed(0)
+    return fl.nn.Sequential(fl.nn.Linear(IN, 32), fl.nn.ReLU(), fl.nn.Linear(32, 4))
+
+
+def sample(i: int) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(IN).astype(np.float32)
+
+
+def test_a_service_on_redis_end_to_end(mlp, rstore, server):
+    with InferenceService(mlp, store=rstore) as svc:
+        ids = [svc.submit(sample(i)) for i in range(20)]
+        for i, job in enumerate(ids):
+            np.testing.assert_allclose(svc.result(job, timeout=5), mlp(sample(i)), rtol=1e-5, atol=1e-6)
+        assert svc.status(ids[0]) == "done" and svc.submit(sample(0), job_id=ids[0]) == ids[0]
+        assert svc.stats()["done"] == 20
+    client = server.client()
+    assert client.zcard(rstore.prefix + "pending") == 0 and client.zcard(rstore.prefix + "finished") == 20
+
+
+def test_results_expire_after_the_ttl_and_are_forgotten_later(rstore):
+    with InferenceService(lambda b: b, store=rstore, result_ttl_s=0.2, expired_ttl_s=0.3) as svc:
+        expired = []
+        svc.subscribe(lambda job, status: status == "expired" and expired.append(job))
+        job = svc.submit(np.ones(1))
+        assert svc.result(job, timeout=5).tolist() == [1.0]
+        time.sleep(0.25)
+        assert svc.status(job) == "expired"
+        wait_for(lambda: expired == [job])
+
+        def unknown() -> bool:
+            try:
+                svc.status(job)
+                return False
+            except KeyError:
+                return True
+        wait_for(unknown)
