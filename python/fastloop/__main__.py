@@ -3,6 +3,7 @@
     $ python -m fastloop demo            # the main job: train on generated data, log, checkpoint, plot
     $ python -m fastloop bench --quick   # every suite side by side: tables, PNG plots, a report with the answer
     $ python -m fastloop info            # what this build has (CUDA, why not)
+    $ python -m fastloop serve --model ckpts --port 8000   # a checkpointed model over HTTP
 """
 
 from __future__ import annotations
@@ -73,9 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv[:1] == ["serve"]:  # the server parses its own options
+        from .serve.cli import main as serve_main
+
+        return serve_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fastloop", description="fastloop command line")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="the main job on an embedded default: train, log, checkpoint (see demo -h)")
+    commands.add_parser("serve", help="a checkpointed fastloop.nn model over HTTP (see serve -h)")
     bench = commands.add_parser("bench", help="every benchmark suite, side by side, with a report")
     bench.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     bench.add_argument("--out", default="bench-results", help="folder for the PNG plots and the report")

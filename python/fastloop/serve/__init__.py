@@ -9,12 +9,16 @@ released) and store each job's row; callers poll ``status()`` or wait in ``resul
     >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
     ...     y = svc.result(svc.submit(x), timeout=5.0)
 
-See docs/serve.md.
+Over HTTP: ``python -m fastloop serve --model CHECKPOINT`` (or ``App(service)`` under
+uvicorn), and ``Client(base_url)`` to submit and fetch results. See docs/serve.md.
 """
 
 from __future__ import annotations
 
+from .cli import arch_of
+from .client import BadRequest, Client, ServiceUnavailable
 from .filestore import FileStore
+from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
 from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
@@ -32,4 +36,9 @@ __all__ = [
     "JobExpired",
     "StoreError",
     "StoreUnavailable",
+    "App",
+    "Client",
+    "BadRequest",
+    "ServiceUnavailable",
+    "arch_of",
 ]

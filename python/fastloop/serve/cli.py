@@ -1,0 +1,147 @@
+"""``python -m fastloop serve``: a checkpointed fastloop.nn model behind the HTTP front.
+
+    $ python -m fastloop serve --model ckpts --port 8000 --workers 2 --store file:jobs
+
+The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is used, or one
+.npz file) holds what ``fastloop.nn.training_state(model, arch=arch_of(model))`` saved: the
+"model.<name>" parameters and ``arch``, a JSON string naming the layers, e.g.
+``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
+A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
+between them). Ctrl-C stops the server (uvicorn's handling), then the service drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from .. import nn
+from ..checkpoint import Checkpointer
+
+__all__ = ["arch_of", "model_from_arch", "load_model", "main"]
+
+
+def arch_of(model: Any) -> str:
+    """The JSON string that describes `model`'s layers, to save beside its parameters.
+
+    >>> ckpt.save(fl.nn.training_state(model, arch=arch_of(model)), step)
+    """
+    if isinstance(model, nn.Linear):
+        model = nn.Sequential(nn.Linear(model.in_features, model.out_features, bias=model.has_bias))
+    layers: list[list[Any]] = []
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            layers.append(["Linear", layer.in_features, layer.out_features, layer.has_bias])
+        else:
+            layers.append([type(layer).__name__])
+    return json.dumps({"dtype": np.dtype(model.dtype).name, "layers": layers})
+
+
+def model_from_arch(arch: str) -> nn.Sequential:
+    """A fresh Sequential built from an arch_of() string; ValueError naming what is wrong."""
+    try:
+        spec = json.loads(arch)
+        kinds = {"Linear": lambda a, b, bias=True: nn.Linear(int(a), int(b), bias=bool(bias)),
+                 "ReLU": nn.ReLU, "Flatten": nn.Flatten}
+        layers = [kinds[entry[0]](*entry[1:]) for entry in spec["layers"]]
+        return nn.Sequential(*layers, dtype=spec.get("dtype", "float32"))
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise ValueError(f"the checkpoint's arch {arch[:200]!r} is not a model description: {error}") from None
+
+
+def _layers_arch(layers: str) -> str:
+    sizes = [int(n) for n in layers.split(",")]
+    if len(sizes) < 2:
+        raise ValueError("--layers takes at least two sizes: in,out (e.g. 784,512,10)")
+    spec: list[list[Any]] = []
+    for a, b in zip(sizes, sizes[1:]):
+        spec += [["Linear", a, b, True], ["ReLU"]]
+    return json.dumps({"layers": spec[:-1]})
+
+
+def load_model(path: str, layers: str | None = None) -> nn.Sequential:
+    """The model a checkpoint directory (latest checkpoint) or .npz file holds."""
+    if os.path.isdir(path):
+        state = Checkpointer(path).load()
+    else:
+        with np.load(path, allow_pickle=False) as npz:
+            state = {name: npz[name] for name in npz.files}
+    if layers is not None:
+        arch = _layers_arch(layers)
+    elif "arch" in state:
+        arch = str(state["arch"])
+    else:
+        raise ValueError(f"{path} holds no 'arch' entry: save it with training_state(model, arch=arch_of(model)) "
+                         "or pass --layers (e.g. 784,512,10)")
+    model = model_from_arch(arch)
+    nn.load_training_state(state, model)
+    return model
+
+
+def _store(spec: str | None) -> Any:
+    from .filestore import FileStore
+    if spec is None:
+        return None
+    if spec.startswith("file:"):
+        return FileStore(spec[len("file:"):])
+    if spec == "memory":
+        from .stores import MemoryStore
+        return MemoryStore()
+    if spec.startswith("redis://"):
+        try:
+            from .redisstore import RedisStore  # type: ignore[import-not-found]
+        except ImportError as error:
+            raise SystemExit(f"--store {spec}: the Redis store is not available ({error}); "
+                             "install redis (pip install redis) or use --store file:DIR") from None
+        return RedisStore(spec)
+    raise SystemExit(f"--store must be file:DIR, memory or redis://HOST:PORT/DB, not {spec!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastloop serve",
+                                     description="serve a checkpointed fastloop.nn model over HTTP")
+    parser.add_argument("--model", required=True, help="a fastloop.Checkpointer directory or a .npz file")
+    parser.add_argument("--layers", help="the model's sizes (784,512,10: Linear+ReLU) when it holds no arch")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-queue", type=int, default=1024)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--store", help="file:DIR (default: a temporary directory), memory, or redis://HOST:PORT/DB")
+    parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
+    parser.add_argument("--result-ttl-s", type=float, default=600.0)
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    try:
+        import uvicorn
+    except ImportError:
+        print("python -m fastloop serve needs uvicorn: pip install 'fastloop[serve]'", file=sys.stderr)
+        return 2
+    from .http import App
+    from .service import InferenceService
+
+    try:
+        model = load_model(args.model, args.layers)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"cannot load the model from {args.model}: {error}", file=sys.stderr)
+        return 2
+    service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                               max_delay_ms=args.max_delay_ms, store=_store(args.store),
+                               result_ttl_s=args.result_ttl_s)
+    app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
+        pass
+    finally:
+        service.close(drain_s=args.drain_s)
+    return 0

@@ -1,0 +1,138 @@
+"""fastloop.serve.Client: the HTTP front's client, standard library only.
+
+    >>> client = Client("http://127.0.0.1:8000", timeout=10)
+    >>> y = client.result(client.submit(inputs=x), timeout=5.0)
+
+HTTP errors become the exceptions InferenceService itself raises: 429 -> fastloop.QueueFull
+(``.retry_after`` in seconds), 404 -> KeyError, 410 -> JobExpired, a failed job -> JobFailed
+(JobCancelled), 400/413 -> ValueError (BadRequest), 503 or no connection -> ConnectionError
+(ServiceUnavailable).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+from ..errors import Error, QueueFull
+from .jobs import JobCancelled, JobExpired, JobFailed
+
+__all__ = ["Client", "BadRequest", "ServiceUnavailable"]
+
+
+class BadRequest(Error, ValueError):
+    """The server refused the request (400, 413, 405): ``status`` and the server's ``reason``.
+
+    >>> client.submit(inputs=[1, 2])  # raises BadRequest: 400: inputs have shape (2,), ...
+    """
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status, self.reason = status, reason
+
+
+class ServiceUnavailable(Error, ConnectionError):
+    """The server answered 503 (its store is down, or it is stopping) or could not be reached.
+
+    >>> client.submit(inputs=x)  # raises ServiceUnavailable while Redis is down
+    """
+
+
+class Client:
+    """Submits jobs to a fastloop serve front over HTTP and fetches their results.
+
+    ``timeout``: seconds one HTTP request may take (result() has its own).
+
+    >>> client = Client("http://127.0.0.1:8000")
+    >>> client.status(client.submit(inputs=[0.0] * 784))
+    'queued'
+    """
+
+    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+        self.base_url, self.timeout = base_url.rstrip("/"), timeout
+
+    def submit(self, inputs: Any = None, path: str | None = None, job_id: str | None = None) -> str:
+        """Queues one input (a NumPy array or nested list) or a .npy file under the server's
+        input root; returns the job id. QueueFull (``.retry_after``) when the queue is full."""
+        if (inputs is None) == (path is None):
+            raise ValueError("give exactly one of inputs or path")
+        body: dict[str, Any] = {"path": path} if path is not None else {"inputs": np.asarray(inputs).tolist()}
+        if job_id is not None:
+            body["id"] = job_id
+        return self._request("POST", "/v1/jobs", body)[1]["id"]
+
+    def status(self, job_id: str) -> str:
+        """"queued", "running", "done", "failed" or "expired"; KeyError for an unknown id."""
+        status, body = self._request("GET", f"/v1/jobs/{job_id}", ok=(200, 410))
+        return body["status"]
+
+    def result(self, job_id: str, timeout: float | None = 30.0, poll_s: float = 0.01) -> np.ndarray:
+        """Polls until the job finishes (waits grow from poll_s to 0.5 s); returns its output
+        row. TimeoutError after `timeout` s; JobFailed, JobCancelled, JobExpired, KeyError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = poll_s
+        while True:
+            status, body = self._request("GET", f"/v1/jobs/{job_id}/result", ok=(200, 202))
+            if status == 200:
+                return np.asarray(body["result"], dtype=body.get("dtype"))
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {body['status']})")
+            time.sleep(wait)
+            wait = min(wait * 1.5, 0.5)
+
+    def cancel(self, job_id: str) -> bool:
+        """Takes a queued job off the queue; False when it is already running or finished."""
+        return bool(self._request("DELETE", f"/v1/jobs/{job_id}")[1]["cancelled"])
+
+    def healthz(self) -> bool:
+        """True when the server answers /healthz with 200."""
+        try:
+            return self._request("GET", "/healthz")[0] == 200
+        except ConnectionError:
+            return False
+
+    def _request(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 202)) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                         headers={"content-type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                status, raw, headers = response.status, response.read(), response.headers
+        except urllib.error.HTTPError as error:
+            status, raw, headers = error.code, error.read(), error.headers
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise ServiceUnavailable(f"{method} {self.base_url}{path}: {reason}") from None
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError:
+            answer = {"error": raw[:200].decode(errors="replace")}
+        if status in ok:
+            return status, answer
+        raise _error(status, answer, headers, path)
+
+
+def _error(status: int, body: dict[str, Any], headers: Any, path: str) -> Exception:
+    reason = body.get("error") or f"HTTP {status}"
+    job_id = body.get("id", path.split("/")[3] if path.count("/") >= 3 else "")
+    if status == 429:
+        error = QueueFull(reason)
+        try:
+            error.retry_after = float(headers.get("retry-after", "1"))  # type: ignore[attr-defined]
+        except ValueError:
+            error.retry_after = 1.0  # type: ignore[attr-defined]
+        return error
+    if status == 404:
+        return KeyError(reason)
+    if status == 410:
+        return JobExpired(job_id, reason)
+    if status == 422:
+        return (JobCancelled if body.get("cancelled") else JobFailed)(job_id, reason)
+    if status == 503:
+        return ServiceUnavailable(reason)
+    return BadRequest(status, reason)
