@@ -25,7 +25,8 @@ uvicorn = pytest.importorskip("uvicorn")
 ws_client = pytest.importorskip("websockets.sync.client")
 
 import fastloop as fl  # noqa: E402
-from fastloop.serve import InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore  # noqa: E402
+from fastloop.serve import (InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,  # noqa: E402
+                            StoreError)
 from fastloop.serve.cli import arch_of  # noqa: E402
 from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
@@ -269,6 +270,41 @@ def test_an_expired_result_is_410_gone(mlp):
         wait_for(lambda: call(base, "GET", f"/v1/jobs/{job}")[0] == 410, timeout=5)
         status, _, body = call(base, "GET", f"/v1/jobs/{job}/result")
         assert status == 410 and body["status"] == "expired"
+    service.close()
+
+
+class DownStore(MemoryStore):
+    """A store whose backend is unreachable once `down` is set."""
+
+    down = False
+
+    def create(self, record, inputs):
+        if self.down:
+            raise ConnectionError("the store is down")
+        return super().create(record, inputs)
+
+    def get(self, job_id):
+        if self.down:
+            raise StoreError("the store is down")
+        return super().get(job_id)
+
+
+def test_a_store_that_is_down_answers_503_and_the_server_recovers(mlp):
+    store = DownStore()
+    service = InferenceService(mlp, store=store)
+    with serving(App(service)) as base:
+        job = call(base, "POST", "/v1/jobs", {"inputs": sample(12).tolist()})[2]["id"]
+        poll(base, job)
+        store.down = True
+        status, response, body = call(base, "POST", "/v1/jobs", {"inputs": sample(13).tolist()})
+        assert status == 503 and response.getheader("retry-after") and "down" in body["error"]
+        assert call(base, "GET", f"/v1/jobs/{job}")[0] == 503
+        assert call(base, "GET", "/healthz")[0] == 200
+        with pytest.raises(ConnectionError):
+            Client(base).submit(inputs=sample(14))
+        store.down = False
+        assert call(base, "GET", f"/v1/jobs/{job}/result")[0] == 200
+        assert call(base, "POST", "/v1/jobs", {"inputs": sample(13).tolist()})[0] == 202
     service.close()
 
 
