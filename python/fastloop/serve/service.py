@@ -38,6 +38,7 @@ Listener = Callable[[str, str], None]
 
 _WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at once
 _CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
+_RESAVE_S = 0.25  # while the store holds back final records, how often the janitor retries them
 RESTARTED_RUNNING = "server restarted while the job was running"
 RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
 
@@ -46,10 +47,11 @@ class _Job:
     """An unfinished job: its record (the truth while it is in memory), input, and an event
     set when it finishes."""
 
-    __slots__ = ("record", "inputs", "lock", "finished", "visible", "t0")
+    __slots__ = ("record", "inputs", "result", "lock", "finished", "visible", "t0")
 
     def __init__(self, record: JobRecord, inputs: np.ndarray) -> None:
         self.record, self.inputs = record, inputs
+        self.result: np.ndarray | None = None  # kept only while the store cannot take it
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.visible = False  # recorded in the store (status() answers for it)
@@ -96,12 +98,14 @@ class InferenceService:
         self._queue: Queue = Queue(maxsize=max_queue)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
+        self._unsaved: dict[str, _Job] = {}  # ended while the store was down; also still in _jobs
         self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
         self._closed = False
         self._abandon = False  # close() ran out of drain time: fail instead of run
         self._listeners: list[Listener] = []
         self._stats = ServiceStats()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
         self._recover()
         self._threads = [threading.Thread(target=self._work, name=f"fastloop-serve-worker-{i}", daemon=True)
                          for i in range(workers)]
@@ -185,7 +189,11 @@ class InferenceService:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s "
                                        f"(status: {job.record.status})")
-        record = self.store.get(job_id)
+        with self._lock:
+            unsaved = self._unsaved.get(job_id)
+        if unsaved is not None and unsaved.result is not None:  # done while the store was down
+            return unsaved.result.copy()
+        record = unsaved.record if unsaved is not None else self.store.get(job_id)
         while record.status in (QUEUED, RUNNING):  # run by another process sharing the store
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {record.status})")
@@ -224,6 +232,7 @@ class InferenceService:
         with self._lock:
             running = sum(1 for j in self._jobs.values() if j.record.status == RUNNING)
             snap["queue_depth"] = self._queued
+            snap["unsaved"] = len(self._unsaved)
         snap["running"] = running
         snap["workers"] = sum(t.is_alive() for t in self._threads)
         return snap
@@ -260,11 +269,16 @@ class InferenceService:
             _join(self._threads, time.monotonic() + _CLOSE_GRACE_S)
             self._fail_all(RUNNING, "service closed while the job was running")
         self._stop.set()
+        self._wake.set()
         self._janitor.join(timeout=_CLOSE_GRACE_S)
         stuck = [t.name for t in self._threads if t.is_alive()]
         if stuck:
             warnings.warn(f"InferenceService.close(): {stuck} still inside the model after drain; "
                           "their jobs were marked failed", RuntimeWarning, stacklevel=2)
+        if self._unsaved and not self._save_unsaved():
+            warnings.warn(f"InferenceService.close(): the store did not take the final records of "
+                          f"{len(self._unsaved)} jobs; it keeps them as it last had them (a restart "
+                          "requeues or fails them)", RuntimeWarning, stacklevel=2)
         self.store.close()
 
     @property
@@ -322,18 +336,17 @@ class InferenceService:
                 return False
             record = JobRecord(**vars(job.record))
             record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
-            try:
-                self.store.finish(record, result)
-            except Exception as store_error:  # a full disk: the job fails, the worker goes on
-                self._stats.count("store_errors")
-                record.status, record.error = FAILED, f"could not store the result: {store_error}"
-                try:
-                    self.store.finish(record, None)
-                except Exception:
-                    pass
-            job.record, job.inputs = record, None
+            stored = self._store_final(record, result)
+            job.record, job.inputs = stored or record, None
+            if stored is None:  # the store is down: keep the job (status() answers) for the janitor
+                job.result = result
+        record = job.record
         with self._lock:
-            self._jobs.pop(record.id, None)
+            if stored is not None:
+                self._jobs.pop(record.id, None)
+            else:
+                self._unsaved[record.id] = job
+                self._wake.set()
         if record.status == DONE:
             self._stats.count("done")
             self._stats.latency(time.monotonic() - job.t0)
@@ -385,10 +398,58 @@ class InferenceService:
             else:
                 self._end(job, RUNNING, FAILED, error=error)
 
+    def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
+        """Stores a finished job: the record stored (failed "could not store the result"
+        when only the result was refused, e.g. a full disk), or None when the store took
+        neither (it is down)."""
+        try:
+            self.store.finish(record, result)
+            return record
+        except Exception as store_error:
+            self._stats.count("store_errors")
+            failed = JobRecord(**vars(record))
+            if record.status == DONE:
+                failed.status, failed.error = FAILED, f"could not store the result: {store_error}"
+        try:
+            self.store.finish(failed, None)
+            return failed
+        except Exception:
+            return None
+
+    def _save_unsaved(self) -> bool:
+        """Stores the jobs that ended while the store was down, in the order they ended;
+        stops at the first the store does not take. True when none is left."""
+        with self._lock:
+            jobs = list(self._unsaved.values())
+        for job in jobs:
+            stored = self._store_final(job.record, job.result)
+            if stored is None:
+                return False
+            changed = stored.status != job.record.status
+            job.record, job.result = stored, None
+            with self._lock:
+                del self._unsaved[stored.id]
+                if self._jobs.get(stored.id) is job:
+                    del self._jobs[stored.id]
+            if changed:
+                self._notify(stored.id, stored.status)
+        return True
+
     def _sweep(self) -> None:
-        """The janitor: marks old results expired and forgets old expired jobs."""
+        """The janitor: writes the final records a store outage held back (every _RESAVE_S),
+        marks old results expired and forgets old expired jobs."""
         interval = min(max(self.result_ttl_s / 4, 0.05), 5.0)
-        while not self._stop.wait(interval):
+        next_sweep = time.monotonic() + interval
+        while not self._stop.is_set():
+            self._wake.wait(_RESAVE_S if self._unsaved else max(0.0, next_sweep - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._unsaved:
+                self._save_unsaved()
+            if time.monotonic() < next_sweep:
+                continue
+            next_sweep = time.monotonic() + interval
             try:
                 expired = self.store.expire(time.time(), self.result_ttl_s, self.expired_ttl_s)
             except Exception as error:
