@@ -1,0 +1,535 @@
+"""The serving targets over HTTP on loopback: dynamic batching against max_batch=1, and overload.
+
+The server runs in its own process (``python -m fastloop serve`` on a free port, a checkpoint
+written to a temporary directory, ``--store memory``, 2 workers, uvicorn); the clients run in
+this process on asyncio with raw keep-alive streams (one connection each, a hand-written
+HTTP/1.1 request and response: far less client CPU per request than http.client in threads).
+
+1. **Batching** (closed loop): 64 clients, each POSTs one float32 input as JSON, then polls
+   ``GET /v1/jobs/{id}/result`` until 200 (first poll after 1 ms, the wait doubling up to
+   20 ms, so polling does not swamp the server), and repeats; jobs finishing within
+   ``seconds`` after a warm-up count. For 784-512-512-10 and 784-2048-2048-10 MLPs, with
+   ``--max-batch 32 --max-delay-ms 2`` and ``--max-batch 1``: jobs/s, client latency p50/p99
+   (submit to result), polls per job, mean batch (from /metrics), and the CPU the server and
+   the clients used (% of one core), so a client-bound run shows. Target: ratio >= 3x.
+2. **Overload** (open loop): ``--max-queue 256``, submissions paced at twice the batched
+   capacity measured in 1. (a pacing loop that never waits for results) for ``seconds``;
+   reported: /metrics queue depth every 100 ms (target: levels at max_queue), the latency of
+   the 429 answers (target p99 < 5 ms), the server's RSS at start, peak and end (VmRSS of its
+   process; bounded), and /healthz latency every 10 ms from a separate client **process**
+   (target p99 < 10 ms: proof that inference does not hold the server's GIL; a thread of this
+   process would measure this process's own GIL hand-offs instead).
+
+    $ python benchmarks/bench_serve_http.py [--quick] [--markdown]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+import fastloop as fl
+
+from .serve import mlp
+from .targets import Result
+from .timing import best_times
+
+CLIENTS = 64
+WORKERS = 2
+HIDDEN = (512, 2048)  # 784-h-h-10
+OVERLOAD_QUEUE = 256
+OPEN_LOOP_CONNECTIONS = 256  # enough that the pacing never waits for a free connection
+HEADERS = ["model", "variant", "jobs/s", "p50 ms", "p99 ms", "polls/job", "mean batch", "server CPU %",
+           "client CPU %", "jobs"]
+COMMAND = "python benchmarks/bench_serve_http.py"
+
+
+# ------------------------------------------------------------ the server process
+class Server:
+    """``python -m fastloop serve`` in a child process on a free loopback port.
+
+    >>> with Server(checkpoint, max_batch=32) as server: print(server.port, server.rss_mib())
+    """
+
+    def __init__(self, checkpoint: str, *, max_batch: int, max_delay_ms: float = 2.0, max_queue: int = 1024,
+                 workers: int = WORKERS) -> None:
+        self.port = _free_port()
+        self.args = [sys.executable, "-m", "fastloop", "serve", "--model", checkpoint, "--port", str(self.port),
+                     "--workers", str(workers), "--max-batch", str(max_batch), "--max-delay-ms", str(max_delay_ms),
+                     "--max-queue", str(max_queue), "--store", "memory", "--log-level", "warning"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "Server":
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}: "
+                                   f"{self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+                    if s.recv(64).startswith(b"HTTP/1.1 200"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError("the server did not answer /healthz within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(2)  # SIGINT: uvicorn stops, the service drains (nothing waits long)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def rss_mib(self) -> float:
+        """The server process's resident set (VmRSS), MiB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:  # type: ignore[union-attr]
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the server process has used, all its threads."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:  # type: ignore[union-attr]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def checkpoint(model: fl.nn.Sequential) -> Iterator[str]:
+    """The model as a .npz checkpoint (parameters and arch) in a temporary directory."""
+    from fastloop.serve import arch_of
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.npz")
+        np.savez(path, **fl.nn.training_state(model, arch=arch_of(model)))
+        yield path
+
+
+# ------------------------------------------------------------ a minimal keep-alive HTTP/1.1 client
+class Conn:
+    """One keep-alive connection on asyncio streams; request() sends one request and reads
+    the whole response (the server always sends Content-Length)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> "Conn":
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        head = f"{method} {path} HTTP/1.1\r\nhost: b\r\ncontent-length: {len(body)}\r\n"
+        if body:
+            head += "content-type: application/json\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)  # type: ignore[union-attr]
+        await self.writer.drain()  # type: ignore[union-attr]
+        header = await self.reader.readuntil(b"\r\n\r\n")  # type: ignore[union-attr]
+        status = int(header[9:12])
+        at = header.lower().find(b"content-length:")
+        length = int(header[at + 15:header.index(b"\r\n", at)]) if at >= 0 else 0
+        return status, await self.reader.readexactly(length)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return float("nan")
+
+
+def _batch_totals(text: str) -> tuple[float, float]:
+    return _metric(text, "fastloop_serve_batch_size_sum"), _metric(text, "fastloop_serve_batch_size_count")
+
+
+# ------------------------------------------------------------ 1. closed loop
+@dataclass
+class Run:
+    model: str
+    variant: str
+    jobs: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    polls_per_job: float
+    mean_batch: float
+    server_cpu: float  # share of one core over the window
+    client_cpu: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds
+
+    def row(self) -> list[object]:
+        return [self.model, self.variant, round(self.jobs_per_s), round(self.p50_ms, 2), round(self.p99_ms, 2),
+                round(self.polls_per_job, 1), round(self.mean_batch, 1), round(100 * self.server_cpu),
+                round(100 * self.client_cpu), self.jobs]
+
+
+def model_name(model: fl.nn.Sequential) -> str:
+    return "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
+                                                              if isinstance(layer, fl.nn.Linear)])
+
+
+def job_bodies(model: fl.nn.Sequential, count: int) -> list[bytes]:
+    """JSON request bodies, one float32 input each (4 decimals, as a client would send pixels)."""
+    x = np.random.default_rng(1).standard_normal((count, model.in_features)).astype(np.float32)
+    return [json.dumps({"inputs": np.round(row, 4).tolist()}).encode() for row in x]
+
+
+async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s: float,
+                       server: Server) -> tuple[list[float], int, float, float, float, tuple[float, float]]:
+    conns = [await Conn(port).open() for _ in bodies]
+    window: dict[str, float] = {}
+    latencies: list[float] = []
+    polls = [0]
+    failures: list[str] = []
+
+    async def client(conn: Conn, body: bytes) -> None:
+        while "end" not in window:
+            start = time.perf_counter()
+            status, reply = await conn.request("POST", "/v1/jobs", body)
+            if status != 202:
+                failures.append(f"POST /v1/jobs answered {status}: {reply[:200]!r}")
+                return
+            path = f"/v1/jobs/{json.loads(reply)['id']}/result"
+            wait, n = 0.001, 0
+            while True:
+                await asyncio.sleep(wait)
+                status, reply = await conn.request("GET", path)
+                n += 1
+                if status == 200:
+                    break
+                if status != 202:
+                    failures.append(f"GET {path} answered {status}: {reply[:200]!r}")
+                    return
+                wait = min(2 * wait, 0.02)
+            end = time.perf_counter()
+            if "start" in window and "end" not in window and end >= window["start"]:
+                latencies.append(end - start)
+                polls[0] += n
+
+    tasks = [asyncio.ensure_future(client(c, b)) for c, b in zip(conns, bodies)]
+    await asyncio.sleep(warmup_s)
+    window["start"] = time.perf_counter()
+    cpu0, mine0 = server.cpu_s(), time.process_time()
+    metrics0 = _batch_totals(await _scrape(port))
+    await asyncio.sleep(seconds)
+    window["end"] = time.perf_counter()
+    cpu1, mine1 = server.cpu_s(), time.process_time()
+    metrics1 = _batch_totals(await _scrape(port))
+    await asyncio.gather(*tasks)
+    for c in conns:
+        c.close()
+    if failures:
+        raise RuntimeError(f"HTTP serve benchmark: a client failed: {failures[0]}")
+    span = window["end"] - window["start"]
+    batched = (metrics1[0] - metrics0[0], metrics1[1] - metrics0[1])
+    return latencies, polls[0], span, (cpu1 - cpu0) / span, (mine1 - mine0) / span, batched
+
+
+async def _scrape(port: int) -> str:
+    conn = await Conn(port).open()
+    try:
+        return (await conn.request("GET", "/metrics"))[1].decode()
+    finally:
+        conn.close()
+
+
+def measure(ckpt: str, model: fl.nn.Sequential, variant: str, max_batch: int, *, seconds: float,
+            warmup_s: float, clients: int = CLIENTS) -> Run:
+    """Closed loop over HTTP: `clients` connections submit and poll, for warmup_s + seconds."""
+    bodies = job_bodies(model, clients)
+    with Server(ckpt, max_batch=max_batch) as server:
+        latencies, polls, span, server_cpu, client_cpu, (jobs_in_batches, batches) = asyncio.run(
+            _closed_loop(server.port, bodies, seconds, warmup_s, server))
+    lat = np.array(latencies) * 1e3
+    p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
+    return Run(model_name(model), variant, int(lat.size), span, float(p50), float(p99),
+               polls / max(1, lat.size), jobs_in_batches / max(1.0, batches), server_cpu, client_cpu)
+
+
+def model_costs(model: fl.nn.Sequential, batch: int = 32) -> tuple[float, float]:
+    """Seconds per row of `model` in this process: one row alone, and inside a batch of `batch`."""
+    x = np.random.default_rng(2).standard_normal((batch, model.in_features)).astype(np.float32)
+    times = best_times({"one": lambda: model(x[:1]), "batch": lambda: model(x)}, rounds=5)
+    return times["one"], times["batch"] / batch
+
+
+# ------------------------------------------------------------ 2. overload
+@dataclass
+class Overload:
+    model: str
+    variant: str
+    capacity: float  # jobs/s, from the closed loop
+    offered: float  # submissions/s actually sent
+    seconds: float
+    max_queue: int
+    accepted: int
+    rejected: int
+    reject_p50_ms: float
+    reject_p99_ms: float
+    accept_p50_ms: float
+    accept_p99_ms: float
+    depth: list[tuple[float, float]]  # (seconds since the start, queue depth)
+    rss_start: float
+    rss_peak: float
+    rss_end: float
+    health_p50_ms: float
+    health_p99_ms: float
+    health_max_ms: float
+    health_probes: int
+    server_cpu: float
+    client_cpu: float
+    other: dict[str, int] = field(default_factory=dict)  # answers other than 202/429 (and healthz 200)
+
+    def plateau(self) -> float:
+        """Median queue depth over the second half of the overload."""
+        late = [d for t, d in self.depth if self.seconds / 2 <= t <= self.seconds]
+        return float(np.median(late)) if late else float("nan")
+
+    def depth_line(self, every_s: float = 0.5) -> str:
+        points, next_t = [], 0.0
+        for t, d in self.depth:
+            if t >= next_t:
+                points.append(f"{t:.1f}s:{d:.0f}")
+                next_t += every_s
+        return " ".join(points)
+
+
+_PROBE = r"""
+import http.client, json, sys, time
+port, seconds, every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+conn.request("GET", "/healthz"); conn.getresponse().read()
+print("ready", flush=True)
+sys.stdin.readline()
+out, end = [], time.perf_counter() + seconds
+while time.perf_counter() < end:
+    start = time.perf_counter()
+    conn.request("GET", "/healthz")
+    r = conn.getresponse(); r.read()
+    out.append([time.perf_counter() - start, r.status])
+    time.sleep(max(0.0, every - (time.perf_counter() - start)))
+print(json.dumps(out), flush=True)
+"""
+
+
+async def _open_loop(server: Server, body: bytes, rate: float, seconds: float,
+                     connections: int) -> dict[str, Any]:
+    port = server.port
+    conns = [await Conn(port).open() for _ in range(connections)]
+    scraper = await Conn(port).open()
+    results: list[tuple[int, float]] = []
+    depth: list[tuple[float, float]] = []
+    rss: list[float] = [server.rss_mib()]
+    ticket = [0]
+    t0 = time.perf_counter() + 0.05
+    stop_at = t0 + seconds
+
+    async def submitter(conn: Conn) -> None:
+        while True:
+            k = ticket[0]
+            ticket[0] += 1
+            due = t0 + k / rate
+            if due >= stop_at:
+                return
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            start = time.perf_counter()
+            status, _ = await conn.request("POST", "/v1/jobs", body)
+            results.append((status, time.perf_counter() - start))
+
+    async def scrape() -> None:
+        while time.perf_counter() < stop_at + 1.0:
+            text = (await scraper.request("GET", "/metrics"))[1].decode()
+            depth.append((time.perf_counter() - t0, _metric(text, "fastloop_serve_queue_depth")))
+            rss.append(server.rss_mib())
+            await asyncio.sleep(0.1)
+
+    cpu0, mine0 = server.cpu_s(), time.process_time()
+    scraping = asyncio.ensure_future(scrape())
+    await asyncio.gather(*(submitter(c) for c in conns))
+    sent_by = time.perf_counter()
+    cpu1, mine1 = server.cpu_s(), time.process_time()
+    await scraping
+    for _ in range(100):  # the end RSS: once what was accepted has run
+        text = (await scraper.request("GET", "/metrics"))[1].decode()
+        if _metric(text, "fastloop_serve_queue_depth") == 0 and _metric(text, "fastloop_serve_running") == 0:
+            break
+        await asyncio.sleep(0.1)
+    rss_end = server.rss_mib()
+    for c in conns + [scraper]:
+        c.close()
+    span = sent_by - t0
+    return {"results": results, "depth": depth, "rss": rss, "rss_end": rss_end, "span": span,
+            "server_cpu": (cpu1 - cpu0) / span, "client_cpu": (mine1 - mine0) / span}
+
+
+def overload(ckpt: str, model: fl.nn.Sequential, capacity: float, *, max_batch: int, seconds: float,
+             max_queue: int = OVERLOAD_QUEUE, factor: float = 2.0, connections: int = OPEN_LOOP_CONNECTIONS) -> Overload:
+    """Open loop at factor x capacity (jobs/s of the same server in the closed loop) for
+    `seconds` against a server with a small queue."""
+    body = job_bodies(model, 1)[0]
+    with Server(ckpt, max_batch=max_batch, max_queue=max_queue) as server:
+        probe = subprocess.Popen([sys.executable, "-c", _PROBE, str(server.port), str(seconds), "0.01"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            if probe.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                raise RuntimeError("the /healthz probe did not start")
+            probe.stdin.write("go\n")  # type: ignore[union-attr]
+            probe.stdin.flush()  # type: ignore[union-attr]
+            out = asyncio.run(_open_loop(server, body, factor * capacity, seconds, connections))
+            health = json.loads(probe.stdout.readline())  # type: ignore[union-attr]
+        finally:
+            probe.kill()
+            probe.wait()
+    statuses = [s for s, _ in out["results"]]
+    reject = np.array([lat for s, lat in out["results"] if s == 429]) * 1e3
+    accept = np.array([lat for s, lat in out["results"] if s == 202]) * 1e3
+    hl = np.array([lat for lat, status in health if status == 200]) * 1e3
+
+    def pct(a: np.ndarray, q: float) -> float:
+        return float(np.percentile(a, q)) if a.size else float("nan")
+
+    other: dict[str, int] = {}
+    for s in statuses:
+        if s not in (202, 429):
+            other[f"POST {s}"] = other.get(f"POST {s}", 0) + 1
+    for _, s in health:
+        if s != 200:
+            other[f"healthz {s}"] = other.get(f"healthz {s}", 0) + 1
+    return Overload(model_name(model), f"max_batch={max_batch}", capacity, len(statuses) / out["span"], out["span"], max_queue,
+                    statuses.count(202), statuses.count(429), pct(reject, 50), pct(reject, 99), pct(accept, 50),
+                    pct(accept, 99), out["depth"], out["rss"][0], max(out["rss"]), out["rss_end"], pct(hl, 50),
+                    pct(hl, 99), float(hl.max()) if hl.size else float("nan"), int(hl.size),
+                    out["server_cpu"], out["client_cpu"], other)
+
+
+# ------------------------------------------------------------ the suite
+@dataclass
+class Suite:
+    runs: list[Run]
+    overloads: list[Overload]
+    costs: dict[str, tuple[float, float]]  # model -> (s per row alone, s per row in a batch of 32)
+    floor: tuple[float, float]  # /healthz closed loop: requests/s, server CPU ms per request
+
+
+async def _healthz_loop(server: Server, clients: int, seconds: float) -> tuple[float, float]:
+    conns = [await Conn(server.port).open() for _ in range(clients)]
+    count, stop = [0], [False]
+
+    async def client(conn: Conn) -> None:
+        while not stop[0]:
+            await conn.request("GET", "/healthz")
+            count[0] += 1
+
+    tasks = [asyncio.ensure_future(client(c)) for c in conns]
+    await asyncio.sleep(0.3)
+    n0, cpu0, t0 = count[0], server.cpu_s(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    n1, cpu1, t1 = count[0], server.cpu_s(), time.perf_counter()
+    stop[0] = True
+    await asyncio.gather(*tasks)
+    for c in conns:
+        c.close()
+    return (n1 - n0) / (t1 - t0), (cpu1 - cpu0) * 1e3 / max(1, n1 - n0)
+
+
+def front_floor(ckpt: str, seconds: float) -> tuple[float, float]:
+    """The HTTP front's own cost: 64 clients GET /healthz (touches neither model nor store)
+    in a closed loop; requests/s and the server's CPU ms per request."""
+    with Server(ckpt, max_batch=32) as server:
+        return asyncio.run(_healthz_loop(server, CLIENTS, seconds))
+
+
+def compare(quick: bool = False) -> Suite:
+    """Per model: batched and max_batch=1 over HTTP (quick: the small MLP, and the large one
+    with max_batch=1 only); the front's per-request floor; then the overload on the large MLP
+    at twice the closed-loop capacity of the same server, with max_batch=1 (the workers are
+    the bottleneck) and, unless quick, max_batch=32 (the front is)."""
+    seconds, warmup, overload_s = (1.5, 0.5, 2.0) if quick else (5.0, 1.0, 5.0)
+    runs, costs = [], {}
+    for hidden in HIDDEN:
+        model = mlp(hidden)
+        costs[model_name(model)] = model_costs(model)
+        with checkpoint(model) as ckpt:
+            if not (quick and hidden != HIDDEN[0]):
+                runs.append(measure(ckpt, model, "max_batch=32", 32, seconds=seconds, warmup_s=warmup))
+            runs.append(measure(ckpt, model, "max_batch=1", 1, seconds=seconds, warmup_s=warmup))
+    model = mlp(HIDDEN[-1])
+    loads = []
+    with checkpoint(model) as ckpt:
+        floor = front_floor(ckpt, 1.0 if quick else 2.0)
+        for max_batch in (1,) if quick else (1, 32):
+            capacity = next(r for r in runs if r.model == model_name(model)
+                            and r.variant == f"max_batch={max_batch}").jobs_per_s
+            loads.append(overload(ckpt, model, capacity, max_batch=max_batch, seconds=overload_s))
+    return Suite(runs, loads, costs, floor)
+
+
+def results(suite: Suite) -> list[Result]:
+    rows = []
+    for model in dict.fromkeys(r.model for r in suite.runs):
+        variants = {r.variant: r for r in suite.runs if r.model == model}
+        if "max_batch=32" not in variants:
+            continue
+        batched, single = variants["max_batch=32"], variants["max_batch=1"]
+        ratio = batched.jobs_per_s / single.jobs_per_s
+        one, in_batch = suite.costs[model]
+        rows.append(Result(f"HTTP {model}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
+                           ratio >= 3, f"{batched.jobs_per_s:.0f} vs {single.jobs_per_s:.0f} jobs/s; model "
+                           f"{one * 1e6:.0f} us/row alone, {in_batch * 1e6:.0f} us/row in 32; server CPU "
+                           f"{batched.server_cpu * 1e3 / batched.jobs_per_s:.2f} vs "
+                           f"{single.server_cpu * 1e3 / single.jobs_per_s:.2f} ms/job"))
+    rate, cpu_ms = suite.floor
+    rows.append(Result("HTTP front floor: GET /healthz, 64 clients", rate, "req/s", "", None,
+                       f"server CPU {cpu_ms:.2f} ms/request (uvicorn + ASGI, no model, no store)"))
+    for o in suite.overloads:
+        name = f"HTTP overload {o.model} {o.variant}"
+        plateau = o.plateau()
+        rows.append(Result(f"{name}: queue depth (median, 2nd half)", plateau, "jobs", f"~ {o.max_queue}",
+                           o.max_queue * 0.9 <= plateau <= o.max_queue,
+                           f"offered {o.offered:.0f}/s = {o.offered / o.capacity:.1f}x capacity {o.capacity:.0f}/s;"
+                           f" {o.accepted} accepted, {o.rejected} rejected"
+                           + "".join(f", {k}: {v}" for k, v in o.other.items())))
+        rows.append(Result(f"{name}: 429 latency p99", o.reject_p99_ms, "ms", "< 5", o.reject_p99_ms < 5,
+                           f"p50 {o.reject_p50_ms:.2f} ms; 202 p50 {o.accept_p50_ms:.2f}, p99 {o.accept_p99_ms:.2f} ms"))
+        rows.append(Result(f"{name}: server RSS peak - start", o.rss_peak - o.rss_start, "MiB", "< 64 (bounded)",
+                           o.rss_peak - o.rss_start < 64,
+                           f"start {o.rss_start:.0f}, peak {o.rss_peak:.0f}, end {o.rss_end:.0f} MiB"))
+        rows.append(Result(f"{name}: /healthz p99", o.health_p99_ms, "ms", "< 10", o.health_p99_ms < 10,
+                           f"p50 {o.health_p50_ms:.2f}, max {o.health_max_ms:.1f} ms, {o.health_probes} probes; "
+                           f"server CPU {100 * o.server_cpu:.0f}%, client CPU {100 * o.client_cpu:.0f}%"))
+    return rows
