@@ -495,3 +495,16 @@ def test_training_state_round_trip():
         nn.training_state(model, opt, **{"model.x": 1})
     with pytest.raises(KeyError, match="no optimizer"):
         nn.load_training_state(nn.training_state(model), twin, twin_opt)
+
+
+def test_set_blas_threads_keeps_results():
+    model = mlp((64, 128, 4), seed=24)
+    x = np.random.default_rng(25).standard_normal((300, 64)).astype(np.float32)
+    before = model(x)
+    nn.set_blas_threads(1)
+    try:
+        np.testing.assert_allclose(model(x), before, rtol=1e-5, atol=1e-6)
+    finally:
+        nn.set_blas_threads(2)
+    with pytest.raises(ValueError, match="threads"):
+        nn.set_blas_threads(0)

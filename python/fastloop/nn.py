@@ -37,6 +37,7 @@ __all__ = [
     "LOSSES",
     "manual_seed",
     "blas_info",
+    "set_blas_threads",
     "training_state",
     "load_training_state",
 ]
@@ -65,6 +66,17 @@ def blas_info() -> str:
     'libscipy_openblas64_-....so (scipy_cblas_sgemm64_, 64-bit integers) from ...'
     """
     return _blas.ensure_loaded()
+
+
+def set_blas_threads(threads: int) -> None:
+    """Sets the CPU BLAS's thread count, for the whole process (NumPy's matmul shares it when
+    it is the same library). A server running several models at once, each on its own
+    thread, wants 1: BLAS threads that spin beside busy workers slow every call.
+
+    >>> fl.nn.set_blas_threads(1)
+    """
+    _blas.ensure_loaded()
+    _core._blas_set_threads(int(threads))
 
 
 def _parse_device(device: str | int | None) -> tuple[str, int]:

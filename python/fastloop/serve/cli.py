@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result-ttl-s", type=float, default=600.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
     parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
+    parser.add_argument("--blas-threads", type=int, default=1,
+                        help="CPU BLAS threads per matrix product (the workers already run in parallel)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     try:
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model = load_model(args.model, args.layers)
+        if model.device == "cpu":
+            nn.set_blas_threads(args.blas_threads)
     except (OSError, ValueError, KeyError) as error:
         print(f"cannot load the model from {args.model}: {error}", file=sys.stderr)
         return 2
