@@ -450,3 +450,16 @@ def test_one_open_file_store_per_directory(tmp_path):
         FileStore(tmp_path)
     first.close()
     FileStore(tmp_path).close()
+
+
+def test_result_with_no_wait_returns_a_job_whose_status_reads_done():
+    """A client polling status() and then result(timeout=0) never gets a TimeoutError for a
+    job that already reads "done" (the status turns before the job is stored)."""
+    import fastloop.serve as serve
+
+    with serve.InferenceService(lambda x: x * 2, workers=2, store=serve.MemoryStore()) as svc:
+        for i in range(300):
+            job = svc.submit(np.full(4, float(i), np.float32))
+            while svc.status(job) != "done":
+                pass
+            np.testing.assert_array_equal(svc.result(job, timeout=0), np.full(4, 2.0 * i, np.float32))

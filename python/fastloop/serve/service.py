@@ -187,8 +187,12 @@ class InferenceService:
         if job is not None:
             while not job.finished.wait(_slice(deadline)):
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s "
-                                       f"(status: {job.record.status})")
+                    # The status turns terminal just before the job is stored and `finished`
+                    # set: a caller that saw "done" must get the result, not a timeout.
+                    if job.record.status in (QUEUED, RUNNING) or not job.finished.wait(1.0):
+                        raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s "
+                                           f"(status: {job.record.status})")
+                    break
         with self._lock:
             unsaved = self._unsaved.get(job_id)
         if unsaved is not None and unsaved.result is not None:  # done while the store was down
