@@ -230,6 +230,11 @@ def test_a_full_queue_answers_429_with_retry_after_and_stores_nothing(gate_serve
     status, response, body = call(base, "POST", "/v1/jobs", {"inputs": [5.0], "id": "refused"})
     assert status == 429 and response.getheader("retry-after") == "3" and "full" in body["error"]
     assert call(base, "GET", "/v1/jobs/refused")[0] == 404
+    status, response, body = call(base, "POST", "/v1/jobs", {"inputs": [6.0]})  # answered before parsing
+    assert status == 429 and response.getheader("retry-after") == "3" and "full" in body["error"]
+    again = call(base, "POST", "/v1/jobs", {"inputs": [0.0], "id": queued[0]})  # a known id stays idempotent
+    assert again[0] == 202 and again[2]["id"] == queued[0]
+    assert service.stats()["rejected"] == 2
     assert call(base, "GET", "/healthz")[0] == 200  # the worker is busy in the model; the front is not
     assert call(base, "GET", f"/v1/jobs/{running}/result")[:3:2] == (202, {"id": running, "status": "running"})
     gate.open.set()

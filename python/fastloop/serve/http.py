@@ -175,6 +175,13 @@ class App:
             if method != "POST":
                 raise _Reply(405, {"error": f"{method} {path}: use POST"}, [("allow", "POST")])
             body = await self._read_body(scope, receive)
+            # A full queue is answered here, on the loop, before any parsing: a 429 must be
+            # fast when the service is busiest. (A body naming its own "id" goes the long way,
+            # so resubmitting a known job stays idempotent.)
+            if b'"id"' not in body and self.service.reject_if_full():
+                raise _Reply(429, {"error": f"the service's queue is full ({self.service.max_queue} jobs "
+                                            "waiting): retry later"},
+                             [("retry-after", str(self.retry_after_s))], rejection="queue_full")
             job_id = await self._call(self._submit, body)
             return 202, {"id": job_id}, [("location", f"/v1/jobs/{job_id}")]
         match = _JOB.match(path)

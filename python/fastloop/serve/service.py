@@ -215,6 +215,19 @@ class InferenceService:
             raise JobCancelled(job_id, record.error or "cancelled")
         raise JobFailed(job_id, record.error or "unknown error")
 
+    def reject_if_full(self) -> bool:
+        """True, counting a rejection, when max_queue jobs wait: a front answers 429 with it
+        before parsing a request (submit() would refuse the job anyway, after converting its
+        input). The answer is as current as any answer to "is it full?" can be.
+
+        >>> if svc.reject_if_full(): answer_429()
+        """
+        with self._lock:
+            if self._queued >= self.max_queue and not self._closed:
+                self._stats.count("rejected")
+                return True
+        return False
+
     def cancel(self, job_id: str) -> bool:
         """Takes a queued job off the queue: it never runs, ends "failed" and result() raises
         JobCancelled. Returns False (and changes nothing) for a job already running or
