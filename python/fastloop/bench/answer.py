@@ -92,7 +92,8 @@ def answer(results: Sequence[Any], loader_rows: Sequence[Any], model_rows: Seque
         out.append("**Use processes** for per-sample Python code (the GIL runs it one thread at a time):")
         out += [f"- {line}" for line in processes]
         out.append("")
-    out.append("Serving (a queued inference service) is not measured yet.")
+    out.append("Serving (fastloop.serve) is measured on its own: benchmarks/bench_serve.py (in process) and "
+               "benchmarks/bench_serve_http.py (over HTTP, the server in its own process).")
     return out
 
 
