@@ -511,10 +511,13 @@ void fl_nn_optimizer_set_steps(fl_nn_optimizer *opt, int64_t steps) {
     pthread_mutex_unlock(&opt->model->lock);
 }
 
-int fl_nn_optimizer_buffers(const fl_nn_optimizer *opt) {
+int fl_nn_optimizer_buffers(fl_nn_optimizer *opt) {
     if (opt->kind == FL_NN_ADAM)
         return 2;
-    return opt->hyper.momentum != 0 ? 1 : 0;
+    pthread_mutex_lock(&opt->model->lock); /* set_hyper may change momentum meanwhile */
+    int buffers = opt->hyper.momentum != 0 ? 1 : 0;
+    pthread_mutex_unlock(&opt->model->lock);
+    return buffers;
 }
 
 static int check_state_index(fl_nn_optimizer *opt, int index, int which) {

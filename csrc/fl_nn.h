@@ -118,7 +118,7 @@ void fl_nn_optimizer_set_steps(fl_nn_optimizer *opt, int64_t steps);
 /* State buffers per parameter: 0 (plain SGD), 1 (SGD momentum_buffer), 2 (Adam exp_avg,
  * exp_avg_sq). Get/set copy buffer `which` of parameter `index` to or from the host;
  * get before the first step yields zeros. */
-int fl_nn_optimizer_buffers(const fl_nn_optimizer *opt);
+int fl_nn_optimizer_buffers(fl_nn_optimizer *opt);
 int fl_nn_optimizer_get_state(fl_nn_optimizer *opt, int index, int which, void *host_dst);
 int fl_nn_optimizer_set_state(fl_nn_optimizer *opt, int index, int which, const void *host_src);
 

@@ -92,3 +92,11 @@ def test_regression_task_learns_the_seed_weights(tmp_path):
 def test_resume_without_checkpoints_says_so(tmp_path):
     result = demo(tmp_path, "--quick", "--resume", check=False)
     assert result.returncode == 2 and "no checkpoints" in result.stdout
+
+
+def test_bad_options_are_refused_naming_them(tmp_path):
+    for option, value in (("--epochs", "0"), ("--batch-size", "-3"), ("--workers", "-1")):
+        result = demo(tmp_path, "--quick", option, value, check=False)
+        assert result.returncode == 2 and option in result.stderr
+    result = demo(tmp_path, "--quick", "--task", "segmentation", check=False)
+    assert result.returncode == 2 and "--task" in result.stderr

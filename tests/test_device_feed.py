@@ -50,8 +50,9 @@ def test_draws_are_reproducible_and_in_range():
 
 
 def test_bad_device_strings():
-    with pytest.raises(ValueError, match="'device' must be"):
-        fastloop.Loader(LABELS, device="gpu")
+    for bad in ("gpu", "cuda:x", -1, True):
+        with pytest.raises(ValueError, match="'device' must be"):
+            fastloop.Loader(LABELS, device=bad)
 
 
 needs_gpu = pytest.mark.skipif(not fastloop.cuda.is_available(), reason=f"no usable GPU: {fastloop.cuda.is_available().reason}")

@@ -355,7 +355,7 @@ def test_bad_constructions():
         nn.Sequential(nn.Linear(4, 3), nn.Flatten())
     with pytest.raises(TypeError, match="float32 or float64"):
         nn.Sequential(nn.Linear(4, 3), dtype=np.int32)
-    with pytest.raises(ValueError, match="device must be"):
+    with pytest.raises(ValueError, match="'device' must be"):
         nn.Sequential(nn.Linear(4, 3), device="tpu")
     with pytest.raises(ValueError, match="Nesterov"):
         nn.SGD(mlp((2, 1)), lr=0.1, nesterov=True)
@@ -508,3 +508,21 @@ def test_set_blas_threads_keeps_results():
         nn.set_blas_threads(2)
     with pytest.raises(ValueError, match="threads"):
         nn.set_blas_threads(0)
+
+
+def test_reading_the_optimizer_while_another_thread_trains_waits_for_the_step():
+    """lr, steps and state_dict() wait for the step in flight (the model's lock, GIL released)
+    and always see whole steps."""
+    model = mlp((256, 512, 10), seed=26)
+    opt = nn.SGD(model, lr=0.001, momentum=0.9)
+    x, y = batch(np.random.default_rng(27), 512, model, "cross_entropy")
+    trainer = threading.Thread(target=lambda: [model.train_step(x, y, loss="cross_entropy", opt=opt) for _ in range(20)])
+    trainer.start()
+    seen = []
+    while trainer.is_alive():
+        opt.lr = opt.lr
+        state = opt.state_dict()
+        assert state["param_groups"][0]["momentum"] == 0.9
+        seen.append(opt.steps)
+    trainer.join()
+    assert seen == sorted(seen) and opt.steps == 20

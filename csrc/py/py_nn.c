@@ -213,7 +213,10 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static void model_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     ModelObject *m = (ModelObject *)self;
-    fl_nn_model_free(m->model); /* before the capsule: its backend code must stay loaded */
+    fl_nn_model *model = m->model;
+    Py_BEGIN_ALLOW_THREADS /* a CUDA model waits for its stream and frees device memory */
+        fl_nn_model_free(model); /* before the capsule: its backend code must stay loaded */
+    Py_END_ALLOW_THREADS
     Py_XDECREF(m->backend_owner);
     type->tp_free(self);
     Py_DECREF(type);
@@ -533,10 +536,18 @@ static PyObject *optimizer_step(PyObject *self, PyObject *unused) {
     return rc == FL_OK ? Py_NewRef(Py_None) : nn_raise(self, rc, "step");
 }
 
+/* The optimizer's hyper-parameters and step count sit under the model's lock, which a
+ * train_step on another thread holds for the whole step: wait for it without the GIL. */
+static void get_hyper(fl_nn_optimizer *opt, fl_nn_hyper *h) {
+    Py_BEGIN_ALLOW_THREADS
+        fl_nn_optimizer_get_hyper(opt, h);
+    Py_END_ALLOW_THREADS
+}
+
 static PyObject *optimizer_get_hyper(PyObject *self, PyObject *unused) {
     (void)unused;
     fl_nn_hyper h;
-    fl_nn_optimizer_get_hyper(((OptimizerObject *)self)->opt, &h);
+    get_hyper(((OptimizerObject *)self)->opt, &h);
     return Py_BuildValue("{s:d,s:d,s:d,s:d,s:d,s:d,s:O,s:O}", "lr", h.lr, "momentum", h.momentum,
                          "weight_decay", h.weight_decay, "beta1", h.beta1, "beta2", h.beta2, "eps", h.eps,
                          "nesterov", h.nesterov ? Py_True : Py_False, "decoupled", h.decoupled ? Py_True : Py_False);
@@ -548,16 +559,23 @@ static PyObject *optimizer_set_hyper(PyObject *self, PyObject *dict) {
         return NULL;
     }
     fl_nn_hyper h;
-    fl_nn_optimizer_get_hyper(((OptimizerObject *)self)->opt, &h);
+    fl_nn_optimizer *opt = ((OptimizerObject *)self)->opt;
+    get_hyper(opt, &h);
     if (parse_hyper(dict, &h) < 0)
         return NULL;
-    fl_nn_optimizer_set_hyper(((OptimizerObject *)self)->opt, &h);
+    Py_BEGIN_ALLOW_THREADS
+        fl_nn_optimizer_set_hyper(opt, &h);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static PyObject *optimizer_get_steps(PyObject *self, void *unused) {
     (void)unused;
-    return PyLong_FromLongLong(fl_nn_optimizer_steps(((OptimizerObject *)self)->opt));
+    int64_t steps;
+    Py_BEGIN_ALLOW_THREADS
+        steps = fl_nn_optimizer_steps(((OptimizerObject *)self)->opt);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(steps);
 }
 
 static int optimizer_set_steps(PyObject *self, PyObject *value, void *unused) {
@@ -568,13 +586,20 @@ static int optimizer_set_steps(PyObject *self, PyObject *value, void *unused) {
             PyErr_SetString(PyExc_ValueError, "steps must be an int >= 0");
         return -1;
     }
-    fl_nn_optimizer_set_steps(((OptimizerObject *)self)->opt, steps);
+    fl_nn_optimizer *opt = ((OptimizerObject *)self)->opt;
+    Py_BEGIN_ALLOW_THREADS
+        fl_nn_optimizer_set_steps(opt, steps);
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
 static PyObject *optimizer_get_buffers(PyObject *self, void *unused) {
     (void)unused;
-    return PyLong_FromLong(fl_nn_optimizer_buffers(((OptimizerObject *)self)->opt));
+    int buffers;
+    Py_BEGIN_ALLOW_THREADS
+        buffers = fl_nn_optimizer_buffers(((OptimizerObject *)self)->opt);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(buffers);
 }
 
 /* get_state(i, which) -> host copy of state buffer `which` of parameter i. */

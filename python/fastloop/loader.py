@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
+from ._device import parse_device
 from .errors import WorkerError
 from .ops import Pipeline
 
@@ -192,7 +193,8 @@ class Loader:
             raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
-        self.device = None if device in (None, "cpu") else _cuda_index(device)
+        kind, index = parse_device(device)
+        self.device = index if kind == "cuda" else None
         if self.device is not None:
             from . import cuda
 
@@ -364,18 +366,6 @@ class Loader:
         feed = getattr(self, "_feed", None)
         if feed is not None:
             feed.close()  # unpin before the slots are freed
-
-
-def _cuda_index(device: str | int) -> int:
-    """The CUDA device index of "cuda", "cuda:N" or N."""
-    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
-        return device
-    text = str(device)
-    if text == "cuda":
-        return 0
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
-    raise ValueError(f"'device' must be None, 'cpu', 'cuda', 'cuda:N' or a device index, not {device!r}")
 
 
 class _Epoch:

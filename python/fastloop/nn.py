@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _blas, _core
+from ._device import parse_device as _parse_device
 
 __all__ = [
     "Module",
@@ -77,22 +78,6 @@ def set_blas_threads(threads: int) -> None:
     """
     _blas.ensure_loaded()
     _core._blas_set_threads(int(threads))
-
-
-def _parse_device(device: str | int | None) -> tuple[str, int]:
-    if device is None:
-        return "cpu", 0
-    if isinstance(device, int):
-        return "cuda", device
-    text = str(device)
-    if text == "cpu":
-        return "cpu", 0
-    if text == "cuda" or text.startswith("cuda:"):
-        index = text.partition(":")[2]
-        if index and not index.isdigit():
-            raise ValueError(f"device {text!r}: the index after 'cuda:' must be a number")
-        return "cuda", int(index or 0)
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
 
 
 def _is_cuda_array(obj: Any) -> bool:
