@@ -238,6 +238,25 @@ def test_bad_job_ids_are_refused(job_id):
             svc.submit(np.ones(1), job_id=job_id)
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_idle_worker_priority_puts_the_worker_threads_only_under_sched_idle():
+    def model(batch):  # runs on a worker thread: reports that thread's policy in every row
+        return np.full((len(batch), 1), os.sched_getscheduler(0), dtype=np.int64)
+
+    with InferenceService(model, workers=2, worker_priority="idle", store=MemoryStore()) as svc:
+        assert "worker_priority='idle'" in repr(svc)
+        assert svc.result(svc.submit(np.ones(3)), timeout=5)[0] == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is untouched
+    with InferenceService(model, store=MemoryStore()) as svc:
+        assert svc.result(svc.submit(np.ones(3)), timeout=5)[0] == os.SCHED_OTHER
+
+
+@pytest.mark.parametrize("priority", ["low", "IDLE", None, 19])
+def test_an_unknown_worker_priority_is_refused_naming_it(priority):
+    with pytest.raises(ValueError, match=f"worker_priority must be one of .*not {priority!r}"):
+        InferenceService(lambda b: b, worker_priority=priority, store=MemoryStore())
+
+
 # ---------------------------------------------------------------- waiting
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import io
 import json
 import os
 import pickle
@@ -30,6 +31,7 @@ from fastloop.serve import (InferenceService, JobCancelled, JobExpired, JobFaile
 from fastloop.serve.cli import arch_of  # noqa: E402
 from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
+from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402
 
 IN, OUT = 16, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,6 +212,66 @@ def test_an_oversize_body_is_413_by_content_length_and_by_streamed_size(mlp_serv
     conn.close()
 
 
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=array.dtype == object)
+    return buffer.getvalue()
+
+
+def call_npy(base: str, method: str, path: str, raw: bytes | None = None):
+    """(status, headers, array | decoded JSON) of a request sending and accepting .npy."""
+    url = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.request(method, path, body=raw, headers={"content-type": NPY, "accept": NPY})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    if response.getheader("content-type") == NPY:
+        return response.status, response, np.load(io.BytesIO(data), allow_pickle=False)
+    return response.status, response, json.loads(data)
+
+
+def test_a_npy_body_is_served_and_a_npy_result_keeps_the_dtype_exactly(mlp_server, mlp):
+    base, _ = mlp_server
+    x = sample(12)
+    status, response, body = call_npy(base, "POST", "/v1/jobs", npy(x))
+    assert status == 202 and response.getheader("location") == f"/v1/jobs/{body['id']}"
+    assert poll(base, body["id"])["status"] == "done"
+    status, response, row = call_npy(base, "GET", f"/v1/jobs/{body['id']}/result")
+    assert status == 200 and response.getheader("x-job-id") == body["id"]
+    assert row.dtype == np.float32 and np.array_equal(row, mlp(x[None])[0])
+    assert call(base, "GET", f"/v1/jobs/{body['id']}/result")[2]["result"] == row.tolist()  # JSON unless asked
+    pixels = np.arange(IN, dtype=np.uint8)  # integers convert to the model's dtype, as a JSON list would
+    job = call_npy(base, "POST", "/v1/jobs", npy(pixels))[2]["id"]
+    assert poll(base, job)["status"] == "done"
+    assert np.array_equal(call_npy(base, "GET", f"/v1/jobs/{job}/result")[2], mlp(pixels[None].astype(np.float32))[0])
+
+
+def test_a_npy_body_takes_its_id_from_the_query_and_stays_idempotent(mlp_server):
+    base, service = mlp_server
+    first = call_npy(base, "POST", "/v1/jobs?id=npy-job-1", npy(sample(13)))
+    again = call_npy(base, "POST", "/v1/jobs?id=npy-job-1", npy(sample(14)))
+    assert first[0] == again[0] == 202 and first[2]["id"] == again[2]["id"] == "npy-job-1"
+    assert call_npy(base, "POST", "/v1/jobs?id=../x", npy(sample(13)))[0] == 400
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"not an array at all", "not a .npy array"),
+    (npy(np.array([{"a": 1}], dtype=object)), "not a .npy array"),  # pickled objects
+    (npy(sample(1))[:-5], "not a .npy array"),  # truncated
+    (npy(sample(1)) + b"tail", "4 bytes after"),
+    (npy(sample(1).astype(np.float64)), "dtype float64.*float32"),
+    (npy(sample(1)[:3]), r"shape \(3,\)"),
+    (npy(np.array(["a"] * IN)), "numbers"),
+])
+def test_bad_npy_bodies_are_400_naming_the_cause(mlp_server, raw, words):
+    base, service = mlp_server
+    submitted = service.stats()["submitted"]
+    status, _, body = call_npy(base, "POST", "/v1/jobs", raw)
+    assert status == 400 and re.search(words, body["error"]), body
+    assert service.stats()["submitted"] == submitted
+
+
 def test_unknown_job_is_404_and_healthz_is_ok(mlp_server):
     base, _ = mlp_server
     assert call(base, "GET", "/v1/jobs/nope")[0] == 404
@@ -232,9 +294,12 @@ def test_a_full_queue_answers_429_with_retry_after_and_stores_nothing(gate_serve
     assert call(base, "GET", "/v1/jobs/refused")[0] == 404
     status, response, body = call(base, "POST", "/v1/jobs", {"inputs": [6.0]})  # answered before parsing
     assert status == 429 and response.getheader("retry-after") == "3" and "full" in body["error"]
+    assert call_npy(base, "POST", "/v1/jobs", npy(np.ones(1)))[0] == 429  # .npy bodies too
     again = call(base, "POST", "/v1/jobs", {"inputs": [0.0], "id": queued[0]})  # a known id stays idempotent
     assert again[0] == 202 and again[2]["id"] == queued[0]
-    assert service.stats()["rejected"] == 2
+    again = call_npy(base, "POST", f"/v1/jobs?id={queued[1]}", npy(np.ones(1)))
+    assert again[0] == 202 and again[2]["id"] == queued[1]
+    assert service.stats()["rejected"] == 3
     assert call(base, "GET", "/healthz")[0] == 200  # the worker is busy in the model; the front is not
     assert call(base, "GET", f"/v1/jobs/{running}/result")[:3:2] == (202, {"id": running, "status": "running"})
     gate.open.set()
@@ -452,6 +517,18 @@ def test_client_submit_result_cancel_and_errors(gate_server):
         Client("http://127.0.0.1:9", timeout=2).submit(inputs=[1.0])
 
 
+def test_client_sends_arrays_as_npy_keeping_their_dtype_and_lists_as_json(mlp_server, mlp):
+    base, _ = mlp_server
+    client = Client(base, timeout=5)
+    x = sample(21)
+    row = client.result(client.submit(inputs=x, job_id="client-npy"), timeout=10)
+    assert row.dtype == np.float32 and np.array_equal(row, mlp(x[None])[0])
+    assert client.submit(inputs=x, job_id="client-npy") == "client-npy"
+    np.testing.assert_array_equal(client.result(client.submit(inputs=x.astype(np.float64).tolist()), timeout=10), row)
+    with pytest.raises(BadRequest, match="dtype float64, the model computes in float32"):
+        client.submit(inputs=x.astype(np.float64))  # an array keeps its dtype: convert it first
+
+
 def test_client_result_of_an_expired_job_raises_job_expired(mlp):
     service = InferenceService(mlp, store=MemoryStore(), result_ttl_s=0.2, expired_ttl_s=30)
     with serving(App(service)) as base:
@@ -473,14 +550,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cli_serves_a_checkpoint_and_stops_cleanly_on_ctrl_c(mlp, tmp_path):
+@pytest.mark.parametrize("priority", ["normal", pytest.param("idle", marks=pytest.mark.skipif(
+    not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's"))])
+def test_cli_serves_a_checkpoint_and_stops_cleanly_on_ctrl_c(mlp, tmp_path, priority):
     ckpt = fl.Checkpointer(str(tmp_path / "ckpts"))
     ckpt.save(fl.nn.training_state(mlp, arch=arch_of(mlp), step=1), 1)
     ckpt.wait()
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "fastloop", "serve", "--model", str(tmp_path / "ckpts"),
-                             "--port", str(port), "--store", f"file:{tmp_path / 'jobs'}", "--log-level", "warning"],
+                             "--port", str(port), "--store", f"file:{tmp_path / 'jobs'}", "--log-level", "warning",
+                             "--worker-priority", priority],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         client = Client(f"http://127.0.0.1:{port}", timeout=5)

@@ -18,7 +18,10 @@ HTTP/1.1 request and response: far less client CPU per request than http.client 
    the 429 answers (target p99 < 5 ms), the server's RSS at start, peak and end (VmRSS of its
    process; bounded), and /healthz latency every 10 ms from a separate client **process**
    (target p99 < 10 ms: proof that inference does not hold the server's GIL; a thread of this
-   process would measure this process's own GIL hand-offs instead).
+   process would measure this process's own GIL hand-offs instead). Each overload runs twice:
+   the workers at normal priority, and under SCHED_IDLE (``--worker-priority idle``), where a
+   woken front thread (or client) preempts a computing worker at once instead of waiting for
+   its time slice to end.
 
     $ python benchmarks/bench_serve_http.py [--quick] [--markdown]
 """
@@ -63,11 +66,12 @@ class Server:
     """
 
     def __init__(self, checkpoint: str, *, max_batch: int, max_delay_ms: float = 2.0, max_queue: int = 1024,
-                 workers: int = WORKERS) -> None:
+                 workers: int = WORKERS, worker_priority: str = "normal") -> None:
         self.port = _free_port()
         self.args = [sys.executable, "-m", "fastloop", "serve", "--model", checkpoint, "--port", str(self.port),
                      "--workers", str(workers), "--max-batch", str(max_batch), "--max-delay-ms", str(max_delay_ms),
-                     "--max-queue", str(max_queue), "--store", "memory", "--log-level", "warning"]
+                     "--max-queue", str(max_queue), "--store", "memory", "--log-level", "warning",
+                     "--worker-priority", worker_priority]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> "Server":
@@ -398,11 +402,12 @@ async def _open_loop(server: Server, body: bytes, rate: float, seconds: float,
 
 
 def overload(ckpt: str, model: fl.nn.Sequential, capacity: float, *, max_batch: int, seconds: float,
-             max_queue: int = OVERLOAD_QUEUE, factor: float = 2.0, connections: int = OPEN_LOOP_CONNECTIONS) -> Overload:
+             max_queue: int = OVERLOAD_QUEUE, factor: float = 2.0, connections: int = OPEN_LOOP_CONNECTIONS,
+             worker_priority: str = "normal") -> Overload:
     """Open loop at factor x capacity (jobs/s of the same server in the closed loop) for
-    `seconds` against a server with a small queue."""
+    `seconds` against a server with a small queue, its workers at `worker_priority`."""
     body = job_bodies(model, 1)[0]
-    with Server(ckpt, max_batch=max_batch, max_queue=max_queue) as server:
+    with Server(ckpt, max_batch=max_batch, max_queue=max_queue, worker_priority=worker_priority) as server:
         probe = subprocess.Popen([sys.executable, "-c", _PROBE, str(server.port), str(seconds), "0.01"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
@@ -430,7 +435,7 @@ def overload(ckpt: str, model: fl.nn.Sequential, capacity: float, *, max_batch: 
     for _, s in health:
         if s != 200:
             other[f"healthz {s}"] = other.get(f"healthz {s}", 0) + 1
-    return Overload(model_name(model), f"max_batch={max_batch}", capacity, len(statuses) / out["span"], out["span"], max_queue,
+    return Overload(model_name(model), f"max_batch={max_batch}, {worker_priority} workers", capacity, len(statuses) / out["span"], out["span"], max_queue,
                     statuses.count(202), statuses.count(429), pct(reject, 50), pct(reject, 99), pct(accept, 50),
                     pct(accept, 99), out["depth"], out["rss"][0], max(out["rss"]), out["rss_end"], pct(hl, 50),
                     pct(hl, 99), float(hl.max()) if hl.size else float("nan"), int(hl.size),
@@ -477,8 +482,10 @@ def front_floor(ckpt: str, seconds: float) -> tuple[float, float]:
 def compare(quick: bool = False) -> Suite:
     """Per model: batched and max_batch=1 over HTTP (quick: the small MLP, and the large one
     with max_batch=1 only); the front's per-request floor; then the overload on the large MLP
+    (quick: 2 s with a queue of 64, so that it fills)
     at twice the closed-loop capacity of the same server, with max_batch=1 (the workers are
-    the bottleneck) and, unless quick, max_batch=32 (the front is)."""
+    the bottleneck) and, unless quick, max_batch=32 (the front is), each with the workers at
+    normal priority and under SCHED_IDLE (``--worker-priority idle``), side by side."""
     seconds, warmup, overload_s = (1.5, 0.5, 2.0) if quick else (5.0, 1.0, 5.0)
     runs, costs = [], {}
     for hidden in HIDDEN:
@@ -495,7 +502,10 @@ def compare(quick: bool = False) -> Suite:
         for max_batch in (1,) if quick else (1, 32):
             capacity = next(r for r in runs if r.model == model_name(model)
                             and r.variant == f"max_batch={max_batch}").jobs_per_s
-            loads.append(overload(ckpt, model, capacity, max_batch=max_batch, seconds=overload_s))
+            for priority in ("normal", "idle") if hasattr(os, "SCHED_IDLE") else ("normal",):
+                loads.append(overload(ckpt, model, capacity, max_batch=max_batch, seconds=overload_s,
+                                      max_queue=OVERLOAD_QUEUE // 4 if quick else OVERLOAD_QUEUE,
+                                      worker_priority=priority))
     return Suite(runs, loads, costs, floor)
 
 

@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
     parser.add_argument("--blas-threads", type=int, default=1,
                         help="CPU BLAS threads per matrix product (the workers already run in parallel)")
+    parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal",
+                        help="idle: the workers run under SCHED_IDLE (Linux), so the HTTP front preempts them "
+                             "at once under load; for a machine that serves and does little else")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     try:
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
                                max_delay_ms=args.max_delay_ms, store=_store(args.store),
-                               result_ttl_s=args.result_ttl_s)
+                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     try:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
 import numpy as np
 
 from ..errors import Error, QueueFull
+from .http_inputs import NPY_TYPE, npy_bytes, parse_npy
 from .jobs import JobCancelled, JobExpired, JobFailed
 
 __all__ = ["Client", "BadRequest", "ServiceUnavailable"]
@@ -57,10 +59,15 @@ class Client:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
 
     def submit(self, inputs: Any = None, path: str | None = None, job_id: str | None = None) -> str:
-        """Queues one input (a NumPy array or nested list) or a .npy file under the server's
-        input root; returns the job id. QueueFull (``.retry_after``) when the queue is full."""
+        """Queues one input or a .npy file under the server's input root; returns the job id.
+        A NumPy array travels as a .npy body, with its dtype (which must be the model's, or
+        integers); a nested list as JSON, converted to the model's dtype by the server.
+        QueueFull (``.retry_after``) when the queue is full."""
         if (inputs is None) == (path is None):
             raise ValueError("give exactly one of inputs or path")
+        if isinstance(inputs, np.ndarray):
+            query = "" if job_id is None else "?" + urllib.parse.urlencode({"id": job_id})
+            return self._request("POST", "/v1/jobs" + query, npy_bytes(inputs))[1]["id"]
         body: dict[str, Any] = {"path": path} if path is not None else {"inputs": np.asarray(inputs).tolist()}
         if job_id is not None:
             body["id"] = job_id
@@ -79,7 +86,7 @@ class Client:
         while True:
             status, body = self._request("GET", f"/v1/jobs/{job_id}/result", ok=(200, 202))
             if status == 200:
-                return np.asarray(body["result"], dtype=body.get("dtype"))
+                return body if isinstance(body, np.ndarray) else np.asarray(body["result"], dtype=body.get("dtype"))
             if deadline is not None and time.monotonic() + wait > deadline:
                 raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {body['status']})")
             time.sleep(wait)
@@ -97,9 +104,16 @@ class Client:
             return False
 
     def _request(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 202)) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                         headers={"content-type": "application/json"} if data else {})
+        """(status, answer): a .npy answer as an array, a JSON one as it reads. `body`: bytes
+        (sent as .npy), or anything JSON takes."""
+        headers = {"accept": f"{NPY_TYPE}, application/json"}
+        if isinstance(body, bytes):
+            data, headers["content-type"] = body, NPY_TYPE
+        elif body is not None:
+            data, headers["content-type"] = json.dumps(body).encode(), "application/json"
+        else:
+            data = None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 status, raw, headers = response.status, response.read(), response.headers
@@ -109,6 +123,8 @@ class Client:
             reason = getattr(error, "reason", error)
             raise ServiceUnavailable(f"{method} {self.base_url}{path}: {reason}") from None
         try:
+            if status == 200 and headers.get("content-type", "").startswith(NPY_TYPE):
+                return status, parse_npy(raw)
             answer = json.loads(raw) if raw else {}
         except ValueError:
             answer = {"error": raw[:200].decode(errors="replace")}

@@ -22,12 +22,13 @@ import concurrent.futures
 import json
 import re
 import threading
+import urllib.parse
 from typing import Any, Awaitable, Callable
 
 import numpy as np
 
 from ..errors import Closed, QueueFull
-from .http_inputs import BadInput, TooLarge, load_npy_under, parse_body
+from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
 from .metrics_text import CONTENT_TYPE, render
 from .service import InferenceService
@@ -42,6 +43,32 @@ _JOB = re.compile(r"^/v1/jobs/([^/]+)(/result|/events)?$")
 _TERMINAL = (DONE, FAILED, EXPIRED)
 _ORDER = {QUEUED: 0, RUNNING: 1, DONE: 2, FAILED: 2, EXPIRED: 3}
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    """The first value of a request header (names are lower case in ASGI); "" if absent."""
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _query_id(scope: Scope) -> str | None:
+    """The ``id`` query parameter (a .npy body's job id), or None."""
+    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get("id")
+    return values[0] if values else None
+
+
+def _submit_reply(error: Exception, retry_after_s: float) -> Exception:
+    """The HTTP answer to an error from submit: 429, 413 or 400; anything else as it is
+    (store trouble becomes a 503 in App._call)."""
+    if isinstance(error, QueueFull):
+        return _Reply(429, {"error": str(error)}, [("retry-after", str(retry_after_s))], rejection="queue_full")
+    if isinstance(error, TooLarge):
+        return _Reply(413, {"error": str(error)}, rejection="too_large")
+    if isinstance(error, (BadInput, TypeError, ValueError)):
+        return _Reply(400, {"error": str(error)}, rejection="bad_input")
+    return error
 
 
 class _Reply(Exception):
@@ -155,6 +182,8 @@ class App:
             status, body, headers = 500, {"error": f"{type(error).__name__}: {error}"}, []
         if isinstance(body, str):
             payload, kind = body.encode(), CONTENT_TYPE
+        elif isinstance(body, bytes):  # a result asked for as .npy
+            payload, kind = body, NPY_TYPE
         else:
             payload, kind = json.dumps(body).encode(), "application/json"
         self._count(self._responses, status)
@@ -175,14 +204,20 @@ class App:
             if method != "POST":
                 raise _Reply(405, {"error": f"{method} {path}: use POST"}, [("allow", "POST")])
             body = await self._read_body(scope, receive)
+            npy = _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
+            given_id = _query_id(scope) if npy else None
             # A full queue is answered here, on the loop, before any parsing: a 429 must be
-            # fast when the service is busiest. (A body naming its own "id" goes the long way,
+            # fast when the service is busiest. (A request naming its own id goes the long way,
             # so resubmitting a known job stays idempotent.)
-            if b'"id"' not in body and self.service.reject_if_full():
+            named = given_id is not None if npy else b'"id"' in body
+            if not named and self.service.reject_if_full():
                 raise _Reply(429, {"error": f"the service's queue is full ({self.service.max_queue} jobs "
                                             "waiting): retry later"},
                              [("retry-after", str(self.retry_after_s))], rejection="queue_full")
-            job_id = await self._call(self._submit, body)
+            if npy:
+                job_id = await self._call(self._submit_npy, body, given_id)
+            else:
+                job_id = await self._call(self._submit, body)
             return 202, {"id": job_id}, [("location", f"/v1/jobs/{job_id}")]
         match = _JOB.match(path)
         if match is None:
@@ -193,7 +228,7 @@ class App:
             raise _Reply(405, {"error": f"{method} {path}: use {' or '.join(allowed) or 'a WebSocket'}"},
                          [("allow", ", ".join(allowed))])
         if tail == "/result":
-            return await self._call(self._result, job_id)
+            return await self._call(self._result, job_id, NPY_TYPE in _header(scope, b"accept").lower())
         if method == "DELETE":
             return await self._call(self._cancel, job_id)
         return await self._call(self._status, job_id)
@@ -235,20 +270,24 @@ class App:
         try:
             data = parse_body(body)
             if "path" in data:
-                inputs: Any = load_npy_under(self.input_root, data["path"], self.max_body_bytes)
-                want = self.service._spec.dtype
-                if want is not None and inputs.dtype.kind in "biu":
-                    inputs = inputs.astype(want)  # integer files (uint8 pixels) convert as a list would
+                inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
             return self.service.submit(inputs, job_id=data.get("id"))
-        except QueueFull as error:
-            raise _Reply(429, {"error": str(error)}, [("retry-after", str(self.retry_after_s))],
-                         rejection="queue_full") from None
-        except TooLarge as error:
-            raise _Reply(413, {"error": str(error)}, rejection="too_large") from None
-        except (BadInput, TypeError, ValueError) as error:
-            raise _Reply(400, {"error": str(error)}, rejection="bad_input") from None
+        except Exception as error:
+            raise _submit_reply(error, self.retry_after_s) from None
+
+    def _submit_npy(self, body: bytes, job_id: str | None) -> str:
+        try:
+            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id)
+        except Exception as error:
+            raise _submit_reply(error, self.retry_after_s) from None
+
+    def _as_model_ints(self, inputs: np.ndarray) -> np.ndarray:
+        """Integer arrays (uint8 pixels) convert to the model's dtype, as a JSON list would;
+        any other dtype must be the model's (submit says so otherwise)."""
+        want = self.service._spec.dtype
+        return inputs.astype(want) if want is not None and inputs.dtype.kind in "biu" else inputs
 
     def _record(self, job_id: str) -> Any:
         try:
@@ -264,7 +303,7 @@ class App:
             body.update(error=record.error, cancelled=record.cancelled)
         return (410 if record.status == EXPIRED else 200), body, []
 
-    def _result(self, job_id: str) -> tuple[int, Any, list[tuple[str, str]]]:
+    def _result(self, job_id: str, as_npy: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
         record = self._record(job_id)
         if record.status in (QUEUED, RUNNING):
             return 202, {"id": job_id, "status": record.status}, [("retry-after", "1")]
@@ -278,6 +317,8 @@ class App:
             return 410, {"id": job_id, "status": EXPIRED, "error": str(error)}, []
         except KeyError:
             raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
+        if as_npy:
+            return 200, npy_bytes(row), [("x-job-id", job_id)]
         return 200, {"id": job_id, "status": DONE, "dtype": row.dtype.name, "shape": list(row.shape),
                      "result": row.tolist()}, []
 

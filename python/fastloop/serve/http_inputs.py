@@ -1,13 +1,17 @@
-"""Reading a job's input for the HTTP front: a JSON body, or a ``.npy`` file named by a path
-under the configured input root. Everything here raises BadInput (a ValueError) with the
-reason the client gets in its 400, or TooLarge for its 413; nothing is read with pickle.
+"""Reading a job's input for the HTTP front: a JSON body, a ``.npy`` body
+(``Content-Type: application/x-npy``: no number parsing, the dtype kept exactly), or a
+``.npy`` file named by a path under the configured input root. Everything here raises
+BadInput (a ValueError) with the reason the client gets in its 400, or TooLarge for its 413;
+nothing is read with pickle.
 
     >>> payload = parse_body(b'{"path": "images/cat.npy"}')
     >>> x = load_npy_under("/srv/inputs", payload["path"], max_bytes=1 << 20)
+    >>> x = parse_npy(request_body)            # Content-Type: application/x-npy
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -15,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BadInput", "TooLarge", "parse_body", "load_npy_under"]
+__all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_bytes", "load_npy_under"]
+
+NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
 _KEYS = {"inputs", "path", "id"}
 
@@ -48,6 +54,26 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if "id" in data and not isinstance(data["id"], str):
         raise BadInput(f"'id' must be a string, not {type(data['id']).__name__}")
     return data
+
+
+def parse_npy(body: bytes) -> np.ndarray:
+    """The array of a .npy body; BadInput for anything else: another format, a pickled or
+    object array, a truncated one, or bytes after the array."""
+    stream = io.BytesIO(body)
+    try:
+        array = np.lib.format.read_array(stream, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise BadInput(f"the body is not a .npy array of numbers: {error}") from None
+    if stream.tell() != len(body):
+        raise BadInput(f"the body has {len(body) - stream.tell()} bytes after its .npy array")
+    return array
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """`array` in the .npy format (the body of a result asked for as application/x-npy)."""
+    stream = io.BytesIO()
+    np.lib.format.write_array(stream, np.asarray(array), allow_pickle=False)
+    return stream.getvalue()
 
 
 def resolve_under(root: str | None, path: str) -> str:

@@ -29,6 +29,7 @@ from .filestore import FileStore
 from .inputs import InputSpec
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
                    JobRecord, check_job_id, new_job_id)
+from .priority import apply_to_this_thread, check_priority
 from .stats import ServiceStats
 from .stores import Store
 
@@ -73,6 +74,10 @@ class InferenceService:
     one in a fresh temporary directory) or MemoryStore; the service closes it on close().
     Done and failed jobs report "expired" ``result_ttl_s`` after they finish and are
     forgotten (unknown id) ``expired_ttl_s`` later (default: result_ttl_s).
+    ``worker_priority``: "normal", or "idle" to run the worker threads under Linux's
+    SCHED_IDLE policy, so that a front in the same process (429s, /healthz) preempts them at
+    once under overload; on a shared machine other busy processes preempt them too
+    (fastloop.serve.priority says more).
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
@@ -80,7 +85,8 @@ class InferenceService:
 
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
-                 result_ttl_s: float = 600.0, expired_ttl_s: float | None = None) -> None:
+                 result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
+                 worker_priority: str = "normal") -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
@@ -88,6 +94,7 @@ class InferenceService:
             raise ValueError("max_delay_ms must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
         if store is not None and not isinstance(store, Store):
             raise TypeError(f"store must be a fastloop.serve store (FileStore, MemoryStore), not {type(store).__name__}")
+        self.worker_priority = check_priority(worker_priority)
         self._spec = InputSpec.for_model(model)
         self.model = model
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
@@ -310,7 +317,9 @@ class InferenceService:
 
     def __repr__(self) -> str:
         return (f"InferenceService({type(self.model).__name__}, workers={self.workers}, max_batch={self.max_batch}, "
-                f"max_delay_ms={self.max_delay_s * 1e3:g}, store={self.store!r}{', closed' if self._closed else ''})")
+                f"max_delay_ms={self.max_delay_s * 1e3:g}, store={self.store!r}"
+                f"{', worker_priority=' + repr(self.worker_priority) if self.worker_priority != 'normal' else ''}"
+                f"{', closed' if self._closed else ''})")
 
     def _close_at_exit(self, deadline: float) -> None:
         self.close(drain_s=max(0.0, min(5.0, deadline - time.monotonic())))
@@ -390,6 +399,11 @@ class InferenceService:
     # ------------------------------------------------------------ threads
     def _work(self) -> None:
         """A worker: collect a batch, start its jobs, run each same-shape group, store rows."""
+        try:
+            apply_to_this_thread(self.worker_priority)
+        except OSError as error:  # e.g. a sandbox that forbids it: serve at normal priority
+            warnings.warn(f"InferenceService: worker_priority={self.worker_priority!r} refused by the system "
+                          f"({error}); this worker runs at normal priority", RuntimeWarning, stacklevel=2)
         while True:
             try:
                 jobs = collect(self._queue, self.max_batch, self.max_delay_s)
