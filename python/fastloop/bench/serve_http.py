@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import socket
@@ -44,6 +45,7 @@ import numpy as np
 
 import fastloop as fl
 
+from ..serve.http_inputs import NPY_TYPE
 from .serve import mlp
 from .targets import Result
 from .timing import best_times
@@ -56,6 +58,8 @@ OPEN_LOOP_CONNECTIONS = 256  # enough that the pacing never waits for a free con
 HEADERS = ["model", "variant", "jobs/s", "p50 ms", "p99 ms", "polls/job", "mean batch", "server CPU %",
            "client CPU %", "jobs"]
 COMMAND = "python benchmarks/bench_serve_http.py"
+NPY_MAGIC = b"\x93NUMPY"
+NPY_VARIANT = ", .npy bodies"
 
 
 # ------------------------------------------------------------ the server process
@@ -148,10 +152,14 @@ class Conn:
         self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: bytes = b"", accept: str = "") -> tuple[int, bytes]:
+        """(status, body); a body starting with .npy's magic goes as application/x-npy."""
         head = f"{method} {path} HTTP/1.1\r\nhost: b\r\ncontent-length: {len(body)}\r\n"
         if body:
-            head += "content-type: application/json\r\n"
+            kind = NPY_TYPE if body.startswith(NPY_MAGIC) else "application/json"
+            head += f"content-type: {kind}\r\n"
+        if accept:
+            head += f"accept: {accept}\r\n"
         self.writer.write(head.encode() + b"\r\n" + body)  # type: ignore[union-attr]
         await self.writer.drain()  # type: ignore[union-attr]
         header = await self.reader.readuntil(b"\r\n\r\n")  # type: ignore[union-attr]
@@ -205,10 +213,19 @@ def model_name(model: fl.nn.Sequential) -> str:
                                                               if isinstance(layer, fl.nn.Linear)])
 
 
-def job_bodies(model: fl.nn.Sequential, count: int) -> list[bytes]:
-    """JSON request bodies, one float32 input each (4 decimals, as a client would send pixels)."""
-    x = np.random.default_rng(1).standard_normal((count, model.in_features)).astype(np.float32)
-    return [json.dumps({"inputs": np.round(row, 4).tolist()}).encode() for row in x]
+def job_bodies(model: fl.nn.Sequential, count: int, body_format: str = "json") -> list[bytes]:
+    """Request bodies, one float32 input each (4 decimals, as a client would send pixels):
+    JSON, or .npy (``body_format="npy"``: sent as application/x-npy)."""
+    x = np.round(np.random.default_rng(1).standard_normal((count, model.in_features)), 4).astype(np.float32)
+    if body_format == "npy":
+        return [_npy(row) for row in x]
+    return [json.dumps({"inputs": row.tolist()}).encode() for row in x]
+
+
+def _npy(array: np.ndarray) -> bytes:
+    stream = io.BytesIO()
+    np.save(stream, array, allow_pickle=False)
+    return stream.getvalue()
 
 
 async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s: float,
@@ -220,6 +237,7 @@ async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s:
     failures: list[str] = []
 
     async def client(conn: Conn, body: bytes) -> None:
+        accept = NPY_TYPE if body.startswith(NPY_MAGIC) else ""  # results come back as the inputs went
         while "end" not in window:
             start = time.perf_counter()
             status, reply = await conn.request("POST", "/v1/jobs", body)
@@ -230,7 +248,7 @@ async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s:
             wait, n = 0.001, 0
             while True:
                 await asyncio.sleep(wait)
-                status, reply = await conn.request("GET", path)
+                status, reply = await conn.request("GET", path, accept=accept)
                 n += 1
                 if status == 200:
                     break
@@ -271,9 +289,9 @@ async def _scrape(port: int) -> str:
 
 
 def measure(ckpt: str, model: fl.nn.Sequential, variant: str, max_batch: int, *, seconds: float,
-            warmup_s: float, clients: int = CLIENTS) -> Run:
+            warmup_s: float, clients: int = CLIENTS, body_format: str = "json") -> Run:
     """Closed loop over HTTP: `clients` connections submit and poll, for warmup_s + seconds."""
-    bodies = job_bodies(model, clients)
+    bodies = job_bodies(model, clients, body_format)
     with Server(ckpt, max_batch=max_batch) as server:
         latencies, polls, span, server_cpu, client_cpu, (jobs_in_batches, batches) = asyncio.run(
             _closed_loop(server.port, bodies, seconds, warmup_s, server))
@@ -403,10 +421,10 @@ async def _open_loop(server: Server, body: bytes, rate: float, seconds: float,
 
 def overload(ckpt: str, model: fl.nn.Sequential, capacity: float, *, max_batch: int, seconds: float,
              max_queue: int = OVERLOAD_QUEUE, factor: float = 2.0, connections: int = OPEN_LOOP_CONNECTIONS,
-             worker_priority: str = "normal") -> Overload:
+             worker_priority: str = "normal", body_format: str = "json") -> Overload:
     """Open loop at factor x capacity (jobs/s of the same server in the closed loop) for
     `seconds` against a server with a small queue, its workers at `worker_priority`."""
-    body = job_bodies(model, 1)[0]
+    body = job_bodies(model, 1, body_format)[0]
     with Server(ckpt, max_batch=max_batch, max_queue=max_queue, worker_priority=worker_priority) as server:
         probe = subprocess.Popen([sys.executable, "-c", _PROBE, str(server.port), str(seconds), "0.01"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -435,7 +453,8 @@ def overload(ckpt: str, model: fl.nn.Sequential, capacity: float, *, max_batch: 
     for _, s in health:
         if s != 200:
             other[f"healthz {s}"] = other.get(f"healthz {s}", 0) + 1
-    return Overload(model_name(model), f"max_batch={max_batch}, {worker_priority} workers", capacity, len(statuses) / out["span"], out["span"], max_queue,
+    variant = f"max_batch={max_batch}, {worker_priority} workers{NPY_VARIANT if body_format == 'npy' else ''}"
+    return Overload(model_name(model), variant, capacity, len(statuses) / out["span"], out["span"], max_queue,
                     statuses.count(202), statuses.count(429), pct(reject, 50), pct(reject, 99), pct(accept, 50),
                     pct(accept, 99), out["depth"], out["rss"][0], max(out["rss"]), out["rss_end"], pct(hl, 50),
                     pct(hl, 99), float(hl.max()) if hl.size else float("nan"), int(hl.size),
@@ -480,12 +499,13 @@ def front_floor(ckpt: str, seconds: float) -> tuple[float, float]:
 
 
 def compare(quick: bool = False) -> Suite:
-    """Per model: batched and max_batch=1 over HTTP (quick: the small MLP, and the large one
-    with max_batch=1 only); the front's per-request floor; then the overload on the large MLP
-    (quick: 2 s with a queue of 64, so that it fills)
-    at twice the closed-loop capacity of the same server, with max_batch=1 (the workers are
-    the bottleneck) and, unless quick, max_batch=32 (the front is), each with the workers at
-    normal priority and under SCHED_IDLE (``--worker-priority idle``), side by side."""
+    """Per model: batched and max_batch=1 over HTTP with JSON bodies (quick: the small MLP, and
+    the large one with max_batch=1 only), and for the small MLP the same with .npy bodies; the
+    front's per-request floor; then the overload on the large MLP at twice the closed-loop
+    capacity of the same server (quick: 2 s with a queue of 64, so that it fills), with
+    max_batch=1 (the workers are the bottleneck) and, unless quick, max_batch=32 (the front
+    is), each with the workers at normal priority and under SCHED_IDLE (``--worker-priority
+    idle``), side by side, and max_batch=32 with idle workers and .npy bodies."""
     seconds, warmup, overload_s = (1.5, 0.5, 2.0) if quick else (5.0, 1.0, 5.0)
     runs, costs = [], {}
     for hidden in HIDDEN:
@@ -495,6 +515,10 @@ def compare(quick: bool = False) -> Suite:
             if not (quick and hidden != HIDDEN[0]):
                 runs.append(measure(ckpt, model, "max_batch=32", 32, seconds=seconds, warmup_s=warmup))
             runs.append(measure(ckpt, model, "max_batch=1", 1, seconds=seconds, warmup_s=warmup))
+            if hidden == HIDDEN[0]:  # the front-bound model: the same with .npy bodies (no JSON numbers)
+                for max_batch in (32,) if quick else (32, 1):
+                    runs.append(measure(ckpt, model, f"max_batch={max_batch}{NPY_VARIANT}", max_batch,
+                                        seconds=seconds, warmup_s=warmup, body_format="npy"))
     model = mlp(HIDDEN[-1])
     loads = []
     with checkpoint(model) as ckpt:
@@ -502,23 +526,25 @@ def compare(quick: bool = False) -> Suite:
         for max_batch in (1,) if quick else (1, 32):
             capacity = next(r for r in runs if r.model == model_name(model)
                             and r.variant == f"max_batch={max_batch}").jobs_per_s
-            for priority in ("normal", "idle") if hasattr(os, "SCHED_IDLE") else ("normal",):
+            priorities = ("normal", "idle") if hasattr(os, "SCHED_IDLE") else ("normal",)
+            plans = [(p, "json") for p in priorities] + ([("idle", "npy")] if max_batch > 1 and len(priorities) > 1 else [])
+            for priority, body_format in plans:
                 loads.append(overload(ckpt, model, capacity, max_batch=max_batch, seconds=overload_s,
                                       max_queue=OVERLOAD_QUEUE // 4 if quick else OVERLOAD_QUEUE,
-                                      worker_priority=priority))
+                                      worker_priority=priority, body_format=body_format))
     return Suite(runs, loads, costs, floor)
 
 
 def results(suite: Suite) -> list[Result]:
     rows = []
-    for model in dict.fromkeys(r.model for r in suite.runs):
+    for model, bodies in [(m, b) for m in dict.fromkeys(r.model for r in suite.runs) for b in ("", NPY_VARIANT)]:
         variants = {r.variant: r for r in suite.runs if r.model == model}
-        if "max_batch=32" not in variants:
+        if f"max_batch=32{bodies}" not in variants or f"max_batch=1{bodies}" not in variants:
             continue
-        batched, single = variants["max_batch=32"], variants["max_batch=1"]
+        batched, single = variants[f"max_batch=32{bodies}"], variants[f"max_batch=1{bodies}"]
         ratio = batched.jobs_per_s / single.jobs_per_s
         one, in_batch = suite.costs[model]
-        rows.append(Result(f"HTTP {model}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
+        rows.append(Result(f"HTTP {model}{bodies}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
                            ratio >= 3, f"{batched.jobs_per_s:.0f} vs {single.jobs_per_s:.0f} jobs/s; model "
                            f"{one * 1e6:.0f} us/row alone, {in_batch * 1e6:.0f} us/row in 32; server CPU "
                            f"{batched.server_cpu * 1e3 / batched.jobs_per_s:.2f} vs "
