@@ -30,56 +30,12 @@ import fastloop as fl  # noqa: E402
 from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
 from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
+from fastloop.bench.redis_server import RedisServer  # noqa: E402
 
 IN = 16
 
 # a Redis outage makes the service warn once per job it could not record; the tests expect that
 pytestmark = pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning")
-
-
-class RedisServer:
-    """A redis-server on a free port in its own directory; stop() and start() keep the port."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.directory, "--logfile", os.path.join(self.directory, "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.exceptions.RedisError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port} (see {self.directory}/redis.log)")
-            time.sleep(0.01)
-        client.close()
-
-    def stop(self, save: bool = False) -> None:
-        """save: a graceful SHUTDOWN SAVE (dump.rdb, loaded by the next start); else SIGKILL,
-        which loses everything (this server keeps no other persistence)."""
-        if save:
-            try:
-                redis.Redis(port=self.port, socket_timeout=5).shutdown(save=True)
-            except redis.exceptions.ConnectionError:
-                pass  # redis-py may see the connection close as an error
-        else:
-            self.process.kill()
-        self.process.wait(timeout=10)
-
-    def client(self) -> "redis.Redis":
-        return redis.Redis(port=self.port, socket_timeout=2)
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +134,27 @@ def test_finish_stores_the_result_and_drops_the_input(any_store):
     with pytest.raises(KeyError):
         any_store.get_result("f")
     assert any_store.get_input("d") is None and any_store.get_input("f") is None
+
+
+def test_update_many_and_finish_many_write_a_batch_with_an_outcome_per_job(any_store):
+    for job_id in "abc":
+        any_store.create(rec(job_id), np.ones(3, np.float32) if any_store.keeps_inputs else None)
+    running = [any_store.get(job_id) for job_id in "abc"] + [rec("unknown")]
+    for record in running:
+        record.status, record.started = "running", time.time()
+    outcomes = any_store.update_many(running)
+    assert outcomes[:3] == [None, None, None] and isinstance(outcomes[3], KeyError)
+    assert [any_store.get(job_id).status for job_id in "abc"] == ["running"] * 3
+    ended = []
+    for i, record in enumerate(running[:3]):
+        record.status, record.finished = ("done", time.time()) if i < 2 else ("failed", time.time())
+        ended.append((record, np.full(2, i, np.float32) if i < 2 else None))
+    assert any_store.finish_many(ended) == [None, None, None]
+    assert [any_store.get(job_id).status for job_id in "abc"] == ["done", "done", "failed"]
+    assert any_store.get_result("b").tolist() == [1.0, 1.0] and any_store.get_input("a") is None
+    with pytest.raises(KeyError):
+        any_store.get_result("c")
+    assert any_store.update_many([]) == [] and any_store.finish_many([]) == []
 
 
 def test_delete_forgets_a_job_and_ignores_an_unknown_one(any_store):
@@ -289,6 +266,18 @@ def test_a_missing_redis_package_names_pip_install_redis(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(ImportError, match="pip install redis"):
         RedisStore()
+
+
+def test_batch_writes_load_their_scripts_again_after_redis_lost_them(rstore, server):
+    for job_id in "xy":
+        rstore.create(rec(job_id), np.ones(3, np.float32))
+    records = [rstore.get(job_id) for job_id in "xy"]
+    redis.Redis.from_url(server.url).script_flush()  # what a restart without persistence does
+    for record in records:
+        record.status, record.finished = "done", time.time()
+    assert rstore.finish_many([(r, np.arange(2.0)) for r in records]) == [None, None]
+    assert [rstore.get(job_id).status for job_id in "xy"] == ["done", "done"]
+    assert rstore.get_result("y").tolist() == [0.0, 1.0]
 
 
 def test_an_unreachable_redis_raises_store_unavailable_at_once():

@@ -257,6 +257,82 @@ def test_an_unknown_worker_priority_is_refused_naming_it(priority):
         InferenceService(lambda b: b, worker_priority=priority, store=MemoryStore())
 
 
+class BatchStore(MemoryStore):
+    """A MemoryStore that writes batches (as RedisStore does), logs the calls the service
+    makes, and can refuse chosen jobs' final writes or be down for update_many."""
+
+    writes_batches = True
+
+    def __init__(self, refuse_finish=(), updates_down=False) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+        self.refuse_finish, self.updates_down = set(refuse_finish), updates_down
+
+    def update_many(self, records):
+        self.calls.append(("update_many", len(records)))
+        if self.updates_down:
+            raise StoreError("BatchStore: down")
+        return [None if MemoryStore.update(self, r) is None else None for r in records]
+
+    def finish_many(self, items):
+        self.calls.append(("finish_many", len(items)))
+        outcomes = []
+        for record, result in items:
+            if record.id in self.refuse_finish and result is not None:
+                outcomes.append(StoreError(f"no room for the result of {record.id}"))
+            else:
+                MemoryStore.finish(self, record, result)
+                outcomes.append(None)
+        return outcomes
+
+    def finish(self, record, result):
+        self.calls.append(("finish", 1))
+        super().finish(record, result)
+
+
+def _batch_of_eight(store, **kwargs):
+    """Job "first" runs alone while eight more queue; then the eight run as one batch."""
+    gate = Gate()
+    svc = InferenceService(gate, workers=1, max_batch=8, max_delay_ms=0, store=store, **kwargs)
+    first = svc.submit(np.zeros(2), job_id="first")
+    wait_for(lambda: gate.seen)
+    jobs = [svc.submit(np.full(2, i + 1.0), job_id=f"job{i}") for i in range(8)]
+    gate.open.set()
+    return svc, first, jobs
+
+
+def test_a_store_that_writes_batches_gets_one_call_per_batch_and_each_job_its_row():
+    store = BatchStore()
+    svc, first, jobs = _batch_of_eight(store)
+    with svc:
+        for i, job in enumerate(jobs):
+            np.testing.assert_array_equal(svc.result(job, timeout=5), np.full(2, 2 * (i + 1.0)))
+        assert svc.result(first, timeout=5).tolist() == [0.0, 0.0]
+        assert store.calls == [("update_many", 1), ("finish_many", 1), ("update_many", 8), ("finish_many", 8)]
+        assert svc.stats()["batch_sizes"] == {1: 1, 8: 1} and svc.stats()["store_errors"] == 0
+
+
+def test_a_job_whose_batched_result_is_refused_fails_alone_and_the_batch_is_stored():
+    store = BatchStore(refuse_finish={"job3"})
+    svc, first, jobs = _batch_of_eight(store)
+    with svc:
+        with pytest.raises(JobFailed, match="could not store the result: no room for the result of job3"):
+            svc.result("job3", timeout=5)
+        assert [svc.status(job) for job in jobs] == ["done"] * 3 + ["failed"] + ["done"] * 4
+        assert store.calls[-2:] == [("finish_many", 8), ("finish", 1)]  # only job3 written again
+        assert svc.stats()["store_errors"] == 1
+
+
+@pytest.mark.filterwarnings(r"ignore:InferenceService. could not record 1 job\(s\):RuntimeWarning")
+def test_jobs_run_when_the_store_cannot_record_them_running():
+    store = BatchStore(updates_down=True)
+    with pytest.warns(RuntimeWarning, match=r"could not record 8 job\(s\) as running"):
+        svc, first, jobs = _batch_of_eight(store)
+        with svc:
+            assert [svc.result(job, timeout=5)[0] for job in jobs] == [2.0 * (i + 1) for i in range(8)]
+            assert svc.stats()["store_errors"] == 9
+
+
 # ---------------------------------------------------------------- waiting
 
 

@@ -5,7 +5,8 @@ and 784-2048-2048-10 where one row costs more than the service's own per-job wor
 64 client threads; each client submits one input, waits for its result, and repeats
 (a closed loop). Measured for ``max_batch=32`` (``max_delay_ms=2``) and ``max_batch=1``, both
 on a MemoryStore so that the comparison is about batching alone, and once more with
-``max_batch=32`` on a durable FileStore (the default store: every record fsynced). Reported:
+``max_batch=32`` on a durable FileStore (the default store: every record fsynced), and both
+on a RedisStore against a throwaway local redis-server when one is installed. Reported:
 throughput (jobs/s), client-side latency p50/p99 (submit to result), mean batch size, and
 the throughput ratio per model (target >= 3x). ``--quick`` measures the small MLP only.
 
@@ -25,6 +26,7 @@ import numpy as np
 import fastloop as fl
 from fastloop.serve import FileStore, InferenceService, MemoryStore, Store
 
+from . import redis_server
 from .targets import Result
 
 CLIENTS = 64
@@ -101,7 +103,8 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
 
 def compare(quick: bool = False) -> list[Run]:
     """Per model: batched and max_batch=1 on a MemoryStore; for the small MLP also batched
-    on a durable FileStore. Each measured the same way in one process."""
+    on a durable FileStore, and both on a RedisStore when redis-server and redis-py are
+    installed. Each measured the same way in one process."""
     seconds, warmup = (0.5, 0.2) if quick else (3.0, 0.5)
     runs = []
     for hidden in HIDDEN[:1] if quick else HIDDEN:
@@ -112,6 +115,26 @@ def compare(quick: bool = False) -> list[Run]:
             with tempfile.TemporaryDirectory() as tmp:
                 runs.append(measure(model, "max_batch=32, FileStore (fsync)", 32, FileStore(tmp),
                                     seconds=seconds, warmup_s=warmup))
+            if redis_server.available():
+                runs += _on_redis(model, seconds, warmup)
+    return runs
+
+
+def _on_redis(model: fl.nn.Sequential, seconds: float, warmup: float) -> list[Run]:
+    """Batched and max_batch=1 on a RedisStore against a throwaway local redis-server."""
+    from fastloop.serve import RedisStore
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = redis_server.RedisServer(tmp)
+        server.start()
+        try:
+            for max_batch in (32, 1):
+                runs.append(measure(model, f"max_batch={max_batch}, RedisStore", max_batch,
+                                    RedisStore(server.url, prefix=f"bench{max_batch}:"), seconds=seconds,
+                                    warmup_s=warmup))
+        finally:
+            server.stop()
     return runs
 
 
@@ -120,7 +143,7 @@ def results(runs: list[Run]) -> list[Result]:
                    f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, mean batch {r.mean_batch:.1f}") for r in runs]
     for model in dict.fromkeys(r.model for r in runs):
         batched, single = (next(r for r in runs if r.model == model and r.variant.startswith(v))
-                           for v in ("max_batch=32, Memory", "max_batch=1,"))
+                           for v in ("max_batch=32, Memory", "max_batch=1, Memory"))
         ratio = batched.jobs_per_s / single.jobs_per_s
         rows.append(Result(f"serve {model}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
                            ratio >= 3, f"{CLIENTS} client threads, 2 workers, max_delay_ms=2"))

@@ -156,6 +156,7 @@ class RedisStore(Store):
     """
 
     keeps_inputs = True
+    writes_batches = True
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "fastloop:", *,
                  socket_timeout: float = 1.0, ttl_s: float = 86400.0) -> None:
@@ -246,12 +247,56 @@ class RedisStore(Store):
             raise KeyError(record.id)
 
     def finish(self, record: JobRecord, result: np.ndarray | None) -> None:
+        with self._redis(f"finish job {record.id!r}"):
+            self._finish(keys=[self.key(record.id), self._pending, self._finished],
+                         args=self._finish_args(record, result))
+
+    def _finish_args(self, record: JobRecord, result: np.ndarray | None) -> list[Any]:
         array = _npy(result) if result is not None else b""
         finished = record.finished if record.finished is not None else time.time()
-        args = [record.id, _record_bytes(record), array, "1" if result is not None else "0", repr(float(finished)),
+        return [record.id, _record_bytes(record), array, "1" if result is not None else "0", repr(float(finished)),
                 self._finished_ttl(), self._index_ttl()]
-        with self._redis(f"finish job {record.id!r}"):
-            self._finish(keys=[self.key(record.id), self._pending, self._finished], args=args)
+
+    def update_many(self, records: list[JobRecord]) -> list[Exception | None]:
+        """The records of a batch in one round trip (a pipeline of the update scripts)."""
+        if len(records) == 1:  # a plain call costs less Python than a pipeline of one
+            return super().update_many(records)
+        with self._redis(f"update {len(records)} jobs"):
+            answers = self._pipelined(self._update, [([self.key(r.id)], [_record_bytes(r)]) for r in records])
+        return [KeyError(record.id) if answer == 0 else self._failed(f"update job {record.id!r}", answer)
+                for record, answer in zip(records, answers)]
+
+    def finish_many(self, items: list[tuple[JobRecord, np.ndarray | None]]) -> list[Exception | None]:
+        """A batch's results and final records in one round trip."""
+        if len(items) == 1:
+            return super().finish_many(items)
+        with self._redis(f"finish {len(items)} jobs"):
+            answers = self._pipelined(self._finish, [([self.key(record.id), self._pending, self._finished],
+                                                      self._finish_args(record, result)) for record, result in items])
+        return [self._failed(f"finish job {record.id!r}", answer) for (record, _), answer in zip(items, answers)]
+
+    def _pipelined(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Runs `script` once per (keys, args) in one round trip; each answer, or the error
+        its call raised. Plain EVALSHAs: redis-py's pipelined scripts would first ask
+        SCRIPT EXISTS, a second round trip. A Redis that lost its script cache (restarted)
+        answers NOSCRIPT: load the script and run the calls again (every script here is
+        idempotent)."""
+        for attempt in (1, 2):
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            answers = pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(a, self._errors.NoScriptError) for a in answers):
+                self._client.script_load(script.script)
+                continue
+            return answers
+        return answers
+
+    def _failed(self, what: str, answer: Any) -> Exception | None:
+        """A pipeline's answer as an outcome: None, or the StoreError its command raised."""
+        if isinstance(answer, Exception):
+            return StoreError(f"RedisStore: cannot {what}: {type(answer).__name__}: {answer}")
+        return None
 
     def get(self, job_id: str) -> JobRecord:
         with self._redis(f"read job {job_id!r}"):

@@ -28,7 +28,7 @@ from .batching import collect, group_by_input, run_group
 from .filestore import FileStore
 from .inputs import InputSpec
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
-                   JobRecord, check_job_id, new_job_id)
+                   JobRecord, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
 from .stats import ServiceStats
 from .stores import Store
@@ -337,22 +337,27 @@ class InferenceService:
                 del self._jobs[job.record.id]
             self._queued -= 1
 
-    def _start(self, job: _Job) -> bool:
-        """queued -> running; False when it was cancelled (or failed by close) meanwhile."""
-        with job.lock:
-            if job.record.status != QUEUED:
-                return False
-            record = JobRecord(**vars(job.record))
-            record.status, record.started = RUNNING, time.time()
-            try:
-                self.store.update(record)
-            except Exception as error:
-                self._stats.count("store_errors")
-                warnings.warn(f"InferenceService: could not record job {record.id!r} as running: {error}",
-                              RuntimeWarning, stacklevel=2)
-            job.record = record
-        self._notify(record.id, RUNNING)
-        return True
+    def _start_all(self, jobs: list[_Job]) -> list[_Job]:
+        """queued -> running for a batch, recorded in one store call (update_many); returns
+        the jobs that started, not those cancelled (or failed by close) meanwhile."""
+        _acquire_all(jobs)
+        try:
+            started = [job for job in jobs if job.record.status == QUEUED]
+            now = time.time()
+            records = [_changed(job.record, RUNNING, started=now) for job in started]
+            errors = _each_outcome(self.store.update_many, records)
+            refused = [(record.id, error) for record, error in zip(records, errors) if error is not None]
+            if refused:  # the job runs anyway; a restart would find it queued and run it again
+                self._stats.count("store_errors", len(refused))
+                warnings.warn(f"InferenceService: could not record {len(refused)} job(s) as running "
+                              f"(first: {refused[0][0]!r}: {refused[0][1]})", RuntimeWarning, stacklevel=2)
+            for job, record in zip(started, records):
+                job.record = record
+        finally:
+            _release_all(jobs)
+        for job in started:
+            self._notify(job.record.id, RUNNING)
+        return started
 
     def _end(self, job: _Job, expected: str, status: str, result: np.ndarray | None = None,
              error: str | None = None, cancelled: bool = False) -> bool:
@@ -363,12 +368,50 @@ class InferenceService:
             record = JobRecord(**vars(job.record))
             record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
             stored = self._store_final(record, result)
-            job.record, job.inputs = stored or record, None
-            if stored is None:  # the store is down: keep the job (status() answers) for the janitor
-                job.result = result
+            self._keep(job, record, stored, result)
+        self._ended(job, stored is not None, cancelled)
+        return True
+
+    def _end_all(self, jobs: list[_Job], outcomes: list[tuple[np.ndarray | None, str | None]]) -> None:
+        """running -> done/failed for a batch's jobs, their final records (and rows) stored in
+        one store call (finish_many); jobs no longer running (failed by close) are skipped.
+        A store that gains nothing from it (writes_batches False) gets them one by one."""
+        if not self.store.writes_batches:
+            for job, (row, error) in zip(jobs, outcomes):
+                self._end(job, RUNNING, DONE if error is None else FAILED, result=row, error=error)
+            return
+        _acquire_all(jobs)
+        try:
+            now, ending = time.time(), []
+            for job, (row, error) in zip(jobs, outcomes):
+                if job.record.status == RUNNING:
+                    record = _changed(job.record, DONE if error is None else FAILED, finished=now, error=error)
+                    ending.append((job, record, row if error is None else None))
+            items = [(record, row) for _, record, row in ending]
+            errors = _each_outcome(self.store.finish_many, items)
+            saved = [record if error is None else self._store_final(record, row, error)
+                     for (record, row), error in zip(items, errors)]
+            for (job, record, row), stored in zip(ending, saved):
+                self._keep(job, record, stored, row)
+        finally:
+            _release_all(jobs)
+        for (job, _, _), stored in zip(ending, saved):
+            self._ended(job, stored is not None, cancelled=False)
+
+    @staticmethod
+    def _keep(job: _Job, record: JobRecord, stored: JobRecord | None, result: np.ndarray | None) -> None:
+        """Under job.lock: the job's final record (as stored, or as meant when the store is
+        down: then the janitor saves it later, and status() answers from memory meanwhile)."""
+        job.record, job.inputs = stored or record, None
+        if stored is None:
+            job.result = result
+
+    def _ended(self, job: _Job, saved: bool, cancelled: bool) -> None:
+        """After a job's final record is kept: drop it from memory (or hand it to the
+        janitor), count it, wake result() and the listeners."""
         record = job.record
         with self._lock:
-            if stored is not None:
+            if saved:
                 self._jobs.pop(record.id, None)
             else:
                 self._unsaved[record.id] = job
@@ -380,7 +423,6 @@ class InferenceService:
             self._stats.count("cancelled" if cancelled else "failed")
         job.finished.set()
         self._notify(record.id, record.status)
-        return True
 
     def _fail_all(self, expected: str, reason: str) -> None:
         with self._lock:
@@ -413,7 +455,7 @@ class InferenceService:
                 self._queued -= len(jobs)
             if self._abandon:
                 continue  # close() fails them
-            started = [job for job in jobs if self._start(job)]
+            started = self._start_all(jobs)
             for group in group_by_input(started, lambda job: job.key):
                 self._run(group)
 
@@ -423,24 +465,24 @@ class InferenceService:
         except BaseException as error:  # not an Exception from the model (run_group catches those)
             outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
         self._stats.batch(len(group))
-        for job, (row, error) in zip(group, outcomes):
-            if error is None:
-                self._end(job, RUNNING, DONE, result=row)
-            else:
-                self._end(job, RUNNING, FAILED, error=error)
+        self._end_all(group, outcomes)
 
-    def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
+    def _store_final(self, record: JobRecord, result: np.ndarray | None,
+                     error: Exception | None = None) -> JobRecord | None:
         """Stores a finished job: the record stored (failed "could not store the result"
         when only the result was refused, e.g. a full disk), or None when the store took
-        neither (it is down)."""
-        try:
-            self.store.finish(record, result)
-            return record
-        except Exception as store_error:
-            self._stats.count("store_errors")
-            failed = JobRecord(**vars(record))
-            if record.status == DONE:
-                failed.status, failed.error = FAILED, f"could not store the result: {store_error}"
+        neither (it is down). `error`: what a first try (a batch's finish_many) got; None:
+        try now."""
+        if error is None:
+            try:
+                self.store.finish(record, result)
+                return record
+            except Exception as store_error:
+                error = store_error
+        self._stats.count("store_errors")
+        failed = JobRecord(**vars(record))
+        if record.status == DONE:
+            failed.status, failed.error = FAILED, f"could not store the result: {error}"
         try:
             self.store.finish(failed, None)
             return failed
@@ -531,3 +573,39 @@ def _slice(deadline: float | None) -> float:
 def _join(threads: list[threading.Thread], deadline: float) -> None:
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _acquire_all(jobs: list[_Job]) -> None:
+    """Takes every job's lock, in the batch's order. Only a worker holds several, each its
+    own batch's, so no two threads wait on each other."""
+    for job in jobs:
+        job.lock.acquire()
+
+
+def _release_all(jobs: list[_Job]) -> None:
+    for job in jobs:
+        job.lock.release()
+
+
+def _changed(record: JobRecord, status: str, **fields: Any) -> JobRecord:
+    """A copy of `record` with a new status and other fields (a store keeps what it is given)."""
+    new = JobRecord(**vars(record))
+    new.status = status
+    for name, value in fields.items():
+        setattr(new, name, value)
+    return new
+
+
+def _each_outcome(write_many: Callable[[list[Any]], list[Exception | None]], items: list[Any]) -> list[Exception | None]:
+    """A store's *_many call: what each item got (None: written); if the call itself raised
+    (the store is down), that error for every item."""
+    if not items:
+        return []
+    try:
+        errors = write_many(items)
+    except Exception as error:
+        return [error] * len(items)
+    if len(errors) != len(items):  # a store that broke the contract: trust none of its writes
+        return [StoreError(f"{getattr(write_many, '__qualname__', write_many)} answered {len(errors)} "
+                           f"outcomes for {len(items)} items")] * len(items)
+    return errors

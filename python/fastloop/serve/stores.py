@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import copy
 import threading
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,6 +30,10 @@ class Store(abc.ABC):
 
     #: whether create() keeps the input, so that recover() can hand queued jobs back to run
     keeps_inputs: bool = False
+    #: whether finish_many() writes a batch for less than its jobs one by one (Redis: one
+    #: round trip); otherwise the service finishes a batch's jobs one by one, waking each
+    #: job's caller as soon as its own result is stored
+    writes_batches: bool = False
 
     @abc.abstractmethod
     def create(self, record: JobRecord, inputs: np.ndarray | None) -> bool:
@@ -43,6 +48,17 @@ class Store(abc.ABC):
     def finish(self, record: JobRecord, result: np.ndarray | None) -> None:
         """Stores the result (for a done job) and then the final record: a reader that sees
         "done" finds the result."""
+
+    def update_many(self, records: list[JobRecord]) -> list[Exception | None]:
+        """update() for each record (a batch that starts running): what each one raised, or
+        None when written. It may also raise, for all of them (the store is down). The
+        default calls update() in turn; a store that can write several in one go (Redis: one
+        round trip) overrides it."""
+        return [_outcome(self.update, record) for record in records]
+
+    def finish_many(self, items: list[tuple[JobRecord, np.ndarray | None]]) -> list[Exception | None]:
+        """finish(record, result) for each item (a batch that ended), as update_many does."""
+        return [_outcome(self.finish, record, result) for record, result in items]
 
     @abc.abstractmethod
     def get(self, job_id: str) -> JobRecord:
@@ -80,6 +96,14 @@ class Store(abc.ABC):
     def problems(self) -> list[str]:
         """What the store could not read (each naming the path or key)."""
         return []
+
+
+def _outcome(write: Callable[..., None], *args: Any) -> Exception | None:
+    try:
+        write(*args)
+    except Exception as error:
+        return error
+    return None
 
 
 class MemoryStore(Store):
