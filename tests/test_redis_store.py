@@ -433,6 +433,17 @@ def _submits(svc) -> bool:
         return False
 
 
+def test_a_submit_stored_before_redis_went_down_runs_its_stored_input_when_retried(server, prefix):
+    """Redis ran a create but its reply was lost (the connection died first): the retried
+    submit finds the job queued with no worker holding it and runs it, with the stored input."""
+    store = RedisStore(server.url, prefix=prefix)
+    with InferenceService(lambda b: b * 2, store=store) as svc:
+        store.create(JobRecord.new("lost", time.time() - 1, (2,), "<f4"), np.array([1, 2], np.float32))
+        assert svc.submit(np.array([7, 7], np.float32), job_id="lost") == "lost"  # the id is the job
+        assert svc.result("lost", timeout=5).tolist() == [2.0, 4.0]
+        assert store.get("lost").status == "done" and svc.stats()["submits_adopted"] == 1
+
+
 def test_jobs_in_flight_when_redis_dies_end_done_and_are_stored_when_it_is_back(server, prefix):
     """Redis killed (it keeps nothing) while a batch runs and jobs wait: the jobs run, end
     "done" in the service (results held in memory, result() answers), and are written to
@@ -552,4 +563,4 @@ def test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart(server,
     assert {stored[i].error for i in failed} == {"ValueError: injected failure"}
     check.close()
     print(f"\n10^4 jobs, 1% failing, one Redis restart: {elapsed:.1f} s, {retries[0]} submit retries "
-          f"(refused or queue full), {stats['store_errors']} store errors, mean batch {stats['mean_batch_size']:.1f}")
+          f"(refused or queue full), {stats['store_errors']} store errors, {stats['submits_adopted']} submits adopted, mean batch {stats['mean_batch_size']:.1f}")

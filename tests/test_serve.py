@@ -263,10 +263,11 @@ class BatchStore(MemoryStore):
 
     writes_batches = True
 
-    def __init__(self, refuse_finish=(), updates_down=False) -> None:
+    def __init__(self, refuse_finish=(), updates_down=False, cut_batches=0) -> None:
         super().__init__()
         self.calls: list[tuple[str, int]] = []
         self.refuse_finish, self.updates_down = set(refuse_finish), updates_down
+        self.cut_batches = cut_batches  # finish_many calls that raise, as a pipeline an outage cuts
 
     def update_many(self, records):
         self.calls.append(("update_many", len(records)))
@@ -276,6 +277,9 @@ class BatchStore(MemoryStore):
 
     def finish_many(self, items):
         self.calls.append(("finish_many", len(items)))
+        if self.cut_batches > 0 and len(items) > 1:
+            self.cut_batches -= 1
+            raise StoreError("BatchStore: connection lost")
         outcomes = []
         for record, result in items:
             if record.id in self.refuse_finish and result is not None:
@@ -287,6 +291,8 @@ class BatchStore(MemoryStore):
 
     def finish(self, record, result):
         self.calls.append(("finish", 1))
+        if record.id in self.refuse_finish and result is not None:
+            raise StoreError(f"no room for the result of {record.id}")
         super().finish(record, result)
 
 
@@ -319,8 +325,18 @@ def test_a_job_whose_batched_result_is_refused_fails_alone_and_the_batch_is_stor
         with pytest.raises(JobFailed, match="could not store the result: no room for the result of job3"):
             svc.result("job3", timeout=5)
         assert [svc.status(job) for job in jobs] == ["done"] * 3 + ["failed"] + ["done"] * 4
-        assert store.calls[-2:] == [("finish_many", 8), ("finish", 1)]  # only job3 written again
+        # only job3 written again: its result (refused again), then its failed record
+        assert store.calls[-3:] == [("finish_many", 8), ("finish", 1), ("finish", 1)]
         assert svc.stats()["store_errors"] == 1
+
+
+def test_a_batch_write_the_store_drops_is_written_job_by_job():
+    store = BatchStore(cut_batches=1)
+    svc, first, jobs = _batch_of_eight(store)
+    with svc:
+        assert [svc.result(job, timeout=5)[0] for job in jobs] == [2.0 * (i + 1) for i in range(8)]
+        assert store.calls[-9:] == [("finish_many", 8)] + [("finish", 1)] * 8
+        assert [store.get(job).status for job in jobs] == ["done"] * 8
 
 
 @pytest.mark.filterwarnings(r"ignore:InferenceService. could not record 1 job\(s\):RuntimeWarning")
@@ -331,6 +347,35 @@ def test_jobs_run_when_the_store_cannot_record_them_running():
         with svc:
             assert [svc.result(job, timeout=5)[0] for job in jobs] == [2.0 * (i + 1) for i in range(8)]
             assert svc.stats()["store_errors"] == 9
+
+
+class LostReplyStore(MemoryStore):
+    """A MemoryStore whose first create() of each id in `lose` writes the job and then
+    raises, as a Redis that goes down before its reply comes back does."""
+
+    def __init__(self, lose=()) -> None:
+        super().__init__()
+        self.lose = set(lose)
+
+    def create(self, record, inputs):
+        created = super().create(record, inputs)
+        if record.id in self.lose:
+            self.lose.discard(record.id)
+            raise StoreError(f"connection lost before the reply to creating {record.id}")
+        return created
+
+
+def test_a_retried_submit_queues_a_job_whose_first_try_was_stored_but_unanswered():
+    store = LostReplyStore(lose={"a"})
+    with InferenceService(lambda b: b * 2, store=store) as svc:
+        with pytest.raises(StoreError, match="connection lost before the reply"):
+            svc.submit(np.ones(2), job_id="a")
+        assert store.get("a").status == "queued"  # stored, yet no worker holds it
+        assert svc.submit(np.ones(2), job_id="a") == "a"
+        assert svc.result("a", timeout=5).tolist() == [2.0, 2.0]
+        assert svc.submit(np.ones(2), job_id="a") == "a"  # done now: queues nothing
+        stats = svc.stats()
+        assert (stats["submits_adopted"], stats["submitted"], stats["done"]) == (1, 1, 1)
 
 
 # ---------------------------------------------------------------- waiting
@@ -535,8 +580,10 @@ def test_an_unparsable_record_is_reported_not_skipped(tmp_path):
     with InferenceService(lambda b: b, store=store) as svc:
         with pytest.raises(StoreError, match="broken/record.json"):
             svc.status("broken")
-        assert svc.submit(np.ones(1), job_id="broken") == "broken"  # never overwrites it
+        with pytest.raises(StoreError, match="broken/record.json"):
+            svc.submit(np.ones(1), job_id="broken")
         assert svc.stats()["submitted"] == 0
+    assert (tmp_path / "broken" / "record.json").read_text() == "{not json"  # never overwritten
 
 
 def test_one_open_file_store_per_directory(tmp_path):

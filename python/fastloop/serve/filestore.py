@@ -164,9 +164,13 @@ class FileStore(Store):
             if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 return False  # another create() of the same id won
             raise StoreError(f"FileStore: cannot create job {record.id!r} in {self.directory}: {error}") from error
-        self._sync_dir(self.directory)
-        with self._lock:
+        with self._lock:  # before the sync, which may fail: the job's folder exists either way
             self._records[record.id] = copy.copy(record)
+        try:
+            self._sync_dir(self.directory)
+        except OSError as error:
+            raise StoreError(f"FileStore: cannot sync {self.directory} after creating job {record.id!r}: "
+                             f"{error}") from error
         return True
 
     def update(self, record: JobRecord) -> None:

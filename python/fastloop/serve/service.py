@@ -143,11 +143,12 @@ class InferenceService:
             self._jobs[job_id] = job
             self._queued += 1
         try:
-            created = self.store.create(job.record, x if self.store.keeps_inputs else None)
+            created = self.store.create(job.record, x if self.store.keeps_inputs else None) \
+                or self._adopt_lost_create(job)
         except BaseException:
             self._unreserve(job)
             raise
-        if not created:  # the store knows this id: a finished job, or one from before a restart
+        if not created:  # the store knows this id: a finished job (or one recover() failed)
             self._unreserve(job)
             return job_id
         job.visible = True
@@ -249,7 +250,8 @@ class InferenceService:
     def stats(self) -> dict[str, Any]:
         """Counters: queue_depth (jobs waiting), running, submitted, done, failed (cancelled
         not included), cancelled, rejected (QueueFull), expired, requeued_at_start and
-        failed_at_start (restart recovery), batches, batch_sizes ({size: batches}),
+        failed_at_start (restart recovery), submits_adopted (a retried submit that found its
+        first try stored but unanswered, so queued that job), batches, batch_sizes ({size: batches}),
         mean_batch_size, latency_ms (p50/p90/p99/max of submit-to-done over the last 10^4
         jobs)."""
         snap = self._stats.snapshot()
@@ -337,6 +339,25 @@ class InferenceService:
                 del self._jobs[job.record.id]
             self._queued -= 1
 
+    def _adopt_lost_create(self, job: _Job) -> bool:
+        """For a submit whose id the store knows: True when the store holds it queued, which
+        means an earlier submit of that id here was written but answered with an error (Redis
+        went down before its reply came): no worker holds that job, so this submit queues it,
+        with the stored record and input. A queued job of a previous process is already in
+        memory (recovered at start), so it cannot be mistaken for one."""
+        try:
+            stored = self.store.get(job.record.id)
+            if stored.status != QUEUED:
+                return False
+            kept = self.store.get_input(stored.id) if self.store.keeps_inputs else None
+        except KeyError:  # deleted meanwhile
+            return False
+        job.record = stored
+        if kept is not None:
+            job.inputs = kept
+        self._stats.count("submits_adopted")
+        return True
+
     def _start_all(self, jobs: list[_Job]) -> list[_Job]:
         """queued -> running for a batch, recorded in one store call (update_many); returns
         the jobs that started, not those cancelled (or failed by close) meanwhile."""
@@ -389,7 +410,8 @@ class InferenceService:
                     ending.append((job, record, row if error is None else None))
             items = [(record, row) for _, record, row in ending]
             errors = _each_outcome(self.store.finish_many, items)
-            saved = [record if error is None else self._store_final(record, row, error)
+            # A refused job is written again alone: a pipeline cut by an outage may take it now
+            saved = [record if error is None else self._store_final(record, row)
                      for (record, row), error in zip(items, errors)]
             for (job, record, row), stored in zip(ending, saved):
                 self._keep(job, record, stored, row)
@@ -467,18 +489,15 @@ class InferenceService:
         self._stats.batch(len(group))
         self._end_all(group, outcomes)
 
-    def _store_final(self, record: JobRecord, result: np.ndarray | None,
-                     error: Exception | None = None) -> JobRecord | None:
+    def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
         """Stores a finished job: the record stored (failed "could not store the result"
         when only the result was refused, e.g. a full disk), or None when the store took
-        neither (it is down). `error`: what a first try (a batch's finish_many) got; None:
-        try now."""
-        if error is None:
-            try:
-                self.store.finish(record, result)
-                return record
-            except Exception as store_error:
-                error = store_error
+        neither (it is down)."""
+        try:
+            self.store.finish(record, result)
+            return record
+        except Exception as store_error:
+            error = store_error
         self._stats.count("store_errors")
         failed = JobRecord(**vars(record))
         if record.status == DONE:

@@ -16,7 +16,7 @@ import numpy as np
 __all__ = ["ServiceStats"]
 
 COUNTERS = ("submitted", "done", "failed", "cancelled", "rejected", "expired", "requeued_at_start",
-            "failed_at_start", "listener_errors", "store_errors")
+            "failed_at_start", "submits_adopted", "listener_errors", "store_errors")
 
 
 class ServiceStats:
