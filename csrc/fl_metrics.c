@@ -135,6 +135,16 @@ size_t fl_metrics_snapshot(fl_metrics *m, fl_metric *out, size_t max) {
     return count;
 }
 
+fl_metric *fl_metrics_copy(fl_metrics *m, size_t *count) {
+    pthread_mutex_lock(&m->lock);
+    fl_metric *copy = malloc((m->count ? m->count : 1) * sizeof *copy);
+    *count = copy != NULL ? m->count : 0;
+    if (copy != NULL && m->count > 0)
+        memcpy(copy, m->items, m->count * sizeof *copy);
+    pthread_mutex_unlock(&m->lock);
+    return copy;
+}
+
 void fl_metrics_reset(fl_metrics *m) {
     pthread_mutex_lock(&m->lock);
     m->count = 0;

@@ -43,6 +43,10 @@ int fl_metrics_get(fl_metrics *metrics, const char *name, fl_metric *out);
  * again with a larger buffer when that is more than max). */
 size_t fl_metrics_snapshot(fl_metrics *metrics, fl_metric *out, size_t max);
 
+/* A malloc'd copy of every metric in first-use order, taken under one lock hold (free()
+ * it); *count says how many. NULL (and *count 0) when out of memory. */
+fl_metric *fl_metrics_copy(fl_metrics *metrics, size_t *count);
+
 /* Forgets every metric. */
 void fl_metrics_reset(fl_metrics *metrics);
 

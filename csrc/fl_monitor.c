@@ -232,11 +232,10 @@ static const fl_metric *find_metric(const fl_metric *items, size_t n, const char
 /* Samples one watched table: rates and means since the previous look. Called by the
  * sampler with the lock held (the watch list is shared with fl_monitor_watch()). */
 static void sample_watched(fl_monitor *m, watched *w, double now) {
-    size_t count = fl_metrics_snapshot(w->metrics, NULL, 0);
-    fl_metric *current = malloc((count ? count : 1) * sizeof *current);
+    size_t count;
+    fl_metric *current = fl_metrics_copy(w->metrics, &count);
     if (current == NULL)
         return;
-    count = fl_metrics_snapshot(w->metrics, current, count);
     double elapsed = now - w->previous_time;
     char name[FL_EVENT_NAME_MAX];
     for (size_t i = 0; i < count && elapsed > 0; i++) {
@@ -394,10 +393,7 @@ int fl_monitor_watch(fl_monitor *m, fl_metrics *metrics) {
     } else {
         watched *w = &m->watch[m->n_watched++];
         *w = (watched){fl_metrics_retain(metrics), NULL, 0, fl_monotonic()};
-        size_t count = fl_metrics_snapshot(metrics, NULL, 0);
-        w->previous = malloc((count ? count : 1) * sizeof *w->previous);
-        if (w->previous != NULL) /* rates start from what the table holds now */
-            w->previous_count = fl_metrics_snapshot(metrics, w->previous, count);
+        w->previous = fl_metrics_copy(metrics, &w->previous_count); /* rates start from now */
     }
     pthread_mutex_unlock(&m->lock);
     return rc;

@@ -81,20 +81,10 @@ static PyObject *metrics_get(PyObject *self, PyObject *name_obj) {
 static PyObject *metrics_snapshot(PyObject *self, PyObject *unused) {
     (void)unused;
     fl_metrics *metrics = ((MetricsObject *)self)->metrics;
-    size_t count = fl_metrics_snapshot(metrics, NULL, 0), got;
-    fl_metric *items = NULL;
-    for (;;) { /* another thread may add names in between: retry until the copy fits */
-        fl_metric *bigger = PyMem_Realloc(items, (count ? count : 1) * sizeof *items);
-        if (bigger == NULL) {
-            PyMem_Free(items);
-            return PyErr_NoMemory();
-        }
-        items = bigger;
-        got = fl_metrics_snapshot(metrics, items, count);
-        if (got <= count)
-            break;
-        count = got;
-    }
+    size_t got;
+    fl_metric *items = fl_metrics_copy(metrics, &got);
+    if (items == NULL)
+        return PyErr_NoMemory();
     PyObject *result = PyDict_New();
     fl_module_state *state = metrics_state(self);
     for (size_t i = 0; result != NULL && i < got; i++) {
@@ -103,7 +93,7 @@ static PyObject *metrics_snapshot(PyObject *self, PyObject *unused) {
             Py_CLEAR(result);
         Py_XDECREF(stats);
     }
-    PyMem_Free(items);
+    free(items);
     return result;
 }
 
