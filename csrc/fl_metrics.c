@@ -126,11 +126,9 @@ int fl_metrics_get(fl_metrics *m, const char *name, fl_metric *out) {
     return found ? FL_OK : fl_error_set(FL_EINVAL, "no metric named '%.60s'", name);
 }
 
-size_t fl_metrics_snapshot(fl_metrics *m, fl_metric *out, size_t max) {
+size_t fl_metrics_count(fl_metrics *m) {
     pthread_mutex_lock(&m->lock);
     size_t count = m->count;
-    if (out != NULL && count > 0)
-        memcpy(out, m->items, (count < max ? count : max) * sizeof *out);
     pthread_mutex_unlock(&m->lock);
     return count;
 }

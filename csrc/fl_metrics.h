@@ -39,9 +39,8 @@ int fl_metrics_add(fl_metrics *metrics, const char *name, double value);
 /* Copies `name`'s statistics into *out. Returns 0 or FL_EINVAL when no value was added. */
 int fl_metrics_get(fl_metrics *metrics, const char *name, fl_metric *out);
 
-/* Copies up to `max` metrics (in first-use order) into out; returns how many exist (call
- * again with a larger buffer when that is more than max). */
-size_t fl_metrics_snapshot(fl_metrics *metrics, fl_metric *out, size_t max);
+/* How many names the table holds now. */
+size_t fl_metrics_count(fl_metrics *metrics);
 
 /* A malloc'd copy of every metric in first-use order, taken under one lock hold (free()
  * it); *count says how many. NULL (and *count 0) when out of memory. */

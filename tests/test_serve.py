@@ -378,6 +378,26 @@ def test_a_retried_submit_queues_a_job_whose_first_try_was_stored_but_unanswered
         assert (stats["submits_adopted"], stats["submitted"], stats["done"]) == (1, 1, 1)
 
 
+def test_a_file_store_job_whose_folder_sync_failed_exists_and_a_retry_runs_it(tmp_path, monkeypatch):
+    store = FileStore(tmp_path)
+    real_sync = store._sync_dir
+
+    def sync_fails_once(path):  # only the store's own folder, after the job's rename
+        if path != store.directory:
+            return real_sync(path)
+        monkeypatch.setattr(store, "_sync_dir", real_sync)
+        raise OSError(5, "Input/output error")
+
+    with InferenceService(lambda b: b + 1, store=store) as svc:
+        monkeypatch.setattr(store, "_sync_dir", sync_fails_once)
+        with pytest.raises(StoreError, match=f"cannot sync {tmp_path} after creating job 'f'.*Input/output"):
+            svc.submit(np.zeros(2), job_id="f")
+        assert store.get("f").status == "queued" and (tmp_path / "f").is_dir()
+        assert svc.submit(np.zeros(2), job_id="f") == "f"
+        assert svc.result("f", timeout=5).tolist() == [1.0, 1.0]
+        assert svc.stats()["submits_adopted"] == 1
+
+
 # ---------------------------------------------------------------- waiting
 
 

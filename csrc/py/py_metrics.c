@@ -104,7 +104,7 @@ static PyObject *metrics_reset(PyObject *self, PyObject *unused) {
 }
 
 static Py_ssize_t metrics_len(PyObject *self) {
-    return (Py_ssize_t)fl_metrics_snapshot(((MetricsObject *)self)->metrics, NULL, 0);
+    return (Py_ssize_t)fl_metrics_count(((MetricsObject *)self)->metrics);
 }
 
 static int metrics_contains(PyObject *self, PyObject *name_obj) {
