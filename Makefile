@@ -7,8 +7,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CC ?= gcc
 
-CORE_SOURCES := $(wildcard csrc/*.c)
-CORE_HEADERS := $(wildcard csrc/*.h csrc/*.inc)
+# The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
+CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
+CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
 C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
@@ -53,7 +54,7 @@ ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 # The .npy parser's fuzz corpus (tests/fuzz/README.md), replayed under ASan/UBSan with gcc.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
-	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/fl_npy.c csrc/fl_error.c
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
 
 fuzz-replay: $(BIN)/replay_npy
 	ASAN_OPTIONS=detect_leaks=1 $< tests/fuzz/corpus/npy

@@ -92,7 +92,7 @@ class BuildExt(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.makedirs(self.build_temp, exist_ok=True)
-        includes = [f"-I{sysconfig.get_paths()['include']}", f"-I{numpy.get_include()}", "-Icuda"]
+        includes = [f"-I{sysconfig.get_paths()['include']}", f"-I{numpy.get_include()}", "-Icuda", "-Icsrc"]
         host_flags = ",".join(["-fPIC", "-fvisibility=hidden", *WARNINGS])
         objects = []
         for source in ext.sources:
@@ -121,11 +121,14 @@ class BuildExt(build_ext):
 
 core = Extension(
     "fastloop._core",
-    sources=sorted(glob.glob("csrc/*.c")) + sorted(glob.glob("csrc/py/*.c")),
-    include_dirs=[numpy.get_include()],
+    sources=sorted(glob.glob("csrc/*/*.c")),  # one folder per subsystem, csrc/py/ the binding
+    include_dirs=["csrc", numpy.get_include()],
     extra_compile_args=C_FLAGS,
     libraries=["pthread", "m", "dl"],
 )
-cuda = CudaExtension("fastloop._cuda", sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")))
+cuda = CudaExtension(
+    "fastloop._cuda",
+    sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")) + sorted(glob.glob("cuda/py/*.c")),
+)
 
 setup(ext_modules=[core, cuda], cmdclass={"build_ext": BuildExt})

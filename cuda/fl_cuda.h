@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "../csrc/fl_nn_backend.h"
+#include "nn/fl_nn_backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../csrc/fl_error.h"
+#include "base/fl_error.h"
 #include "fl_cublas.h"
 #include "fl_cuda_nn_kernels.h"
 

@@ -1,4 +1,4 @@
-/* fl_cuda_nn_kernels.h - the kernels of the CUDA nn backend (fl_cuda_nn.cu), as launchers
+/* fl_cuda_nn_kernels.h - internal to cuda/ (fl_cuda_nn.cu): the kernels of the CUDA nn backend (fl_cuda_nn.cu), as launchers
  * templated on the element type (instantiated for float and double).
  *
  * Each launcher queues its kernels on `stream` and returns cudaGetLastError() after the

@@ -17,7 +17,7 @@ The output must be the same on every machine, so:
 * the CUDA extension's types (``fastloop.cuda.DeviceArray``, ``Stream``, ``PinnedRegion``)
   are never imported: their members and signatures are read from
   ``python/fastloop/_cuda.pyi`` and their docstrings from the binding's C source
-  (``cuda/py_*.c``), so a build without CUDA writes the same file as one with it
+  (``cuda/py/py_*.c``), so a build without CUDA writes the same file as one with it
   (tests/test_docs.py checks both readings against the extension where it is built);
 * default values are printed without memory addresses.
 """
@@ -39,7 +39,7 @@ from typing import Any, Callable, ForwardRef, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "api.md"
 CUDA_STUB = ROOT / "python" / "fastloop" / "_cuda.pyi"
-CUDA_SOURCES = ROOT / "cuda"
+CUDA_SOURCES = ROOT / "cuda" / "py"
 
 SUBMODULES = ("ops", "nn", "cuda")
 

@@ -13,8 +13,8 @@
 #include <pthread.h>
 #include <sys/types.h>
 
-#include "../fl_dtype.h"
-#include "../fl_pool.h"
+#include "base/fl_dtype.h"
+#include "base/fl_pool.h"
 
 /* Per-module state (no C globals: ready for subinterpreters and free-threaded builds). */
 typedef struct fl_module_state {

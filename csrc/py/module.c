@@ -6,7 +6,7 @@
 
 #include <unistd.h>
 
-#include "../fl_error.h"
+#include "base/fl_error.h"
 
 fl_module_state *fl_state_from_type(PyTypeObject *type) {
     PyObject *module = PyType_GetModuleByDef(type, &fl_module_def);

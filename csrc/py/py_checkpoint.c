@@ -6,8 +6,8 @@
 
 #include <limits.h>
 
-#include "../fl_checkpoint.h"
-#include "../fl_error.h"
+#include "checkpoint/fl_checkpoint.h"
+#include "base/fl_error.h"
 
 typedef struct {
     PyObject_HEAD

@@ -5,8 +5,8 @@
 #include "fl_module.h"
 #include "fl_numpy.h"
 
-#include "../fl_error.h"
-#include "../fl_loader.h"
+#include "base/fl_error.h"
+#include "data/fl_loader.h"
 #include "py_metrics.h"
 #include "py_ops.h"
 #include "py_batch.h"

@@ -1,7 +1,7 @@
 /* py_metrics.c - fastloop.Metrics (thread-safe named statistics) and fastloop.MetricStats. */
 #include "py_metrics.h"
 
-#include "../fl_error.h"
+#include "base/fl_error.h"
 
 typedef struct {
     PyObject_HEAD

@@ -4,7 +4,7 @@
 
 #include "fl_module.h"
 
-#include "../fl_metrics.h"
+#include "base/fl_metrics.h"
 
 /* The core table behind a fastloop.Metrics (borrowed while the caller holds `obj`), or NULL
  * with TypeError. */

@@ -3,8 +3,8 @@
  * check for pending sink errors, and one non-blocking put with the GIL held. */
 #include "fl_module.h"
 
-#include "../fl_error.h"
-#include "../fl_monitor.h"
+#include "base/fl_error.h"
+#include "monitor/fl_monitor.h"
 #include "py_metrics.h"
 #include "py_queue.h"
 

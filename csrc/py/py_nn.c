@@ -4,10 +4,10 @@
 #include "fl_module.h"
 #include "fl_numpy.h"
 
-#include "../fl_blas.h"
-#include "../fl_error.h"
-#include "../fl_nn.h"
-#include "../fl_nn_cpu.h"
+#include "nn/fl_blas.h"
+#include "base/fl_error.h"
+#include "nn/fl_nn.h"
+#include "nn/fl_nn_cpu.h"
 
 typedef struct {
     PyObject_HEAD

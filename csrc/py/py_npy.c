@@ -3,8 +3,8 @@
 #include "fl_module.h"
 #include "fl_numpy.h"
 
-#include "../fl_error.h"
-#include "../fl_npy.h"
+#include "base/fl_error.h"
+#include "data/fl_npy.h"
 
 typedef struct {
     PyObject_HEAD

@@ -5,7 +5,7 @@
 
 #include "fl_module.h"
 
-#include "../fl_ops.h"
+#include "ops/fl_ops.h"
 
 /* Ops that compute new values (py_ops_values.c). */
 PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs);

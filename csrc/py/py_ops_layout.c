@@ -3,7 +3,7 @@
  * numbers, so any fixed-size dtype works. */
 #include "py_ops.h"
 
-#include "../fl_error.h"
+#include "base/fl_error.h"
 #include "fl_numpy.h"
 
 /* Parses `size`: an int (square) or an (h, w) pair. */

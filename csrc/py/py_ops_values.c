@@ -2,7 +2,7 @@
  * around fl_normalize(), fl_cast() and fl_divide_by_max(). */
 #include "py_ops.h"
 
-#include "../fl_error.h"
+#include "base/fl_error.h"
 #include "fl_numpy.h"
 
 int fl_parse_layout(const char *text, const char *arg, fl_layout *out) {

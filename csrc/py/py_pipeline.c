@@ -2,7 +2,7 @@
  * step tuples once, then run on batches (by itself, or inside loader workers). */
 #include "py_pipeline.h"
 
-#include "../fl_error.h"
+#include "base/fl_error.h"
 #include "fl_numpy.h"
 #include "py_ops.h"
 

@@ -4,7 +4,7 @@
 
 #include "fl_module.h"
 
-#include "../fl_pipeline.h"
+#include "data/fl_pipeline.h"
 
 /* The core pipeline behind a _Pipeline (borrowed while the caller holds obj), or NULL with
  * TypeError. */

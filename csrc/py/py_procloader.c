@@ -11,8 +11,8 @@
 
 #include <unistd.h>
 
-#include "../fl_error.h"
-#include "../fl_procpool.h"
+#include "base/fl_error.h"
+#include "data/fl_procpool.h"
 #include "py_batch.h"
 #include "py_metrics.h"
 #include "py_pipeline.h"

@@ -4,9 +4,9 @@
 
 #include <structmember.h>
 
-#include "../fl_error.h"
-#include "../fl_event.h"
-#include "../fl_queue.h"
+#include "base/fl_error.h"
+#include "base/fl_event.h"
+#include "base/fl_queue.h"
 #include "py_queue.h"
 
 typedef struct {

@@ -4,7 +4,7 @@
 
 #include "fl_module.h"
 
-#include "../fl_queue.h"
+#include "base/fl_queue.h"
 
 /* The core queue (of fl_item) behind a fastloop.Queue, borrowed for as long as the caller
  * holds a reference to `obj`; NULL with TypeError when obj is not a fastloop.Queue. */

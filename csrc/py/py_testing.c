@@ -2,8 +2,8 @@
  * records on a fastloop.Queue, and the C-only producers x consumers queue run. */
 #include "fl_module.h"
 
-#include "../fl_error.h"
-#include "../fl_queue_load.h"
+#include "base/fl_error.h"
+#include "testing/fl_queue_load.h"
 #include "py_queue.h"
 
 static int attempt_emitter_wait(void *ctx, double timeout_s) {

@@ -4,8 +4,8 @@
 
 #include "fl_module.h"
 
-#include "../fl_error.h"
-#include "../fl_time.h"
+#include "base/fl_error.h"
+#include "base/fl_time.h"
 
 int fl_wait_interruptibly(fl_attempt_fn attempt, void *ctx, double timeout_s) {
     int rc = attempt(ctx, 0);

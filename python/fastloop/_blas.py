@@ -1,6 +1,6 @@
 """Finding a BLAS for fastloop.nn's CPU matrix products, without adding a dependency.
 
-The C core dlopens a CBLAS at run time (csrc/fl_blas.c). This module picks the library:
+The C core dlopens a CBLAS at run time (csrc/nn/fl_blas.c). This module picks the library:
 an explicit ``FASTLOOP_BLAS``, the ``scipy-openblas32`` wheel when installed (the build of
 OpenBLAS made for other packages to use), the OpenBLAS that NumPy's own wheel bundles, or
 a system CBLAS. The first that loads wins; every failure is kept for the error message.

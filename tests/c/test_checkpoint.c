@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fl_checkpoint.h"
-#include "fl_error.h"
+#include "checkpoint/fl_checkpoint.h"
+#include "base/fl_error.h"
 
 static char tmpdir[] = "/tmp/fl_test_ckpt_XXXXXX";
 

@@ -10,10 +10,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_loader.h"
-#include "fl_pipeline.h"
-#include "fl_sampler.h"
+#include "base/fl_error.h"
+#include "data/fl_loader.h"
+#include "data/fl_pipeline.h"
+#include "data/fl_sampler.h"
 
 static char tmpdir[] = "/tmp/fl_test_loader_XXXXXX";
 

@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fl_crc.h"
-#include "fl_error.h"
-#include "fl_metrics.h"
-#include "fl_monitor.h"
-#include "fl_sink.h"
-#include "fl_sysstats.h"
-#include "fl_time.h"
+#include "base/fl_crc.h"
+#include "base/fl_error.h"
+#include "base/fl_metrics.h"
+#include "monitor/fl_monitor.h"
+#include "monitor/fl_sink.h"
+#include "monitor/fl_sysstats.h"
+#include "base/fl_time.h"
 
 static char tmpdir[] = "/tmp/fl_test_monitor_XXXXXX";
 

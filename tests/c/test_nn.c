@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "fl_blas.h"
-#include "fl_error.h"
-#include "fl_nn.h"
-#include "fl_nn_cpu.h"
+#include "nn/fl_blas.h"
+#include "base/fl_error.h"
+#include "nn/fl_nn.h"
+#include "nn/fl_nn_cpu.h"
 
 static const fl_nn_layer_spec MLP[] = {
     {.kind = FL_NN_LINEAR, .in_features = 5, .out_features = 7, .bias = 1},

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_npy.h"
+#include "base/fl_error.h"
+#include "data/fl_npy.h"
 
 static char tmpdir[] = "/tmp/fl_test_npy_XXXXXX";
 

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_ops.h"
-#include "fl_rng.h"
+#include "base/fl_error.h"
+#include "ops/fl_ops.h"
+#include "base/fl_rng.h"
 
 static fl_rng rng = {42};
 static fl_pool *pool; /* shared by every test, as fastloop.ops shares one */

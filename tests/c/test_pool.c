@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_pool.h"
+#include "base/fl_error.h"
+#include "base/fl_pool.h"
 
 typedef struct visits {
     atomic_int *count; /* per index */

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_procpool.h"
-#include "fl_time.h"
+#include "base/fl_error.h"
+#include "data/fl_procpool.h"
+#include "base/fl_time.h"
 
 enum { SAMPLES = 5000, BATCH = 64 };
 

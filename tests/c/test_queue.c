@@ -5,11 +5,11 @@
 #include <time.h>
 
 #include "check.h"
-#include "fl_error.h"
-#include "fl_event.h"
-#include "fl_queue.h"
-#include "fl_queue_load.h"
-#include "fl_time.h"
+#include "base/fl_error.h"
+#include "base/fl_event.h"
+#include "base/fl_queue.h"
+#include "testing/fl_queue_load.h"
+#include "base/fl_time.h"
 
 static void test_fifo_order_and_size(void) {
     fl_queue *q;

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fl_error.h"
-#include "fl_npy.h"
+#include "base/fl_error.h"
+#include "data/fl_npy.h"
 
 /* Stops the run on a broken invariant; libFuzzer and ASan both report the abort. */
 #define INVARIANT(cond) \

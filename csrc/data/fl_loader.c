@@ -1,0 +1,552 @@
+/* fl_loader.c - slots, worker threads and in-order delivery.
+ *
+ *   slot states:  FREE --a filler opens batch b--> FILLING --its last chunk returns--> READY
+ *                 READY --next() delivers b in order--> LENT --release()--> FREE
+ *
+ * A FILLING batch is handed out in chunks (runs of samples, ~512 KiB of output each): a
+ * worker takes the next chunk of the earliest batch that has one left, else opens the next
+ * batch in a free slot. The consumer, while it waits in next() for batch b, fills chunks of
+ * b too when there is a CPU to spare: the first batch arrives sooner, and with 0 workers it
+ * fills every batch itself.
+ * Stopping waits for one chunk at most, not for a whole batch.
+ *
+ * `lock` guards every slot's state and counters, the epoch (order, cursors), `stopping`,
+ * `helping`, the error and `lent`; `changed` is broadcast when a batch completes, a slot is
+ * freed, an epoch starts or stops. A chunk's bytes are written only by the thread holding
+ * it, and read by the consumer after the slot is READY.
+ */
+#include "data/fl_loader.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/fl_error.h"
+#include "base/fl_thread.h"
+#include "base/fl_time.h"
+
+/* CHUNK_BYTES: output per chunk: big enough that the lock is rare, small enough to split a
+ * batch between several threads. */
+enum { ALIGN = 64, ERROR_TEXT = 1024, CHUNK_BYTES = 512 << 10 };
+
+typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_LENT } slot_state;
+
+typedef struct slot {
+    slot_state state;
+    uint64_t batch;
+    size_t count;            /* samples in the batch */
+    const int64_t *ids;      /* their indices, in the epoch's order */
+    size_t claimed, finished; /* FILLING: samples handed out, samples returned */
+    int failed;              /* a chunk failed: the batch is dropped when all have returned */
+    unsigned char *data;
+} slot;
+
+/* A run of samples of one batch, filled by one thread without the lock. */
+typedef struct chunk {
+    slot *s;
+    size_t first, n;
+} chunk;
+
+/* What one filling thread needs besides a slot: field 0's raw sample read from a file,
+ * and the pipeline's scratch. */
+typedef struct scratch {
+    unsigned char *input;
+    unsigned char *pipeline;
+} scratch;
+
+struct fl_loader {
+    fl_loader_config config;
+    fl_field *fields;
+    size_t *field_offset, *field_bytes; /* per field: offset in a slot, output bytes per sample */
+    size_t slot_bytes;
+    fl_images out_image;
+    fl_dtype out_dtype;
+    fl_layout out_layout;
+    size_t scratch_per_image;
+    slot *slots;
+    pthread_t *threads;
+    int running; /* workers started */
+    size_t chunk_samples;     /* samples per chunk */
+    int consumer_helps;       /* next() fills chunks: no workers, or a CPU to spare for it */
+    scratch consumer_scratch; /* for the chunks next() fills */
+
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int stopping;
+    int helping; /* chunks the consumer is filling now: stop() waits for them */
+    int epoch_active;
+    uint64_t epoch_seed;
+    int64_t *order;
+    uint64_t order_len, n_batches, next_claim, next_deliver;
+    int error;
+    uint64_t error_batch; /* the earliest batch that failed: delivered up to it, then the error */
+    char error_text[ERROR_TEXT];
+    int error_errno;
+    int lent;
+};
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* ---- reading one sample ---- */
+
+/* Reads exactly len bytes of a raw per-sample file. */
+static int read_raw(const char *path, void *dst, size_t len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fl_error_sys("cannot open %s", path);
+    size_t done = 0;
+    int rc = FL_OK;
+    while (done < len && rc == FL_OK) {
+        ssize_t n = pread(fd, (char *)dst + done, len - done, (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            rc = fl_error_sys("cannot read %s", path);
+        else if (n == 0)
+            rc = fl_error_set(FL_EINVAL, "%s holds %zu bytes, expected %zu", path, done, len);
+        else
+            done += (size_t)n;
+    }
+    close(fd);
+    return rc;
+}
+
+static int read_sample(const fl_field *f, int64_t index, void *dst) {
+    if (f->paths == NULL) {
+        memcpy(dst, (const unsigned char *)f->base + (size_t)index * f->sample_bytes,
+               f->sample_bytes);
+        return FL_OK;
+    }
+    const char *path = f->paths[index];
+    if (f->raw)
+        return read_raw(path, dst, f->sample_bytes);
+    size_t got;
+    int rc = fl_npy_read_file(path, &f->expect, dst, f->sample_bytes, &got);
+    if (rc == FL_OK && got != f->sample_bytes)
+        rc = fl_error_set(FL_EINVAL, "%s holds %zu bytes of data, expected %zu", path, got,
+                          f->sample_bytes);
+    return rc;
+}
+
+/* Runs the pipeline on one sample into dst. One image at a time keeps the scratch small
+ * (cache-resident, nothing fresh to page in on the first batch) and reads in-memory samples
+ * in place, without gathering the batch first. */
+static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *dst, scratch *scr) {
+    const void *src = (const unsigned char *)field->base + (size_t)id * field->sample_bytes;
+    if (field->paths != NULL) {
+        int rc = read_sample(field, id, scr->input);
+        if (rc != FL_OK)
+            return rc;
+        src = scr->input;
+    }
+    fl_images one = l->config.image;
+    one.n = 1;
+    return fl_pipeline_run(l->config.pipeline, (fl_exec){NULL, 1}, src, one, l->config.image_dtype,
+                           dst, scr->pipeline, l->epoch_seed, &id);
+}
+
+/* Fills the chunk's samples of its slot; called without the lock. */
+static int fill(fl_loader *l, const chunk *c, scratch *scr) {
+    const int64_t *ids = c->s->ids;
+    for (size_t f = 0; f < l->config.n_fields; f++) {
+        const fl_field *field = &l->fields[f];
+        int piped = f == 0 && l->config.pipeline != NULL;
+        unsigned char *dst = c->s->data + l->field_offset[f];
+        for (size_t i = c->first; i < c->first + c->n; i++) {
+            int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
+                           : read_sample(field, ids[i], dst + i * field->sample_bytes);
+            if (rc != FL_OK)
+                return fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
+        }
+    }
+    return FL_OK;
+}
+
+static int scratch_alloc(fl_loader *l, scratch *scr) {
+    if (l->config.pipeline == NULL)
+        return FL_OK;
+    scr->input = malloc(l->fields[0].sample_bytes + 1);
+    scr->pipeline = malloc(l->scratch_per_image + 1);
+    return scr->input && scr->pipeline ? FL_OK : FL_ENOMEM;
+}
+
+static void scratch_free(scratch *scr) {
+    free(scr->input);
+    free(scr->pipeline);
+    *scr = (scratch){0};
+}
+
+/* ---- handing out work and delivering (called with the lock held) ---- */
+
+static slot *free_slot(fl_loader *l) {
+    for (int i = 0; i < l->config.slots; i++)
+        if (l->slots[i].state == SLOT_FREE)
+            return &l->slots[i];
+    return NULL;
+}
+
+/* Opens the next batch in a free slot; NULL when none can open now. */
+static slot *open_batch(fl_loader *l) {
+    if (l->stopping || !l->epoch_active || l->next_claim >= l->n_batches ||
+        (l->error && l->next_claim >= l->error_batch))
+        return NULL;
+    slot *s = free_slot(l);
+    if (s == NULL)
+        return NULL;
+    uint64_t b = l->next_claim++;
+    size_t start = (size_t)(b * l->config.sampler.batch_size);
+    size_t left = (size_t)l->order_len - start;
+    *s = (slot){.state = SLOT_FILLING,
+                .batch = b,
+                .count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size,
+                .ids = l->order + start,
+                .data = s->data};
+    return s;
+}
+
+/* The FILLING slot of batch b (any batch when b is UINT64_MAX: the earliest) that still has
+ * samples to hand out; NULL if none. */
+static slot *open_slot(fl_loader *l, uint64_t b) {
+    slot *best = NULL;
+    for (int i = 0; i < l->config.slots; i++) {
+        slot *s = &l->slots[i];
+        if (s->state == SLOT_FILLING && s->claimed < s->count && (b == UINT64_MAX || s->batch == b) &&
+            (best == NULL || s->batch < best->batch))
+            best = s;
+    }
+    return best;
+}
+
+/* Hands out the next chunk of s into *c; 0 if s is NULL or has none left. */
+static int take_chunk(fl_loader *l, slot *s, chunk *c) {
+    if (s == NULL || l->stopping || s->claimed >= s->count)
+        return 0;
+    size_t n = s->count - s->claimed;
+    *c = (chunk){s, s->claimed, n < l->chunk_samples ? n : l->chunk_samples};
+    s->claimed += c->n;
+    return 1;
+}
+
+/* Work for a worker: the earliest open batch's next chunk, else a newly opened batch's. */
+static int worker_chunk(fl_loader *l, chunk *c) {
+    return take_chunk(l, open_slot(l, UINT64_MAX), c) || take_chunk(l, open_batch(l), c);
+}
+
+/* Work for the consumer waiting for batch next_deliver: a chunk of that batch only. */
+static int consumer_chunk(fl_loader *l, chunk *c) {
+    if (!l->consumer_helps)
+        return 0;
+    slot *s = open_slot(l, l->next_deliver);
+    if (s == NULL && l->next_claim == l->next_deliver)
+        s = open_batch(l);
+    return take_chunk(l, s, c);
+}
+
+/* Records a failure of `batch`, keeping the earliest failing batch's error. */
+static void record_error(fl_loader *l, int rc, uint64_t batch, const char *text) {
+    if (l->error && l->error_batch <= batch)
+        return;
+    l->error = rc;
+    l->error_batch = batch;
+    l->error_errno = fl_error_errno(); /* the filling thread's; 0 unless a system call failed */
+    snprintf(l->error_text, sizeof l->error_text, "%s", text);
+}
+
+/* Takes back a filled chunk. A failure drops its batch: no more of it is handed out, and the
+ * slot is freed once the chunks already out return. The last chunk makes the batch READY. */
+static void chunk_done(fl_loader *l, const chunk *c, int rc) {
+    slot *s = c->s;
+    s->finished += c->n;
+    if (rc != FL_OK && !s->failed) {
+        s->failed = 1;
+        record_error(l, rc, s->batch, fl_error_detail());
+        s->finished += s->count - s->claimed;
+        s->claimed = s->count;
+    }
+    if (s->finished == s->count) {
+        s->state = s->failed ? SLOT_FREE : SLOT_READY;
+        pthread_cond_broadcast(&l->changed);
+    }
+}
+
+/* Fills a chunk, releasing the lock meanwhile. */
+static void fill_chunk(fl_loader *l, const chunk *c, scratch *scr) {
+    pthread_mutex_unlock(&l->lock);
+    int rc = fill(l, c, scr);
+    pthread_mutex_lock(&l->lock);
+    chunk_done(l, c, rc);
+}
+
+static void *worker_main(void *arg) {
+    fl_loader *l = arg;
+    scratch scr = {0};
+    int rc = scratch_alloc(l, &scr);
+    pthread_mutex_lock(&l->lock);
+    if (rc != FL_OK)
+        record_error(l, rc, 0, "out of memory for a worker's scratch");
+    while (!l->stopping && rc == FL_OK) {
+        chunk c;
+        if (worker_chunk(l, &c))
+            fill_chunk(l, &c, &scr);
+        else
+            pthread_cond_wait(&l->changed, &l->lock);
+    }
+    pthread_mutex_unlock(&l->lock);
+    scratch_free(&scr);
+    return NULL;
+}
+
+/* ---- owner API ---- */
+
+/* Output bytes per sample of each field and the slot layout. */
+static int plan(fl_loader *l) {
+    size_t offset = 0, batch = l->config.sampler.batch_size;
+    for (size_t f = 0; f < l->config.n_fields; f++) {
+        size_t bytes = l->fields[f].sample_bytes;
+        if (f == 0 && l->config.pipeline != NULL) {
+            int rc = fl_pipeline_plan(l->config.pipeline, l->config.image, l->config.image_dtype,
+                                      &l->out_image, &l->out_dtype, &l->out_layout,
+                                      &l->scratch_per_image);
+            if (rc != FL_OK)
+                return rc;
+            bytes = l->out_image.h * l->out_image.w * l->out_image.c * fl_dtype_size(l->out_dtype);
+        }
+        l->field_bytes[f] = bytes;
+        l->field_offset[f] = offset;
+        offset = align_up(offset + bytes * batch);
+    }
+    l->slot_bytes = offset ? offset : ALIGN;
+    size_t sample_bytes = 0;
+    for (size_t f = 0; f < l->config.n_fields; f++)
+        sample_bytes += l->field_bytes[f];
+    l->chunk_samples = CHUNK_BYTES / (sample_bytes ? sample_bytes : 1);
+    l->chunk_samples = l->chunk_samples < 1 ? 1 : l->chunk_samples > batch ? batch : l->chunk_samples;
+    return FL_OK;
+}
+
+int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
+    *out = NULL;
+    int rc = fl_sampler_check(&config->sampler);
+    if (rc != FL_OK)
+        return rc;
+    if (config->slots < 2 || config->workers < 0 || config->n_fields == 0)
+        return fl_error_set(FL_EINVAL, "a loader needs >= 2 slots, >= 0 workers, >= 1 field");
+    fl_loader *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return FL_ENOMEM;
+    l->config = *config;
+    /* with a worker per CPU, a helping consumer would only preempt one mid-chunk */
+    l->consumer_helps = config->workers == 0 || config->workers < fl_thread_cpus();
+    l->fields = malloc(config->n_fields * sizeof *l->fields);
+    l->field_offset = malloc(config->n_fields * sizeof *l->field_offset);
+    l->field_bytes = malloc(config->n_fields * sizeof *l->field_bytes);
+    l->slots = calloc((size_t)config->slots, sizeof *l->slots);
+    l->threads = calloc((size_t)(config->workers ? config->workers : 1), sizeof *l->threads);
+    pthread_mutex_init(&l->lock, NULL);
+    rc = fl_cond_init(&l->changed);
+    if (!l->fields || !l->field_offset || !l->field_bytes || !l->slots || !l->threads)
+        rc = FL_ENOMEM;
+    if (rc == FL_OK) {
+        memcpy(l->fields, config->fields, config->n_fields * sizeof *l->fields);
+        l->config.fields = l->fields;
+        l->n_batches = fl_sampler_batches(&config->sampler);
+        rc = plan(l);
+    }
+    for (int i = 0; rc == FL_OK && i < config->slots; i++)
+        if ((l->slots[i].data = aligned_alloc(ALIGN, l->slot_bytes)) == NULL)
+            rc = FL_ENOMEM;
+    if (rc == FL_OK)
+        rc = scratch_alloc(l, &l->consumer_scratch);
+    if (rc != FL_OK) {
+        fl_loader_free(l);
+        return rc;
+    }
+    *out = l;
+    return FL_OK;
+}
+
+/* Starts the workers; called with the lock held and none running. On failure joins the
+ * ones that started. */
+static int start_workers(fl_loader *l) {
+    int started = 0;
+    while (started < l->config.workers &&
+           fl_thread_start(&l->threads[started], worker_main, l) == FL_OK)
+        started++;
+    if (started == l->config.workers) {
+        l->running = 1;
+        return FL_OK;
+    }
+    l->stopping = 1;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->lock);
+    for (int i = 0; i < started; i++)
+        pthread_join(l->threads[i], NULL);
+    pthread_mutex_lock(&l->lock);
+    l->stopping = 0;
+    l->epoch_active = 0;
+    return fl_error_set(FL_ESYS, "could not start loader worker %d", started);
+}
+
+int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) {
+    pthread_mutex_lock(&l->lock);
+    int abandon = (l->epoch_active && l->next_deliver < l->n_batches) || l->error;
+    pthread_mutex_unlock(&l->lock);
+    if (abandon) /* an epoch cut short (or failed): its workers and batches go */
+        fl_loader_stop(l);
+    uint64_t shard = fl_sampler_shard_size(&l->config.sampler);
+    int64_t *order = malloc((shard ? shard : 1) * sizeof *order);
+    if (order == NULL || fl_sampler_epoch(&l->config.sampler, epoch, order) != FL_OK) {
+        free(order);
+        return FL_ENOMEM;
+    }
+    pthread_mutex_lock(&l->lock);
+    free(l->order);
+    l->order = order;
+    l->order_len = shard;
+    l->epoch_seed = fl_sampler_epoch_seed(l->config.sampler.seed, epoch);
+    l->next_claim = l->next_deliver = 0;
+    l->epoch_active = 1;
+    l->error = 0;
+    l->error_text[0] = '\0';
+    pthread_cond_broadcast(&l->changed);
+    int rc = l->running ? FL_OK : start_workers(l); /* persistent across finished epochs */
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+/* The READY slot holding batch b, or NULL. */
+static slot *ready_slot(fl_loader *l, uint64_t b) {
+    for (int i = 0; i < l->config.slots; i++)
+        if (l->slots[i].state == SLOT_READY && l->slots[i].batch == b)
+            return &l->slots[i];
+    return NULL;
+}
+
+int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count) {
+    pthread_mutex_lock(&l->lock);
+    struct timespec until = fl_deadline_after(timeout_s);
+    int rc = FL_OK;
+    for (;;) {
+        if (l->error && l->next_deliver >= l->error_batch) {
+            rc = fl_error_set(l->error, "%s", l->error_text);
+            fl_error_set_errno(l->error_errno);
+            break;
+        }
+        if (!l->epoch_active || l->next_deliver >= l->n_batches) {
+            rc = FL_EEND;
+            break;
+        }
+        slot *s = ready_slot(l, l->next_deliver);
+        if (s != NULL) {
+            s->state = SLOT_LENT;
+            l->lent++;
+            l->next_deliver++;
+            *slot_out = (int)(s - l->slots);
+            *count = s->count;
+            break;
+        }
+        chunk c;
+        if (consumer_chunk(l, &c)) { /* rather than wait idle, help fill the batch we want */
+            l->helping++;
+            fill_chunk(l, &c, &l->consumer_scratch);
+            if (--l->helping == 0 && l->stopping)
+                pthread_cond_broadcast(&l->changed);
+            continue;
+        }
+        if (timeout_s == 0) {
+            rc = FL_EAGAIN;
+            break;
+        }
+        if (fl_cond_wait_until(&l->changed, &l->lock, timeout_s < 0 ? NULL : &until) != FL_OK) {
+            rc = FL_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (rc == FL_OK && l->config.metrics != NULL) {
+        fl_metrics_add(l->config.metrics, "loader/samples", (double)*count);
+        fl_metrics_add(l->config.metrics, "loader/batches", 1);
+    }
+    return rc;
+}
+
+void fl_loader_release(fl_loader *l, int slot_index) {
+    pthread_mutex_lock(&l->lock);
+    if (slot_index >= 0 && slot_index < l->config.slots &&
+        l->slots[slot_index].state == SLOT_LENT) {
+        l->slots[slot_index].state = SLOT_FREE;
+        l->lent--;
+        pthread_cond_broadcast(&l->changed);
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
+void fl_loader_stop(fl_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    int running = l->running;
+    l->stopping = 1;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->lock);
+    for (int i = 0; running && i < l->config.workers; i++)
+        pthread_join(l->threads[i], NULL);
+    pthread_mutex_lock(&l->lock);
+    while (l->helping > 0) /* a consumer in next() on another thread is finishing a chunk */
+        pthread_cond_wait(&l->changed, &l->lock);
+    for (int i = 0; i < l->config.slots; i++)
+        if (l->slots[i].state == SLOT_READY || l->slots[i].state == SLOT_FILLING)
+            l->slots[i].state = SLOT_FREE;
+    l->running = 0;
+    l->stopping = 0;
+    l->epoch_active = 0;
+    pthread_cond_broadcast(&l->changed); /* a next() waiting on another thread returns FL_EEND */
+    pthread_mutex_unlock(&l->lock);
+}
+
+const char *fl_loader_error(fl_loader *l) { return l->error_text; }
+
+void *fl_loader_slot(fl_loader *l, int s) { return l->slots[s].data; }
+
+size_t fl_loader_field_offset(const fl_loader *l, size_t f) { return l->field_offset[f]; }
+
+size_t fl_loader_field_sample_bytes(const fl_loader *l, size_t f) { return l->field_bytes[f]; }
+
+void fl_loader_output_image(const fl_loader *l, fl_images *dims, fl_dtype *dtype,
+                            fl_layout *layout) {
+    *dims = l->out_image;
+    *dtype = l->out_dtype;
+    *layout = l->out_layout;
+}
+
+int fl_loader_lent(fl_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    int lent = l->lent;
+    pthread_mutex_unlock(&l->lock);
+    return lent;
+}
+
+int fl_loader_slots(const fl_loader *l) { return l->config.slots; }
+
+uint64_t fl_loader_batches(const fl_loader *l) { return l->n_batches; }
+
+void fl_loader_free(fl_loader *l) {
+    if (l == NULL)
+        return;
+    if (l->threads != NULL)
+        fl_loader_stop(l);
+    for (int i = 0; l->slots && i < l->config.slots; i++)
+        free(l->slots[i].data);
+    scratch_free(&l->consumer_scratch);
+    pthread_cond_destroy(&l->changed);
+    pthread_mutex_destroy(&l->lock);
+    free(l->order);
+    free(l->slots);
+    free(l->threads);
+    free(l->field_bytes);
+    free(l->field_offset);
+    free(l->fields);
+    free(l);
+}

@@ -1,0 +1,95 @@
+/* fl_loader.h - batches assembled by C threads into recycled batch slots.
+ *
+ * A loader reads `n_fields` fields per sample (an array in memory or memory-mapped, or one
+ * file per sample read by the worker) and writes each batch into a slot: one buffer holding
+ * every field's batch, back to back. Field 0 may go through a pipeline on the way. Workers
+ * claim batches in order, up to the number of slots ahead of the consumer; the consumer
+ * receives them in order (fl_loader_next) and lends each slot out until fl_loader_release.
+ *
+ * Threads: `workers` C threads (signals blocked, no Python) plus the consumer; one mutex
+ * guards the slot states, the epoch cursor and the error; a condition variable signals
+ * every change. Batches are filled in chunks of samples, so several threads can share one;
+ * the consumer, while it waits in next() for a batch, fills chunks of that batch itself (with
+ * 0 workers, every batch).
+ * A worker's error (an unreadable file) travels as data: the error of the earliest failing
+ * batch is kept with the sample index and path; next() delivers the batches before it, then
+ * returns it.
+ */
+#ifndef FL_LOADER_H
+#define FL_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/fl_metrics.h"
+#include "data/fl_npy.h"
+#include "data/fl_pipeline.h"
+#include "data/fl_sampler.h"
+
+/* Where one field of every sample comes from. */
+typedef struct fl_field {
+    const void *base;          /* arrays: sample i at base + i * sample_bytes */
+    const char *const *paths;  /* files: paths[i] for sample i (NULL for arrays); borrowed */
+    int raw;                   /* files hold sample_bytes raw bytes (else .npy as `expect`) */
+    fl_npy_header expect;      /* .npy files: what every file must hold */
+    size_t sample_bytes;       /* bytes of one sample as read */
+} fl_field;
+
+typedef struct fl_loader_config {
+    fl_sampler sampler;
+    int workers;               /* C threads; 0: the consumer fills batches in next() */
+    int slots;                 /* batch buffers, >= 2 */
+    const fl_field *fields;    /* n_fields entries, copied */
+    size_t n_fields;
+    const fl_pipeline *pipeline; /* for field 0, or NULL; borrowed, must outlive the loader */
+    fl_images image;           /* field 0's image geometry (n ignored) when a pipeline is set */
+    fl_dtype image_dtype;
+    fl_metrics *metrics;       /* optional; counts "loader/samples" and "loader/batches" */
+} fl_loader_config;
+
+typedef struct fl_loader fl_loader;
+
+/* Plans the slot layout (running the pipeline's plan) and allocates the slots; starts no
+ * thread yet. Returns 0 and sets *out, or FL_EINVAL/FL_ENOMEM (detail says why). */
+int fl_loader_new(const fl_loader_config *config, fl_loader **out);
+
+/* Begins `epoch`: computes its order and (re)starts the workers. Any earlier epoch must have
+ * ended (FL_EEND) or been stopped. Returns 0, FL_ENOMEM or FL_ESYS (no thread). */
+int fl_loader_start_epoch(fl_loader *l, uint64_t epoch);
+
+/* Waits up to timeout_s for the next batch in order. Returns 0 with *slot and *count (the
+ * batch's samples), FL_EEND after the last batch, FL_EAGAIN/FL_ETIMEDOUT, or the first
+ * worker error (FL_EINVAL/FL_ESYS; fl_loader_error() has the message). The slot is lent to
+ * the caller until fl_loader_release(). */
+int fl_loader_next(fl_loader *l, double timeout_s, int *slot, size_t *count);
+
+/* Returns a lent slot for reuse. Any thread. */
+void fl_loader_release(fl_loader *l, int slot);
+
+/* Abandons the epoch: stops and joins the workers and forgets batches not yet delivered.
+ * Lent slots stay lent. Idempotent. */
+void fl_loader_stop(fl_loader *l);
+
+/* The first worker error's message ("" if none). */
+const char *fl_loader_error(fl_loader *l);
+
+/* Slot memory, and where field f's batch sits in it. */
+void *fl_loader_slot(fl_loader *l, int slot);
+size_t fl_loader_field_offset(const fl_loader *l, size_t field);
+
+/* Field f's output: bytes per sample; for field 0 with a pipeline also its geometry. */
+size_t fl_loader_field_sample_bytes(const fl_loader *l, size_t field);
+void fl_loader_output_image(const fl_loader *l, fl_images *dims, fl_dtype *dtype,
+                            fl_layout *layout);
+
+/* Slots lent out now, and slots in all. */
+int fl_loader_lent(fl_loader *l);
+int fl_loader_slots(const fl_loader *l);
+
+/* Batches per epoch. */
+uint64_t fl_loader_batches(const fl_loader *l);
+
+/* Stops the workers and frees everything. No slot may still be in use. NULL is a no-op. */
+void fl_loader_free(fl_loader *l);
+
+#endif

@@ -1,0 +1,500 @@
+/* fl_procpool.c - forked workers, shared slots, and the socket protocol between them.
+ *
+ *   parent slot states:  FREE --dispatch--> ASSIGNED(worker) --"done"--> READY
+ *                        READY --next() in order--> LENT --release()--> FREE
+ *
+ * Each worker talks to the parent over one Unix stream socket pair (written with
+ * MSG_NOSIGNAL: a dead peer is an error code, never a SIGPIPE). Messages are fixed headers
+ * (plus sample ids, or an error text) written whole by one writer per direction. `lock` guards the slot states, the error and `lent`, because a lease may
+ * be released from another thread while the consumer waits in poll() without it.
+ */
+#define _GNU_SOURCE /* SOCK_CLOEXEC, MSG_NOSIGNAL */
+#include "data/fl_procpool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/fl_error.h"
+#include "base/fl_time.h"
+
+enum { ALIGN = 4096, STOP_GRACE_MS = 1000 };
+
+typedef enum slot_state { SLOT_FREE, SLOT_ASSIGNED, SLOT_READY, SLOT_LENT } slot_state;
+
+typedef struct slot {
+    slot_state state;
+    uint64_t batch;
+    size_t count;
+    int worker;
+} slot;
+
+typedef struct worker {
+    pid_t pid; /* 0: not running */
+    int fd;    /* the parent's end of the worker's socket pair, -1 when closed */
+    int in_flight;
+} worker;
+
+typedef struct task_header {
+    uint64_t batch;
+    uint64_t seed; /* the epoch's augmentation seed */
+    uint32_t slot;
+    uint32_t count;
+} task_header;
+
+typedef struct result_header {
+    uint64_t batch;
+    uint32_t slot;
+    uint32_t failed;
+    int64_t index;
+    uint32_t text_len;
+    uint32_t reserved;
+} result_header;
+
+struct fl_procpool {
+    fl_procpool_config config;
+    int n_slots;
+    unsigned char *region; /* n_slots * slot_stride, shared with the workers */
+    size_t region_len, slot_stride;
+    slot *slots;
+    worker *workers;
+    int running;
+    int64_t *order;
+    uint64_t order_len, n_batches, next_claim, next_deliver, epoch_seed;
+    int epoch_active;
+
+    pthread_mutex_t lock;
+    int error; /* an fl_proc_error is waiting at error_batch */
+    uint64_t error_batch;
+    fl_proc_error failure;
+    int lent;
+};
+
+/* ---- sockets ---- */
+
+static int write_all(int fd, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads exactly len bytes; -1 on EOF or error (the writer is gone). */
+static int read_all(int fd, void *data, size_t len) {
+    char *p = data;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* ---- the worker process ---- */
+
+/* In a new worker: closes the parent's ends of the other workers' sockets, so that only the
+ * parent holds them and a worker's death hangs up its socket for the parent. */
+static void close_other_workers_sockets(fl_procpool *pool) {
+    for (int w = 0; w < pool->config.workers; w++)
+        if (pool->workers[w].fd >= 0)
+            close(pool->workers[w].fd);
+}
+
+static void worker_loop(fl_procpool *pool, int me, int fd) {
+    int64_t *ids = malloc(pool->config.sampler.batch_size * sizeof *ids);
+    char *text = malloc(sizeof pool->failure.text);
+    if (ids == NULL || text == NULL)
+        _exit(70);
+    task_header task;
+    while (read_all(fd, &task, sizeof task) == 0 &&
+           read_all(fd, ids, task.count * sizeof *ids) == 0) {
+        result_header result = {task.batch, task.slot, 0, -1, 0, 0};
+        unsigned char *dst = pool->region + (size_t)task.slot * pool->slot_stride;
+        text[0] = '\0';
+        if (pool->config.fill(pool->config.fill_ctx, me, task.seed, ids, task.count, dst,
+                              &result.index, text, sizeof pool->failure.text) != 0) {
+            result.failed = 1;
+            result.text_len = (uint32_t)strnlen(text, sizeof pool->failure.text - 1);
+        }
+        if (write_all(fd, &result, sizeof result) != 0 || write_all(fd, text, result.text_len) != 0)
+            break;
+    }
+    _exit(0); /* never return into the parent's code, never run its exit handlers */
+}
+
+/* Forks worker w; in the child, never returns. */
+static int spawn(fl_procpool *pool, int w) {
+    int pair[2]; /* [0]: the parent's end, [1]: the worker's */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return fl_error_sys("socketpair");
+    fl_proc_hooks *h = &pool->config.hooks;
+    pid_t parent = getpid();
+    if (h->before_fork)
+        h->before_fork(h->ctx);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphans if the parent dies */
+        if (getppid() != parent)          /* it died before prctl took hold */
+            _exit(0);
+        signal(SIGINT, SIG_IGN); /* Ctrl-C belongs to the parent, which stops us */
+        close(pair[0]);
+        close_other_workers_sockets(pool);
+        if (h->after_fork_child)
+            h->after_fork_child(h->ctx, w);
+        worker_loop(pool, w, pair[1]);
+    }
+    int fork_errno = errno;
+    if (h->after_fork_parent)
+        h->after_fork_parent(h->ctx);
+    close(pair[1]);
+    if (pid < 0) {
+        close(pair[0]);
+        errno = fork_errno;
+        return fl_error_sys("fork");
+    }
+    pool->workers[w] = (worker){pid, pair[0], 0};
+    return FL_OK;
+}
+
+/* ---- stopping and reaping ---- */
+
+static void describe_exit(fl_proc_error *e, int status) {
+    if (WIFSIGNALED(status)) {
+        e->signal = WTERMSIG(status);
+        snprintf(e->text, sizeof e->text, "worker %d (pid %d) was killed by signal %d (%s)",
+                 e->worker, (int)e->pid, e->signal, strsignal(e->signal));
+    } else {
+        e->exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        snprintf(e->text, sizeof e->text, "worker %d (pid %d) exited with status %d",
+                 e->worker, (int)e->pid, e->exit_status);
+    }
+}
+
+/* Closes every worker's socket, gives them a second to exit, kills the rest, reaps all. */
+static void stop_workers(fl_procpool *pool) {
+    for (int w = 0; w < pool->config.workers; w++) {
+        worker *k = &pool->workers[w];
+        if (k->fd >= 0)
+            close(k->fd); /* EOF: the worker's loop ends */
+        k->fd = -1;
+        k->in_flight = 0;
+    }
+    double deadline = fl_monotonic() + STOP_GRACE_MS / 1000.0;
+    for (int w = 0; w < pool->config.workers; w++) {
+        worker *k = &pool->workers[w];
+        while (k->pid > 0 && waitpid(k->pid, NULL, WNOHANG) == 0) {
+            if (fl_monotonic() >= deadline) {
+                kill(k->pid, SIGKILL);
+                waitpid(k->pid, NULL, 0);
+                break;
+            }
+            nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+        }
+        k->pid = 0;
+    }
+    pool->running = 0;
+}
+
+/* A worker hung up: reap it, stop the others, and report the death with the next batch (the
+ * batches in flight are lost with it, so nothing after this can be delivered in order). */
+static void worker_died(fl_procpool *pool, int w) {
+    worker *k = &pool->workers[w];
+    int status = 0;
+    pid_t pid = k->pid;
+    waitpid(pid, &status, 0); /* it has closed its socket: it is exiting or gone */
+    k->pid = 0;
+    if (!pool->error || pool->failure.kind != FL_PROC_DIED) {
+        pool->error = 1;
+        pool->error_batch = pool->next_deliver;
+        pool->failure = (fl_proc_error){.kind = FL_PROC_DIED, .worker = w, .pid = pid, .index = -1};
+        describe_exit(&pool->failure, status);
+    }
+    for (int s = 0; s < pool->n_slots; s++)
+        if (pool->slots[s].state == SLOT_ASSIGNED)
+            pool->slots[s].state = SLOT_FREE;
+    stop_workers(pool);
+    pool->epoch_active = 0;
+}
+
+/* ---- dispatching and collecting (lock held) ---- */
+
+static int least_busy_worker(fl_procpool *pool) {
+    int best = -1;
+    for (int w = 0; w < pool->config.workers; w++)
+        if (pool->workers[w].pid > 0 && pool->workers[w].in_flight < pool->config.prefetch &&
+            (best < 0 || pool->workers[w].in_flight < pool->workers[best].in_flight))
+            best = w;
+    return best;
+}
+
+/* Sends batches to workers while slots are free and workers have room. */
+static void dispatch(fl_procpool *pool) {
+    size_t batch_size = pool->config.sampler.batch_size;
+    for (int s = 0; s < pool->n_slots && pool->epoch_active; s++) {
+        if (pool->slots[s].state != SLOT_FREE || pool->next_claim >= pool->n_batches ||
+            (pool->error && pool->next_claim >= pool->error_batch))
+            continue;
+        int w = least_busy_worker(pool);
+        if (w < 0)
+            return;
+        uint64_t b = pool->next_claim++;
+        size_t start = (size_t)(b * batch_size);
+        size_t count = pool->order_len - start < batch_size ? pool->order_len - start : batch_size;
+        task_header task = {b, pool->epoch_seed, (uint32_t)s, (uint32_t)count};
+        if (write_all(pool->workers[w].fd, &task, sizeof task) != 0 ||
+            write_all(pool->workers[w].fd, pool->order + start, count * sizeof(int64_t)) != 0) {
+            pool->next_claim--; /* the worker is gone; its hang-up is collected next */
+            return;
+        }
+        pool->slots[s] = (slot){SLOT_ASSIGNED, b, count, w};
+        pool->workers[w].in_flight++;
+    }
+}
+
+/* Reads one result from worker w (its socket is readable). */
+static void collect(fl_procpool *pool, int w) {
+    result_header r;
+    worker *k = &pool->workers[w];
+    char *text = pool->failure.text;
+    static _Thread_local char spare[sizeof ((fl_proc_error *)0)->text];
+    if (pool->error) /* keep the recorded failure's text; read into a spare buffer */
+        text = spare;
+    if (read_all(k->fd, &r, sizeof r) != 0 || r.slot >= (uint32_t)pool->n_slots ||
+        r.text_len >= sizeof spare || read_all(k->fd, text, r.text_len) != 0) {
+        worker_died(pool, w);
+        return;
+    }
+    text[r.text_len] = '\0';
+    slot *s = &pool->slots[r.slot];
+    k->in_flight--;
+    if (!r.failed) {
+        s->state = SLOT_READY;
+        return;
+    }
+    s->state = SLOT_FREE;
+    if (!pool->error || r.batch < pool->error_batch) {
+        if (text == spare)
+            memcpy(pool->failure.text, spare, r.text_len + 1);
+        pool->error = 1;
+        pool->error_batch = r.batch;
+        pool->failure.kind = FL_PROC_FAILED;
+        pool->failure.worker = w;
+        pool->failure.pid = k->pid;
+        pool->failure.index = r.index;
+    }
+}
+
+static slot *ready_slot(fl_procpool *pool, uint64_t b) {
+    for (int s = 0; s < pool->n_slots; s++)
+        if (pool->slots[s].state == SLOT_READY && pool->slots[s].batch == b)
+            return &pool->slots[s];
+    return NULL;
+}
+
+/* Waits up to `seconds` for results (lock released meanwhile) and collects them. */
+static void wait_for_results(fl_procpool *pool, double seconds) {
+    struct pollfd fds[256];
+    int who[256], n = 0;
+    for (int w = 0; w < pool->config.workers && n < 256; w++)
+        if (pool->workers[w].pid > 0 && pool->workers[w].fd >= 0) {
+            fds[n] = (struct pollfd){pool->workers[w].fd, POLLIN, 0};
+            who[n++] = w;
+        }
+    pthread_mutex_unlock(&pool->lock);
+    int ready = n > 0 ? poll(fds, (nfds_t)n, (int)(seconds * 1000)) : 0;
+    if (n == 0 && seconds > 0)
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    pthread_mutex_lock(&pool->lock);
+    for (int i = 0; i < n && ready > 0; i++)
+        if (fds[i].revents && pool->workers[who[i]].pid > 0)
+            collect(pool, who[i]); /* POLLHUP with nothing left reads EOF: a death */
+}
+
+/* ---- owner API ---- */
+
+int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
+    *out = NULL;
+    int rc = fl_sampler_check(&config->sampler);
+    if (rc != FL_OK)
+        return rc;
+    if (config->workers < 1 || config->workers > 256 || config->prefetch < 1 || config->fill == NULL)
+        return fl_error_set(FL_EINVAL, "a process pool needs 1..256 workers, prefetch >= 1 and a fill function");
+    fl_procpool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL)
+        return FL_ENOMEM;
+    pool->config = *config;
+    pool->n_slots = config->workers * config->prefetch;
+    if (pool->n_slots < 2)
+        pool->n_slots = 2;
+    pool->slot_stride = (config->slot_bytes + ALIGN - 1) / ALIGN * ALIGN;
+    pool->region_len = pool->slot_stride * (size_t)pool->n_slots;
+    pool->region = mmap(NULL, pool->region_len ? pool->region_len : ALIGN, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pool->slots = calloc((size_t)pool->n_slots, sizeof *pool->slots);
+    pool->workers = calloc((size_t)config->workers, sizeof *pool->workers);
+    pthread_mutex_init(&pool->lock, NULL);
+    if (pool->region == MAP_FAILED)
+        pool->region = NULL;
+    if (pool->region == NULL || pool->slots == NULL || pool->workers == NULL) {
+        fl_procpool_free(pool);
+        return fl_error_set(FL_ENOMEM, "cannot map %zu bytes of shared batch slots", pool->region_len);
+    }
+    for (int w = 0; w < config->workers; w++)
+        pool->workers[w] = (worker){0, -1, 0};
+    pool->n_batches = fl_sampler_batches(&config->sampler);
+    *out = pool;
+    return FL_OK;
+}
+
+int fl_procpool_needs_stop(fl_procpool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    int abandon = (pool->epoch_active && pool->next_deliver < pool->n_batches) || pool->error;
+    pthread_mutex_unlock(&pool->lock);
+    return abandon;
+}
+
+int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch) {
+    if (fl_procpool_needs_stop(pool))
+        fl_procpool_stop(pool);
+    uint64_t shard = fl_sampler_shard_size(&pool->config.sampler);
+    int64_t *order = malloc((shard ? shard : 1) * sizeof *order);
+    if (order == NULL || fl_sampler_epoch(&pool->config.sampler, epoch, order) != FL_OK) {
+        free(order);
+        return FL_ENOMEM;
+    }
+    pthread_mutex_lock(&pool->lock);
+    free(pool->order);
+    pool->order = order;
+    pool->order_len = shard;
+    pool->epoch_seed = fl_sampler_epoch_seed(pool->config.sampler.seed, epoch);
+    pool->next_claim = pool->next_deliver = 0;
+    pool->error = 0;
+    int rc = FL_OK;
+    for (int w = 0; !pool->running && w < pool->config.workers && rc == FL_OK; w++)
+        rc = spawn(pool, w);
+    if (rc != FL_OK)
+        stop_workers(pool);
+    else
+        pool->running = 1;
+    pool->epoch_active = rc == FL_OK;
+    pthread_mutex_unlock(&pool->lock);
+    return rc;
+}
+
+int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot_out, size_t *count) {
+    pthread_mutex_lock(&pool->lock);
+    double deadline = timeout_s < 0 ? -1 : fl_monotonic() + timeout_s;
+    int rc;
+    for (;;) {
+        if (pool->error && pool->next_deliver >= pool->error_batch) {
+            rc = FL_EWORKER;
+            break;
+        }
+        if (!pool->epoch_active || pool->next_deliver >= pool->n_batches) {
+            rc = FL_EEND;
+            break;
+        }
+        slot *s = ready_slot(pool, pool->next_deliver);
+        if (s != NULL) {
+            s->state = SLOT_LENT;
+            pool->lent++;
+            pool->next_deliver++;
+            *slot_out = (int)(s - pool->slots);
+            *count = s->count;
+            rc = FL_OK;
+            break;
+        }
+        dispatch(pool);
+        double left = deadline < 0 ? 0.05 : deadline - fl_monotonic();
+        if (left <= 0) {
+            rc = timeout_s == 0 ? FL_EAGAIN : FL_ETIMEDOUT;
+            break;
+        }
+        wait_for_results(pool, left < 0.05 ? left : 0.05);
+        if (deadline < 0) /* no limit: keep waiting */
+            continue;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (rc == FL_OK && pool->config.metrics != NULL) {
+        fl_metrics_add(pool->config.metrics, "loader/samples", (double)*count);
+        fl_metrics_add(pool->config.metrics, "loader/batches", 1);
+    }
+    return rc;
+}
+
+const fl_proc_error *fl_procpool_error(fl_procpool *pool) { return &pool->failure; }
+
+void fl_procpool_release(fl_procpool *pool, int s) {
+    pthread_mutex_lock(&pool->lock);
+    if (s >= 0 && s < pool->n_slots && pool->slots[s].state == SLOT_LENT) {
+        pool->slots[s].state = SLOT_FREE;
+        pool->lent--;
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+void fl_procpool_stop(fl_procpool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    stop_workers(pool);
+    for (int s = 0; s < pool->n_slots; s++)
+        if (pool->slots[s].state == SLOT_ASSIGNED || pool->slots[s].state == SLOT_READY)
+            pool->slots[s].state = SLOT_FREE;
+    pool->epoch_active = 0;
+    pthread_mutex_unlock(&pool->lock);
+}
+
+pid_t fl_procpool_pid(fl_procpool *pool, int w) {
+    pthread_mutex_lock(&pool->lock);
+    pid_t pid = w >= 0 && w < pool->config.workers ? pool->workers[w].pid : 0;
+    pthread_mutex_unlock(&pool->lock);
+    return pid;
+}
+
+void *fl_procpool_slot(fl_procpool *pool, int s) { return pool->region + (size_t)s * pool->slot_stride; }
+
+int fl_procpool_lent(fl_procpool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    int lent = pool->lent;
+    pthread_mutex_unlock(&pool->lock);
+    return lent;
+}
+
+int fl_procpool_slots(const fl_procpool *pool) { return pool->n_slots; }
+
+uint64_t fl_procpool_batches(const fl_procpool *pool) { return pool->n_batches; }
+
+void fl_procpool_free(fl_procpool *pool) {
+    if (pool == NULL)
+        return;
+    if (pool->workers != NULL)
+        fl_procpool_stop(pool);
+    if (pool->region != NULL)
+        munmap(pool->region, pool->region_len ? pool->region_len : ALIGN);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool->order);
+    free(pool->slots);
+    free(pool->workers);
+    free(pool);
+}

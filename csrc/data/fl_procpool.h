@@ -1,0 +1,105 @@
+/* fl_procpool.h - batches assembled by forked worker processes into shared-memory slots.
+ *
+ * The slots live in one anonymous MAP_SHARED mapping made before any fork, so every worker
+ * writes batches straight into memory the parent reads: no pickling, no file in /dev/shm,
+ * nothing to leak when a process dies (the mapping goes with its last user). Each worker has
+ * a Unix socket pair with the parent: commands ("fill batch b into slot s with these sample
+ * indices") one way, results ("done", or "failed at an index" with a message) the other. The
+ * parent notices a dead worker at once as a hang-up on its socket, and reaps it; a dead
+ * worker never holds a lock the parent needs, because they share none.
+ *
+ * Forking: fl_procpool_start_epoch() forks the workers if none run, calling the hooks
+ * around fork() (the Python binding uses them for PyOS_BeforeFork/AfterFork_*). A worker
+ * ignores SIGINT (the parent owns Ctrl-C), dies with its parent, and runs `fill` for each
+ * command until its socket closes, then _exit(0)s. Fork before starting threads or
+ * touching CUDA: a child gets only the forking thread.
+ *
+ * Parent side: any thread may call fl_procpool_release(); the other calls are the
+ * consumer's. `lock` (inside) guards the slot states and the error.
+ */
+#ifndef FL_PROCPOOL_H
+#define FL_PROCPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/fl_metrics.h"
+#include "data/fl_sampler.h"
+
+/* Runs in a worker: fill `slot` with the samples `ids` (count of them); `seed` is the
+ * epoch's augmentation seed (fl_sampler_epoch_seed). Returns 0, or non-zero after writing
+ * into `error` (error_len bytes) what went wrong and setting *index to the failing sample. */
+typedef int (*fl_proc_fill_fn)(void *ctx, int worker, uint64_t seed, const int64_t *ids,
+                               size_t count, unsigned char *slot, int64_t *index, char *error,
+                               size_t error_len);
+
+typedef struct fl_proc_hooks {
+    void (*before_fork)(void *ctx);
+    void (*after_fork_parent)(void *ctx);
+    void (*after_fork_child)(void *ctx, int worker); /* then the worker loop starts */
+    void *ctx;
+} fl_proc_hooks;
+
+typedef struct fl_procpool_config {
+    fl_sampler sampler;
+    int workers;      /* >= 1 */
+    int prefetch;     /* batches in flight per worker, >= 1; slots = workers * prefetch */
+    size_t slot_bytes;
+    fl_proc_fill_fn fill;
+    void *fill_ctx;
+    fl_proc_hooks hooks;
+    fl_metrics *metrics; /* optional: "loader/samples", "loader/batches" */
+} fl_procpool_config;
+
+typedef enum fl_proc_failure { FL_PROC_DIED = 1, FL_PROC_FAILED = 2 } fl_proc_failure;
+
+typedef struct fl_proc_error {
+    fl_proc_failure kind;
+    int worker;
+    pid_t pid;
+    int signal;      /* DIED: the signal that killed it, or 0 */
+    int exit_status; /* DIED without a signal: its exit status */
+    int64_t index;   /* FAILED: the sample */
+    char text[8192]; /* DIED: a sentence; FAILED: what fill wrote */
+} fl_proc_error;
+
+typedef struct fl_procpool fl_procpool;
+
+/* Maps the slots; forks nothing yet. Returns 0 and sets *out, or FL_EINVAL/FL_ENOMEM. */
+int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out);
+
+/* Begins an epoch (abandoning one in progress) and forks the workers if none run.
+ * Returns 0, FL_ENOMEM or FL_ESYS (fork or pipe failed; detail says which). */
+int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch);
+
+/* 1 when starting an epoch would first stop the workers (the last epoch was cut short or
+ * failed), so the caller can do that without holding what fork needs (the GIL). */
+int fl_procpool_needs_stop(fl_procpool *pool);
+
+/* Hands out work and waits up to timeout_s for the next batch in order. Returns 0 with
+ * *slot and *count (the slot is lent until release), FL_EEND after the last batch,
+ * FL_EAGAIN/FL_ETIMEDOUT, or FL_EWORKER (fl_procpool_error() says what; on a death every
+ * worker has already been stopped and reaped). */
+int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot, size_t *count);
+
+const fl_proc_error *fl_procpool_error(fl_procpool *pool);
+
+/* Gives a lent slot back. Any thread. */
+void fl_procpool_release(fl_procpool *pool, int slot);
+
+/* Ends the workers (their sockets close; after a second, SIGKILL), reaps them, and
+ * forgets batches not delivered. Lent slots stay lent. Idempotent. */
+void fl_procpool_stop(fl_procpool *pool);
+
+/* Worker pids (0 when not running), slot memory, slots lent now and in all. */
+pid_t fl_procpool_pid(fl_procpool *pool, int worker);
+void *fl_procpool_slot(fl_procpool *pool, int slot);
+int fl_procpool_lent(fl_procpool *pool);
+int fl_procpool_slots(const fl_procpool *pool);
+uint64_t fl_procpool_batches(const fl_procpool *pool);
+
+/* Stops the workers and unmaps the slots. No slot may still be in use. NULL is a no-op. */
+void fl_procpool_free(fl_procpool *pool);
+
+#endif

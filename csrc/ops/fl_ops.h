@@ -1,0 +1,77 @@
+/* fl_ops.h - fused preprocessing kernels on contiguous arrays (the core of fastloop.ops).
+ *
+ * Every kernel reads its input once and writes its output once, runs on an fl_exec (the
+ * caller's thread, or split over pool workers), and needs no Python. Arrays are
+ * C-contiguous; shapes and dtypes have been checked by the caller except where a return
+ * code says otherwise. Results never depend on the thread count: random choices are drawn
+ * per sample from (seed, sample index) by fl_rng.
+ */
+#ifndef FL_OPS_H
+#define FL_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/fl_dtype.h"
+#include "base/fl_pool.h"
+
+/* A batch of n images of h x w pixels with c channels. */
+typedef struct fl_images {
+    size_t n, h, w, c;
+} fl_images;
+
+/* Memory order of an image: interleaved (h, w, c) or planar (c, h, w). */
+typedef enum fl_layout { FL_HWC = 0, FL_CHW = 1 } fl_layout;
+
+/* Normalization: dst = (src * scale - mean[ch]) / std[ch] as float32, with scale 1/255 for
+ * uint8 input (as torchvision's ToTensor) and 1 for float32/float64 input. `src_layout` and
+ * `dst_layout` may differ (HWC -> CHW transposes in the same pass). Returns 0, or FL_EINVAL
+ * for another src dtype, c == 0, or a std of 0 (detail names the channel). */
+int fl_normalize(fl_exec exec, const void *src, fl_dtype src_dtype, fl_layout src_layout,
+                 float *dst, fl_layout dst_layout, fl_images dims, const float *mean,
+                 const float *std);
+
+/* Element-wise type conversion of `count` elements, as NumPy's astype() except that
+ * float -> integer saturates at the integer's range and maps NaN to 0 (C leaves those
+ * undefined). Integer -> integer wraps, as NumPy. Returns 0 or FL_EINVAL (bad dtype). */
+int fl_cast(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst, fl_dtype dst_dtype,
+            size_t count);
+
+/* Crops every image i of `src` to out_h x out_w at (tops[i], lefts[i]). Elements are
+ * `itemsize` bytes. Returns 0, or FL_EINVAL when a crop does not fit its image (detail
+ * names the sample). */
+int fl_crop(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
+            fl_images dims, size_t out_h, size_t out_w, const int64_t *tops, const int64_t *lefts);
+
+/* Fills tops/lefts (n each) with uniform random offsets of an out_h x out_w crop inside an
+ * h x w image, drawn per sample from (seed, ids[i]), or (seed, i) when ids is NULL.
+ * out_h <= h, out_w <= w. */
+void fl_crop_offsets_random(uint64_t seed, const int64_t *ids, size_t n, size_t h, size_t w,
+                            size_t out_h, size_t out_w, int64_t *tops, int64_t *lefts);
+
+/* Fills tops/lefts (n each) with the offsets of a centered out_h x out_w crop, rounded as
+ * torchvision's center_crop does (int(round(d / 2)), halves rounding to even). */
+void fl_crop_offsets_center(size_t n, size_t h, size_t w, size_t out_h, size_t out_w,
+                            int64_t *tops, int64_t *lefts);
+
+/* Mirrors image i left-right where flip[i] != 0, else copies it. dst may be src (in place),
+ * but must not otherwise overlap it. Never fails. */
+void fl_hflip(fl_exec exec, const void *src, void *dst, size_t itemsize, fl_layout layout,
+              fl_images dims, const uint8_t *flip);
+
+/* Sets flip[i] = 1 with probability p, drawn per sample from (seed, ids[i]), or (seed, i)
+ * when ids is NULL. */
+void fl_hflip_draw(uint64_t seed, const int64_t *ids, double p, size_t n, uint8_t *flip);
+
+/* Copies `count` buffers of `nbytes` each, back to back, into dst (a batch). Never fails. */
+void fl_stack(fl_exec exec, const void *const *srcs, size_t count, size_t nbytes, void *dst);
+
+/* dst = src / max(src) over `count` elements, as NumPy computes x / x.max(): float32 in
+ * gives float32 out, every other dtype gives float64 out; a NaN anywhere makes every output
+ * NaN. Returns 0, or FL_EINVAL for count 0 (the max of nothing). */
+int fl_divide_by_max(fl_exec exec, const void *src, fl_dtype src_dtype, void *dst, size_t count);
+
+/* The output dtype of fl_divide_by_max() for a given input dtype. */
+fl_dtype fl_divide_by_max_dtype(fl_dtype src_dtype);
+
+#endif
