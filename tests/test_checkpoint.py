@@ -3,10 +3,12 @@ process killed mid-write never leaves a torn latest, and exits finish the pendin
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -33,9 +35,10 @@ def state_at(step: int) -> dict:
 
 def assert_same_state(loaded: dict, saved: dict) -> None:
     assert set(loaded) == set(saved)
-    for key, value in saved.items():
-        want = np.asarray(value)
-        assert loaded[key].shape == want.shape and loaded[key].dtype == want.dtype, key
+    for key, want in saved.items():
+        assert type(loaded[key]) is type(want), key  # numbers come back as numbers
+        if isinstance(want, np.ndarray):
+            assert loaded[key].shape == want.shape and loaded[key].dtype == want.dtype, key
         np.testing.assert_array_equal(loaded[key], want, err_msg=key)
 
 
@@ -48,7 +51,9 @@ def test_save_load_roundtrip_and_numpy_reads_the_file(tmp_path):
         assert_same_state(ckpt.load(), state_at(7))
         assert_same_state(ckpt.load(7), state_at(7))
     with np.load(latest.path) as npz:  # a plain .npz: no fastloop needed to read it
-        assert int(npz["epoch"]) == 0 and npz["note"][()] == "resnet50"
+        assert npz["note"][()] == "resnet50" and npz["tokens"].tolist() == [0, 1, 2, 3, 4]
+        manifest = json.loads(npz["__fastloop_state__"].tobytes())  # the structure, as JSON
+        assert {"t": "int", "v": "0"} in [value for _, value in manifest["root"]["v"]]
     assert zipfile.ZipFile(latest.path).testzip() is None  # every member's CRC-32 checks
 
 
@@ -67,16 +72,30 @@ def test_keep_prunes_old_checkpoints_and_state_is_snapshotted_at_save(tmp_path):
 
 def test_bad_state_is_refused_with_the_key_named(tmp_path):
     ckpt = fastloop.Checkpointer(tmp_path)
-    with pytest.raises(TypeError, match=r"state\['opt'\].*nothing is pickled"):
-        ckpt.save({"opt": {"lr": 0.1}}, 1)
-    with pytest.raises(TypeError, match="keys must be str"):
-        ckpt.save({3: np.zeros(2)}, 1)
-    with pytest.raises(TypeError, match="mapping"):
-        ckpt.save([np.zeros(2)], 1)
+    with pytest.raises(TypeError, match=r"state\['opt'\]\[0\]\['fn'\] is a builtins.function.*nothing is pickled"):
+        ckpt.save({"opt": [{"fn": lambda: 1}]}, 1)
+    with pytest.raises(TypeError, match=r"state\['x'\] is an array of Python objects"):
+        ckpt.save({"x": np.array([{}, 1], dtype=object)}, 1)
+    with pytest.raises(TypeError, match=r"state has a key of type tuple.*keys must be str, int"):
+        ckpt.save({(1, 2): np.zeros(2)}, 1)
+    with pytest.raises(TypeError, match=r"state\['s'\] is a builtins.set"):
+        ckpt.save({"s": {1, 2}}, 1)
     with pytest.raises(ValueError, match="'step' must be >= 0"):
         ckpt.save({"a": np.zeros(2)}, -1)
     with pytest.raises(fastloop.CheckpointError, match="no checkpoint in"):
         ckpt.load()
+    with pytest.raises(ValueError, match="need a period"):
+        ckpt.maybe_save(1, {})
+    with pytest.raises(ValueError, match="'every_steps' must be an int >= 1"):
+        fastloop.Checkpointer(tmp_path, every_steps=0)
+    with pytest.raises(ValueError, match="'every_s' must be > 0"):
+        fastloop.Checkpointer(tmp_path, every_s=-1)
+    with pytest.raises(TypeError, match="'state_fn' must be callable"):
+        fastloop.Checkpointer(tmp_path, every_s=1, state_fn={"a": 1})
+    stateless = fastloop.Checkpointer(tmp_path / "n", every_steps=1)
+    assert not stateless.maybe_save(5)  # periods count from the first step seen
+    with pytest.raises(TypeError, match="no state and the Checkpointer has no state_fn"):
+        stateless.maybe_save(6)
     ckpt.save({"a": np.zeros(2)}, 1)
     with pytest.raises(fastloop.CheckpointError, match="no checkpoint for step 2"):
         ckpt.load(2)
@@ -117,29 +136,74 @@ def test_a_damaged_checkpoint_is_reported_not_returned(tmp_path):
         ckpt.load()
 
 
-def test_periodic_saves_through_a_state_function(tmp_path):
-    progress = {"step": 0}
+def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_arrays(tmp_path):
+    state = {
+        "model": {"w": np.arange(6.0).reshape(2, 3), "b": np.float32(0.5)},
+        "history": [0.1, 0.25, float("nan"), float("inf")],
+        "shape": (3, 4),
+        "by_id": {0: np.ones(2, np.int8), 1: None},
+        "flags": [True, False, None],
+        "name": "run-a", "blob": b"\x00\xff", "big": 2**70, "lr": 1e-3 / 3,
+    }
+    with fastloop.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(state, 5)
+        back = ckpt.load()  # waits for the pending save: no "no checkpoint" right after save()
+    assert back["shape"] == (3, 4) and type(back["shape"]) is tuple
+    assert back["by_id"][1] is None and list(back["by_id"]) == [0, 1]
+    assert back["by_id"][0].dtype == np.int8 and back["model"]["b"] == np.float32(0.5)
+    assert type(back["model"]["b"]) is np.float32
+    assert back["history"][:2] == [0.1, 0.25] and np.isnan(back["history"][2])
+    assert back["lr"] == state["lr"] and back["big"] == 2**70 and back["blob"] == b"\x00\xff"
+    assert back["flags"] == [True, False, None] and back["name"] == "run-a"
+    with np.load(ckpt.latest().path) as npz:  # arrays keep readable member names
+        np.testing.assert_array_equal(npz["model/w"], state["model"]["w"])
+    assert fastloop.read_checkpoint(ckpt.latest().path)["name"] == "run-a"
+
+
+def test_maybe_save_saves_every_steps_and_skips_while_a_write_is_pending(tmp_path):
+    calls = []
 
     def state_fn():
-        progress["step"] += 1
-        return progress["step"], {"w": np.full(4, progress["step"])}
+        calls.append(1)
+        return {"w": np.full(4, len(calls))}
 
-    ckpt = fastloop.Checkpointer(tmp_path, keep=10, every_s=0.05, state_fn=state_fn)
-    time.sleep(0.4)
-    ckpt.close()
-    steps = [c.step for c in ckpt.checkpoints()]
-    assert len(steps) >= 3 and steps == sorted(steps)
-    assert (ckpt.load(steps[-1])["w"] == steps[-1]).all()
+    with fastloop.Checkpointer(tmp_path, keep=100, every_steps=10, state_fn=state_fn) as ckpt:
+        saved = []
+        for step in range(0, 41):
+            if ckpt.maybe_save(step):
+                saved.append(step)
+            ckpt.wait()
+        assert saved == [10, 20, 30, 40] and len(calls) == 4  # state_fn only runs when due
+        assert [c.step for c in ckpt.checkpoints()] == [10, 20, 30, 40]
+        assert ckpt.maybe_save(50, {"w": np.zeros(1)}) and ckpt.load(50)["w"].shape == (1,)
+        assert ckpt.maybe_save(60, lambda: {"w": np.ones(3)}) and ckpt.load(60)["w"].shape == (3,)
 
-    def broken():
-        raise RuntimeError("no state today")
 
-    ckpt = fastloop.Checkpointer(tmp_path / "b", every_s=0.01, state_fn=broken)
-    time.sleep(0.1)
-    with pytest.raises(fastloop.CheckpointError, match="periodic save failed.*no state today"):
+def test_maybe_save_by_time_from_a_loop_trained_in_another_thread_is_never_torn(tmp_path):
+    params = [np.zeros(20_000) for _ in range(8)]
+    done = threading.Event()
+    saved: list[int] = []
+
+    def train() -> None:  # every parameter holds the step number between steps
+        ckpt = fastloop.Checkpointer(tmp_path, keep=1000, every_s=0.001)
+        step = 0
+        while len(saved) < 4 and step < 1_000_000:  # until a few periods passed, however slow
+            step += 1
+            for p in params:
+                p[:] = step
+            if ckpt.maybe_save(step, lambda: {"params": params, "step": step}):
+                saved.append(step)
         ckpt.close()
-    with pytest.raises(ValueError, match="go together"):
-        fastloop.Checkpointer(tmp_path, every_s=1.0)
+        done.set()
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(timeout=120)
+    assert done.is_set() and len(saved) == 4
+    for checkpoint in fastloop.Checkpointer(tmp_path).checkpoints():
+        state = fastloop.read_checkpoint(checkpoint.path)
+        assert state["step"] == checkpoint.step
+        assert all((p == checkpoint.step).all() for p in state["params"]), checkpoint
 
 
 KILLED_WRITER = """

@@ -26,7 +26,7 @@ from .errors import (
 from . import ops
 from . import cuda
 from . import nn
-from .checkpoint import Checkpoint, Checkpointer
+from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
 
@@ -51,6 +51,7 @@ __all__ = [
     "Metrics",
     "MetricStats",
     "Checkpointer",
+    "read_checkpoint",
     "Checkpoint",
     "Error",
     "Closed",

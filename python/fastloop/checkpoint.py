@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 import zipfile
-from typing import Any, Callable, Mapping, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 from numpy.lib.format import dtype_to_descr
 
 from . import _lifecycle
 from ._core import _Checkpointer
+from ._state import MANIFEST, flatten, unflatten
 from .errors import CheckpointError
 
-__all__ = ["Checkpointer", "Checkpoint"]
+__all__ = ["Checkpointer", "Checkpoint", "read_checkpoint"]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.npz$")
 
@@ -45,38 +45,86 @@ class Checkpoint(NamedTuple):
     path: str
 
 
-def _entries(state: Mapping[str, Any]) -> list[tuple[str, np.ndarray, str]]:
-    """(name, C-contiguous array, dtype literal) for each item; refuses what needs pickling."""
-    if not isinstance(state, Mapping):
-        raise TypeError(f"'state' must be a mapping of names to arrays, not {type(state).__name__}")
-    entries = []
-    for key, value in state.items():
-        if not isinstance(key, str):
-            raise TypeError(f"state keys must be str, not {type(key).__name__} ({key!r})")
-        array = np.asarray(value)  # numbers become 0-d arrays (ascontiguousarray would make them 1-d)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)  # a copy only for a non-contiguous view
-        if array.dtype.hasobject:
-            raise TypeError(f"state[{key!r}] is a {type(value).__name__} that holds Python objects; "
-                            "checkpoints hold arrays and numbers only (nothing is pickled)")
-        if not array.dtype.isnative:
-            array = array.astype(array.dtype.newbyteorder("="))
-        entries.append((key, array, repr(dtype_to_descr(array.dtype))))
-    return entries
+def _entries(state: Any, pinned: "_PinnedCopies") -> list[tuple[str, np.ndarray, str]]:
+    """(member name, C-contiguous array, dtype literal) for each array of a nested state,
+    the manifest last; TypeError names the path of what would need pickling."""
+    arrays, manifest = flatten(state, cuda_copy=pinned.copy)
+    pinned.synchronize()  # device->host copies done before the arrays are read
+    arrays[MANIFEST] = np.frombuffer(manifest.encode(), np.uint8)
+    return [(name, array, repr(dtype_to_descr(array.dtype))) for name, array in arrays.items()]
+
+
+class _PinnedCopies:
+    """Pinned host buffers, kept between saves, that device tensors are copied into
+    asynchronously (non_blocking) and waited for once before the snapshot is read."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, Any] = {}
+        self.devices: set[Any] = set()
+
+    def copy(self, tensor: Any, path: tuple) -> Any:
+        import torch
+
+        if tensor.device.type != "cuda":
+            return tensor.cpu()
+        buffer = self.buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self.buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=True)
+        self.devices.add(tensor.device)
+        return buffer
+
+    def synchronize(self) -> None:
+        if self.devices:
+            import torch
+
+            for device in self.devices:
+                torch.cuda.synchronize(device)
+            self.devices.clear()
+
+
+def read_checkpoint(path: Union[str, "os.PathLike[str]"], map_location: Any = None) -> Any:
+    """The state saved in checkpoint file `path`, with its nested types (tensors as torch
+    tensors when torch is importable; see Checkpointer.load). Raises CheckpointError naming
+    the file when it does not read back intact.
+
+    >>> state = fastloop.read_checkpoint("ckpts/ckpt-000000001200.npz")
+    """
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {error}") from error
+    manifest = arrays.pop(MANIFEST, None)
+    if manifest is None:  # written before nested states: a flat dict of arrays
+        return arrays
+    try:
+        return unflatten(arrays, manifest.tobytes().decode(), map_location)
+    except (KeyError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {path} has a damaged manifest: {error!r}") from error
+
+
+StateOrFn = Union[Any, Callable[[], Any]]
 
 
 class Checkpointer:
-    """Background, atomic checkpoints of dicts of NumPy arrays and numbers in `directory`
+    """Background, atomic checkpoints of nested training state (a torch model's and
+    optimizer's state_dict, NumPy arrays, numbers, strings; nothing pickled) in `directory`
     (created if missing), keeping the newest `keep`.
 
     save() blocks only to copy the state into a staging buffer (kept between saves, so the
     copy goes to warm memory); a second save() while the first is still being written
     waits for that write to finish (at most one in flight; nothing is coalesced or lost).
-    A background write error is raised by the next save() or by close(). With `every_s` and
-    `state_fn` (returning ``(step, state)``) it also saves periodically from a thread.
+    A background write error is raised by the next save(), wait(), load() or close().
+    Periodic saves: with `every_steps` and/or `every_s`, call ``maybe_save(step, state)``
+    from the training loop at a point where the state is consistent (between optimizer
+    steps); it saves when one period has passed since the last save. `state_fn` (a function
+    returning the state) is used when maybe_save gets no state.
 
-        with fastloop.Checkpointer("ckpts", keep=3) as ckpt:
-            ckpt.save({"weights": w, "step": step}, step)
+        with fastloop.Checkpointer("ckpts", keep=3, every_steps=1000) as ckpt:
+            ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "step": step})
     """
 
     def __init__(
@@ -84,35 +132,71 @@ class Checkpointer:
         directory: Union[str, "os.PathLike[str]"],
         keep: int = 3,
         *,
+        every_steps: int | None = None,
         every_s: float | None = None,
-        state_fn: Callable[[], tuple[int, Mapping[str, Any]]] | None = None,
+        state_fn: Callable[[], Any] | None = None,
     ) -> None:
-        if (every_s is None) != (state_fn is None):
-            raise ValueError("'every_s' and 'state_fn' go together: a period and a function "
-                             "returning (step, state)")
-        if every_s is not None and every_s <= 0:
+        if every_s is not None and not every_s > 0:
             raise ValueError(f"'every_s' must be > 0, not {every_s}")
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                        or every_steps < 1):
+            raise ValueError(f"'every_steps' must be an int >= 1, not {every_steps!r}")
+        if state_fn is not None and not callable(state_fn):
+            raise TypeError(f"'state_fn' must be callable, not {type(state_fn).__name__}")
         self.directory = os.fspath(directory)
         self._core = _Checkpointer(self.directory, keep)
         self._closed = False
-        self._periodic_error: BaseException | None = None
-        self._stop = threading.Event()
-        self._periodic = None
-        if every_s is not None:
-            self._periodic = threading.Thread(target=self._save_periodically, args=(every_s, state_fn),
-                                              name="fastloop-checkpoint-every", daemon=True)
-            self._periodic.start()
+        self._every_steps, self._every_s, self._state_fn = every_steps, every_s, state_fn
+        self._last_step: int | None = None
+        self._last_time = time.monotonic()
+        self._pinned = _PinnedCopies()
         _lifecycle.register(self)
 
-    def save(self, state: Mapping[str, Any], step: int, timeout: float | None = None) -> None:
+    def save(self, state: Any, step: int, timeout: float | None = None) -> None:
         """Snapshot `state` as checkpoint `step` and return; the file is written in the
         background. Waits (GIL released, Ctrl-C works) while the previous save is still
-        being written, up to `timeout` (then TimeoutError).
+        being written, up to `timeout` (then TimeoutError). TypeError names the path of a
+        value that cannot be stored (e.g. ``state['optim']['extra']``).
 
-        >>> ckpt.save({"w": w, "epoch": 3}, step=1200)
+        >>> ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, step=1200)
         """
-        self._raise_periodic_error()
-        self._core.save(_entries(state), int(step), timeout)
+        self._core.save(_entries(state, self._pinned), int(step), timeout)
+        self._last_step, self._last_time = int(step), time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """Whether maybe_save(step) would save now (a period has passed since the last save).
+
+        >>> ckpt.due(step)
+        False
+        """
+        if self._every_steps is None and self._every_s is None:
+            raise ValueError("maybe_save()/due() need a period: Checkpointer(..., every_steps=, every_s=)")
+        if self._last_step is None:
+            self._last_step = int(step)  # periods count from the first step seen
+        if self._every_steps is not None and step - self._last_step >= self._every_steps:
+            return True
+        return self._every_s is not None and time.monotonic() - self._last_time >= self._every_s
+
+    def maybe_save(self, step: int, state: StateOrFn = None) -> bool:
+        """Save `state` (or what a callable `state` or the Checkpointer's `state_fn` returns)
+        as checkpoint `step` when due (every_steps/every_s since the last save). Call it from
+        the training loop between steps: the snapshot is taken here, in this thread, so it
+        never races an optimizer step. While the previous checkpoint is still being written
+        it skips (returns False) and saves at a later call. Returns whether it saved.
+
+        >>> ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "step": step})
+        True
+        """
+        if not self.due(step) or not self._core.wait(0):
+            return False
+        if state is None:
+            if self._state_fn is None:
+                raise TypeError("maybe_save() got no state and the Checkpointer has no state_fn")
+            state = self._state_fn()
+        elif callable(state):
+            state = state()
+        self.save(state, step)
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the last save() is on disk; False when `timeout` passed first.
@@ -145,13 +229,18 @@ class Checkpointer:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def load(self, step: int | None = None) -> dict[str, np.ndarray]:
-        """The state saved as `step` (default: the latest) as a dict of NumPy arrays
-        (numbers come back as 0-d arrays: int(state["epoch"])). Raises CheckpointError
-        naming the file when there is none or it does not read back intact.
+    def load(self, step: int | None = None, map_location: Any = None) -> Any:
+        """The state saved as `step` (default: the latest), waiting for a pending save first,
+        with its nested types: dicts (OrderedDicts stay OrderedDicts), lists, tuples,
+        numbers, strings; tensors come back as torch tensors on the device they were saved
+        from, or where `map_location` says ("cpu", a torch.device, a {saved: new} dict or a
+        ``fn(tensor, saved_device)``), as torch.load does. Without torch they come back as
+        NumPy arrays (bfloat16 as float32, exactly). Raises CheckpointError naming the file
+        when there is none or it does not read back intact.
 
-        >>> state = ckpt.load(); w = state["w"]
+        >>> state = ckpt.load(map_location="cpu"); model.load_state_dict(state["model"])
         """
+        self.wait()
         if step is None:
             latest = self.latest()
             if latest is None:
@@ -161,11 +250,7 @@ class Checkpointer:
             path = os.path.join(self.directory, f"ckpt-{int(step):012d}.npz")
             if not os.path.exists(path):
                 raise CheckpointError(f"no checkpoint for step {step} in {self.directory!r}")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                return {name: npz[name] for name in npz.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as error:
-            raise CheckpointError(f"checkpoint {path} cannot be read: {error}") from error
+        return read_checkpoint(path, map_location)
 
     def stats(self) -> dict[str, float]:
         """Checkpoints written, bytes, the last write's seconds and step.
@@ -181,32 +266,12 @@ class Checkpointer:
 
         >>> ckpt.close()
         """
-        self._stop.set()
-        if self._periodic is not None and wait:
-            self._periodic.join()
         self._closed = True
         self._core.close(wait=wait)
         if not wait:
             _lifecycle.draining(self)
-            return
-        self._raise_periodic_error()
-
-    def _save_periodically(self, every_s: float, state_fn: Callable[[], tuple[int, Mapping[str, Any]]]) -> None:
-        while not self._stop.wait(every_s):
-            try:
-                step, state = state_fn()
-                self._core.save(_entries(state), int(step), None)
-            except BaseException as error:  # keep it for the owner; stop periodic saves
-                self._periodic_error = error
-                return
-
-    def _raise_periodic_error(self) -> None:
-        error, self._periodic_error = self._periodic_error, None
-        if error is not None:
-            raise CheckpointError(f"periodic save failed: {type(error).__name__}: {error}") from error
 
     def _close_at_exit(self, deadline: float) -> None:
-        self._stop.set()
         self._core.wait(max(0.0, deadline - time.monotonic()))
         self._core.close(wait=False)
 
