@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "base/fl_error.h"
@@ -200,6 +201,36 @@ int fl_checkpointer_new(const char *dir, int keep, fl_checkpointer **out) {
     return FL_OK;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL and fault lazily */
+#endif
+
+enum { STAGING_ALIGN = 2 << 20 }; /* one transparent huge page */
+
+/* A staging area of `bytes` (rounded up to huge pages): private anonymous memory asked to be
+ * backed by huge pages and populated now, so the first snapshot copies into mapped memory
+ * instead of taking a page fault per 4 KiB (the fault cost dominated the first save). Returns
+ * NULL and sets *cap to 0 on failure. */
+static unsigned char *staging_map(size_t bytes, size_t *cap) {
+    size_t size = (bytes + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
+    void *data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) {
+        *cap = 0;
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(data, size, MADV_HUGEPAGE); /* advice: refused (THP off) it still works */
+#endif
+    madvise(data, size, MADV_POPULATE_WRITE);
+    *cap = size;
+    return data;
+}
+
+static void staging_unmap(unsigned char *data, size_t cap) {
+    if (data != NULL)
+        munmap(data, cap);
+}
+
 /* Grows the staging arrays to n entries and `bytes`; called with the lock held, IDLE. */
 static int reserve(fl_checkpointer *c, size_t n, size_t bytes) {
     if (n > c->entries_cap) {
@@ -210,12 +241,13 @@ static int reserve(fl_checkpointer *c, size_t n, size_t bytes) {
         c->entries_cap = n;
     }
     if (bytes > c->data_cap) {
-        unsigned char *data = malloc(bytes);
+        size_t cap;
+        unsigned char *data = staging_map(bytes, &cap);
         if (data == NULL)
             return FL_ENOMEM;
-        free(c->data);
+        staging_unmap(c->data, c->data_cap);
         c->data = data;
-        c->data_cap = bytes;
+        c->data_cap = cap;
     }
     return FL_OK;
 }
@@ -306,6 +338,6 @@ void fl_checkpointer_release(fl_checkpointer *c) {
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->lock);
     free(c->entries);
-    free(c->data);
+    staging_unmap(c->data, c->data_cap);
     free(c);
 }

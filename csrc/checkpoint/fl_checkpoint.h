@@ -5,7 +5,8 @@
  * so a crash at any moment leaves the previous checkpoints readable.
  *
  * One snapshot at a time: fl_checkpointer_begin() waits while another is being filled,
- * waits to be written, or is being written. The staging buffer is kept between saves (so
+ * waits to be written, or is being written. The staging buffer (huge-page backed, populated
+ * when it grows, so even the first copy takes no page faults) is kept between saves (so
  * snapshots copy into warm memory). The writer thread runs no Python and holds a reference;
  * `lock` (inside) guards the state machine, the staging buffer's size and the error.
  */
