@@ -55,7 +55,19 @@ struct fl_monitor {
 
 /* ---- lifetime ---- */
 
+/* Frees the summaries still queued (the writer never ran, or stopped early). */
+static void free_queued_summaries(fl_queue *queue) {
+    fl_item items[64];
+    size_t n;
+    while (fl_queue_get_many(queue, items, 64, 0, &n) == FL_OK && n > 0)
+        for (size_t i = 0; i < n; i++)
+            if (items[i].tag == FL_ITEM_POINTER)
+                free(items[i].as.pointer);
+}
+
 static void destroy(fl_monitor *m) {
+    if (m->queue != NULL)
+        free_queued_summaries(m->queue);
     for (size_t i = 0; i < m->n_sinks; i++)
         fl_sink_free(m->sinks[i]);
     for (size_t i = 0; i < m->n_watched; i++) {
@@ -97,24 +109,43 @@ static void flush_sinks(fl_monitor *m) {
     collect_errors(m);
 }
 
-/* Hands a batch to every sink; returns the highest flush ticket found in it (0: none). */
+/* Hands k scalar/marker records to every sink. */
+static void write_events(fl_monitor *m, const fl_event *events, size_t k) {
+    if (k == 0)
+        return;
+    for (size_t s = 0; s < m->n_sinks; s++)
+        fl_sink_write(m->sinks[s], events, k);
+    atomic_fetch_add_explicit(&m->records, k, memory_order_relaxed);
+}
+
+/* Hands one summary to every sink (encoded here, off the owner's thread) and frees it. */
+static void write_summary(fl_monitor *m, fl_summary *summary) {
+    for (size_t s = 0; s < m->n_sinks; s++)
+        fl_sink_write_summary(m->sinks[s], summary);
+    atomic_fetch_add_explicit(&m->records, 1, memory_order_relaxed);
+    free(summary);
+}
+
+/* Hands a batch to every sink, in order; returns the highest flush ticket found in it (0:
+ * none). */
 static uint64_t write_batch(fl_monitor *m, const fl_item *items, size_t n, fl_event *events) {
     uint64_t ticket = 0;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (items[i].as.event.kind == FLUSH_MARKER) {
+        if (items[i].tag == FL_ITEM_POINTER) {
+            write_events(m, events, k); /* what came before it goes first */
+            k = 0;
+            write_summary(m, items[i].as.pointer);
+        } else if (items[i].as.event.kind == FLUSH_MARKER) {
             uint64_t t = (uint64_t)items[i].as.event.step;
             ticket = t > ticket ? t : ticket;
         } else {
             events[k++] = items[i].as.event;
         }
     }
-    if (k > 0) {
-        for (size_t s = 0; s < m->n_sinks; s++)
-            fl_sink_write(m->sinks[s], events, k);
+    write_events(m, events, k);
+    if (n > 0)
         collect_errors(m);
-        atomic_fetch_add_explicit(&m->records, k, memory_order_relaxed);
-    }
     return ticket;
 }
 
@@ -351,6 +382,15 @@ int fl_monitor_put(fl_monitor *m, const fl_event *event, double timeout_s) {
         item.as.event.step = atomic_load_explicit(&m->last_step, memory_order_relaxed);
     else
         atomic_store_explicit(&m->last_step, event->step, memory_order_relaxed);
+    return fl_queue_put(m->queue, &item, timeout_s);
+}
+
+int fl_monitor_put_summary(fl_monitor *m, fl_summary *summary, double timeout_s) {
+    fl_item item = {.tag = FL_ITEM_POINTER, .as.pointer = summary};
+    if (summary->step < 0)
+        summary->step = atomic_load_explicit(&m->last_step, memory_order_relaxed);
+    else
+        atomic_store_explicit(&m->last_step, summary->step, memory_order_relaxed);
     return fl_queue_put(m->queue, &item, timeout_s);
 }
 

@@ -21,6 +21,7 @@
 #include "base/fl_event.h"
 #include "base/fl_metrics.h"
 #include "monitor/fl_sink.h"
+#include "monitor/fl_summary.h"
 #include "monitor/fl_sysstats.h"
 
 typedef struct fl_monitor fl_monitor;
@@ -50,6 +51,12 @@ int fl_monitor_new(const fl_monitor_config *config, fl_sink **sinks, size_t n, f
  * so everything lines up in step-indexed plots. Returns 0, FL_EAGAIN/FL_ETIMEDOUT (full)
  * or FL_ECLOSED. Any thread. */
 int fl_monitor_put(fl_monitor *monitor, const fl_event *event, double timeout_s);
+
+/* Queues a histogram/image/text record (fl_summary.h), waiting up to timeout_s for room. On
+ * 0 the monitor owns `summary` (the writer encodes and frees it); otherwise (FL_EAGAIN /
+ * FL_ETIMEDOUT: full, FL_ECLOSED) the caller still does. A step < 0 is stamped with the
+ * latest step, as for fl_monitor_put(). Any thread. */
+int fl_monitor_put_summary(fl_monitor *monitor, fl_summary *summary, double timeout_s);
 
 /* Counts one of the owner's records as dropped (after it gave up retrying). */
 void fl_monitor_count_dropped(fl_monitor *monitor);

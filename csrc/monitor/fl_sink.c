@@ -249,6 +249,15 @@ int fl_sink_write(fl_sink *sink, const fl_event *events, size_t n) {
     return sink->pending.len >= FLUSH_AT_BYTES ? fl_sink_flush(sink) : FL_OK;
 }
 
+int fl_sink_write_summary(fl_sink *sink, const fl_summary *summary) {
+    if (sink->error != 0 || sink->kind != SINK_TENSORBOARD || sink->fd < 0)
+        return sink->error;
+    int rc = fl_tfevents_append_summary(&sink->pending, summary);
+    if (rc != FL_OK)
+        return record_error(sink, rc);
+    return sink->pending.len >= FLUSH_AT_BYTES ? fl_sink_flush(sink) : FL_OK;
+}
+
 int fl_sink_flush(fl_sink *sink) {
     if (sink->error != 0 || sink->fd < 0 || sink->pending.len == 0)
         return sink->error;

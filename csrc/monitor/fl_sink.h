@@ -17,6 +17,7 @@
 
 #include "base/fl_event.h"
 #include "base/fl_queue.h"
+#include "monitor/fl_summary.h"
 
 typedef struct fl_sink fl_sink;
 
@@ -38,6 +39,11 @@ int fl_sink_open_queue(fl_queue *queue, fl_sink **out);
 
 /* Formats n records (buffered). Returns 0, or the sink's first error. */
 int fl_sink_write(fl_sink *sink, const fl_event *events, size_t n);
+
+/* Formats one histogram/image/text record: TensorBoard sinks encode it (PNG for images);
+ * the others skip it (their rows hold one number each). Returns 0, or the sink's first
+ * error (an image zlib cannot encode is one: its message says why). */
+int fl_sink_write_summary(fl_sink *sink, const fl_summary *summary);
 
 /* Writes out what is buffered. Returns 0 or the first error. */
 int fl_sink_flush(fl_sink *sink);

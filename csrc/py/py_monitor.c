@@ -37,6 +37,40 @@ static int attempt_put(void *ctx, double timeout_s) {
     return fl_monitor_put(call->monitor, &call->event, timeout_s);
 }
 
+/* *step from an int >= 0, or -1 for None/absent; -1 with TypeError/ValueError naming 'step'. */
+static int parse_step(PyObject *step_obj, int64_t *step) {
+    *step = -1;
+    if (step_obj == NULL || step_obj == Py_None)
+        return 0;
+    if (!PyIndex_Check(step_obj) || PyBool_Check(step_obj)) {
+        PyErr_Format(PyExc_TypeError, "'step' must be an int or None, not %.100s",
+                     Py_TYPE(step_obj)->tp_name);
+        return -1;
+    }
+    *step = PyLong_AsLongLong(step_obj);
+    if (*step == -1 && PyErr_Occurred())
+        return -1;
+    if (*step < 0) {
+        PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", (long long)*step);
+        return -1;
+    }
+    return 0;
+}
+
+/* A float from `value`, or -1 with a TypeError naming the argument. */
+static int parse_value(PyObject *value_obj, double *value) {
+    *value = PyFloat_AsDouble(value_obj);
+    if (*value == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "'value' must be a real number, not %.100s",
+                     Py_TYPE(value_obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
 /* Queues a record: at once if there is room, else waiting up to record_wait_s with the GIL
  * released; a record that still does not fit is counted as dropped (never an error). */
 static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, double value,
@@ -44,6 +78,10 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     MonitorObject *mon = (MonitorObject *)self;
     if (raise_pending_error(self) < 0)
         return NULL;
+    if (!PyUnicode_Check(name_obj)) {
+        PyErr_Format(PyExc_TypeError, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
+        return NULL;
+    }
     Py_ssize_t len;
     const char *name = PyUnicode_AsUTF8AndSize(name_obj, &len);
     if (name == NULL)
@@ -53,16 +91,9 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
                      FL_EVENT_NAME_MAX - 1, len, name_obj);
         return NULL;
     }
-    int64_t step = -1;
-    if (step_obj != NULL && step_obj != Py_None) {
-        step = PyLong_AsLongLong(step_obj);
-        if (step == -1 && PyErr_Occurred())
-            return NULL;
-        if (step < 0) {
-            PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", (long long)step);
-            return NULL;
-        }
-    }
+    int64_t step;
+    if (parse_step(step_obj, &step) < 0)
+        return NULL;
     put_call call = {.monitor = mon->monitor};
     fl_event_init(&call.event, kind, NULL, value, step, -1); /* step -1: the latest seen */
     memcpy(call.event.name, name, (size_t)len);
@@ -127,8 +158,8 @@ static PyObject *monitor_scalar(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "scalar() missing required argument 'value'");
         return NULL;
     }
-    double value = PyFloat_AsDouble(parsed[1]);
-    if (value == -1.0 && PyErr_Occurred())
+    double value;
+    if (parse_value(parsed[1], &value) < 0)
         return NULL;
     return record(self, FL_EVENT_SCALAR, parsed[0], value, parsed[2]);
 }
@@ -139,9 +170,81 @@ static PyObject *monitor_event(PyObject *self, PyObject *const *args, Py_ssize_t
     if (parse_record_args(args, nargs, kwnames, "event", parsed, 3) < 0)
         return NULL;
     double value = 0.0;
-    if (parsed[2] != NULL && (value = PyFloat_AsDouble(parsed[2])) == -1.0 && PyErr_Occurred())
+    if (parsed[2] != NULL && parse_value(parsed[2], &value) < 0)
         return NULL;
     return record(self, FL_EVENT_MARKER, parsed[0], value, parsed[1]);
+}
+
+typedef struct {
+    fl_monitor *monitor;
+    fl_summary *summary;
+} summary_call;
+
+static int attempt_put_summary(void *ctx, double timeout_s) {
+    summary_call *call = ctx;
+    return fl_monitor_put_summary(call->monitor, call->summary, timeout_s);
+}
+
+/* summary(kind, tag, data, step, bins, height, width, channels): data is a C-contiguous
+ * buffer already in the kind's layout (fastloop.Monitor converts and checks it). */
+static PyObject *monitor_summary(PyObject *self, PyObject *args) {
+    MonitorObject *mon = (MonitorObject *)self;
+    int kind, bins, height, width, channels;
+    PyObject *tag_obj, *step_obj;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "iUy*Oiiii:summary", &kind, &tag_obj, &data, &step_obj, &bins,
+                          &height, &width, &channels))
+        return NULL;
+    fl_summary *summary = NULL;
+    int64_t step;
+    Py_ssize_t tag_len;
+    const char *tag = PyUnicode_AsUTF8AndSize(tag_obj, &tag_len);
+    if (tag == NULL || parse_step(step_obj, &step) < 0 || raise_pending_error(self) < 0)
+        goto fail;
+    if (tag_len == 0 || tag_len >= FL_SUMMARY_TAG_MAX) {
+        PyErr_Format(PyExc_ValueError, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
+                     FL_SUMMARY_TAG_MAX - 1, tag_len);
+        goto fail;
+    }
+    int image_ok = (size_t)data.len == (size_t)height * (size_t)width * (size_t)channels;
+    if ((kind == FL_SUMMARY_IMAGE && !image_ok) || (kind == FL_SUMMARY_HISTOGRAM && (bins < 1 || data.len % 8)) ||
+        kind < FL_SUMMARY_HISTOGRAM || kind > FL_SUMMARY_TEXT) {
+        PyErr_SetString(PyExc_ValueError, "summary: data does not match its kind and shape");
+        goto fail;
+    }
+    summary = fl_summary_new((fl_summary_kind)kind, (size_t)data.len);
+    if (summary == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memcpy(summary->tag, tag, (size_t)tag_len);
+    summary->step = step;
+    summary->bins = bins;
+    summary->height = height;
+    summary->width = width;
+    summary->channels = channels;
+    summary->count = kind == FL_SUMMARY_HISTOGRAM ? (size_t)data.len / 8 : (size_t)data.len;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(summary->payload, data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    summary_call call = {mon->monitor, summary};
+    int rc = fl_wait_interruptibly(attempt_put_summary, &call, mon->record_wait_s);
+    if (rc == FL_OK)
+        Py_RETURN_NONE; /* the writer owns it now */
+    free(summary);
+    if (rc == FL_EINTR)
+        return NULL;
+    if (rc == FL_ECLOSED) {
+        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        return NULL;
+    }
+    fl_monitor_count_dropped(mon->monitor);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&data);
+    free(summary);
+    return NULL;
 }
 
 static int attempt_flushed(void *ctx, double timeout_s) {
@@ -399,6 +502,9 @@ static PyMethodDef monitor_methods[] = {
      "scalar($self, name, value, step=None)\n--\n\nQueue a scalar record."},
     {"event", (PyCFunction)(void (*)(void))monitor_event, METH_FASTCALL | METH_KEYWORDS,
      "event($self, name, step=None, value=0.0)\n--\n\nQueue a marker record."},
+    {"summary", monitor_summary, METH_VARARGS,
+     "summary($self, kind, tag, data, step, bins, height, width, channels, /)\n--\n\n"
+     "Queue a histogram (1), image (2) or text (3) record; the writer encodes it."},
     {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
      "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "
      "timeout."},

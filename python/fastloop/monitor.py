@@ -1,6 +1,6 @@
 """fastloop.Monitor: background sampling of host and GPU metrics, and non-blocking logging
-of your own scalars, written to CSV, JSON-lines, TensorBoard and Python callbacks by a C
-writer thread -- so the training step never waits on I/O.
+of your own scalars, histograms, images and text, written to CSV, JSON-lines, TensorBoard and
+Python callbacks by a C writer thread -- so the training step never waits on I/O.
 
     with fastloop.Monitor(interval=30, sinks=[fastloop.CSVSink("m.csv"),
                                               fastloop.TensorBoardSink("runs/a")]) as mon:
@@ -11,10 +11,13 @@ writer thread -- so the training step never waits on I/O.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Mapping, Union
+
+import numpy as np
 
 from . import _lifecycle
 from ._core import Event, Metrics, Queue, _Monitor
@@ -76,6 +79,55 @@ class CallbackSink:
 Sink = Union[CSVSink, JSONLSink, TensorBoardSink, CallbackSink]
 
 _gpu_notice_given = False
+_HISTOGRAM, _IMAGE, _TEXT = 1, 2, 3  # fl_summary_kind
+
+
+def _check_tag(tag: Any) -> None:
+    if not isinstance(tag, str):
+        raise TypeError(f"'tag' must be str, not {type(tag).__name__}")
+
+
+def _to_numpy(value: Any) -> Any:
+    """A NumPy view of a torch tensor (detached, on the CPU), else the value itself."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+    return value
+
+
+def _numbers(values: Any, arg: str) -> np.ndarray:
+    """`values` as a NumPy array of real numbers; TypeError naming `arg` otherwise."""
+    try:
+        array = np.asarray(_to_numpy(values))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"'{arg}' must be an array or a sequence of numbers: {error}") from None
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"'{arg}' must hold real numbers, not dtype {array.dtype}")
+    return array
+
+
+def _image_hwc(image: Any, layout: str | None) -> np.ndarray:
+    """A C-contiguous uint8 HWC array from an HW/HWC/CHW image of uint8 or float in [0, 1]."""
+    array = _numbers(image, "image")
+    if layout not in (None, "HWC", "CHW"):
+        raise ValueError(f"'layout' must be 'HWC', 'CHW' or None, not {layout!r}")
+    if array.ndim == 2:
+        array = array[:, :, None]
+    elif array.ndim != 3:
+        raise ValueError(f"'image' must be HW, HWC or CHW, not of shape {array.shape}")
+    elif layout == "CHW" or (layout is None and array.shape[0] in (1, 3, 4) and array.shape[2] not in (1, 3, 4)):
+        array = array.transpose(1, 2, 0)
+    if array.shape[2] not in (1, 3, 4):
+        raise ValueError(f"'image' must have 1, 3 or 4 channels, not shape {array.shape} "
+                         "(layout HWC or CHW)")
+    if array.dtype.kind == "f":
+        if not (np.isfinite(array).all() and array.min(initial=0) >= 0 and array.max(initial=0) <= 1):
+            raise ValueError("'image' of floats must hold values in [0, 1] (no NaN)")
+        array = np.rint(array * 255).astype(np.uint8)
+    elif array.dtype != np.uint8:
+        raise TypeError(f"'image' must be uint8 or float in [0, 1], not dtype {array.dtype}")
+    return np.ascontiguousarray(array)
 
 
 def _gpu_notice(reason: str) -> None:
@@ -114,8 +166,9 @@ class _CallbackThread:
 
 class Monitor:
     """Samples host metrics (RSS, CPU %, available memory), every GPU's memory and
-    utilization (NVML, else nvidia-smi, else a one-time notice), and watched Metrics every
-    `interval` seconds on a C thread, and writes those and your own records to `sinks` from
+    utilization (NVML, else nvidia-smi, else a one-time notice), and watched Metrics on a C
+    thread -- once at start, then every `interval` seconds (0: never) -- and writes those and
+    your own records (scalars; histograms, images and text for TensorBoard) to `sinks` from
     another C thread, flushing every `flush_interval` seconds and at close.
 
     Queue-full policy: sampled records that find the queue full are dropped; your scalar()
@@ -189,6 +242,63 @@ class Monitor:
         >>> mon.scalar("loss", 0.37, step=100)
         """
         self._core.scalar(name, value, step)
+
+    def scalars(self, values: Mapping[str, float], step: int | None = None) -> None:
+        """Queue one scalar record per item of `values` (name -> number), all at `step`.
+
+        >>> mon.scalars({"train/loss": 0.37, "train/lr": 1e-3}, step=100)
+        """
+        if not isinstance(values, Mapping):
+            raise TypeError(f"'values' must be a mapping of names to numbers, not {type(values).__name__}")
+        scalar = self._core.scalar
+        for name, value in values.items():
+            if not isinstance(name, str):
+                raise TypeError(f"'values' keys must be str, not {type(name).__name__} ({name!r})")
+            try:
+                scalar(name, value, step)
+            except TypeError as error:
+                if "'value'" not in str(error):
+                    raise
+                raise TypeError(f"'values'[{name!r}] must be a real number, not {type(value).__name__}") from None
+
+    def histogram(self, tag: str, values: Any, step: int | None = None, bins: int = 30) -> None:
+        """Queue a histogram of `values` (an array, a tensor or a sequence of numbers; NaNs
+        left out) in `bins` equal-width buckets; the writer thread bins and encodes it.
+        TensorBoard sinks only.
+
+        >>> mon.histogram("layer1/weight", model[0].weight, step=100)
+        """
+        _check_tag(tag)
+        if isinstance(bins, bool) or not isinstance(bins, int):
+            raise TypeError(f"'bins' must be an int, not {type(bins).__name__}")
+        if bins < 1:
+            raise ValueError(f"'bins' must be >= 1, not {bins}")
+        array = _numbers(values, "values")
+        data = np.ascontiguousarray(array, dtype=np.float64).reshape(-1)
+        self._core.summary(_HISTOGRAM, tag, data, step, bins, 0, 0, 0)
+
+    def image(self, tag: str, image: Any, step: int | None = None, layout: str | None = None) -> None:
+        """Queue an image: uint8 (0-255) or float (0.0-1.0) values, HWC or CHW (1, 3 or 4
+        channels; `layout` "HWC"/"CHW" when the shape is ambiguous) or HW (gray). It is
+        PNG-encoded by the writer thread (zlib), off the training thread. TensorBoard sinks
+        only.
+
+        >>> mon.image("samples/0", batch[0], step=100)       # CHW float in [0, 1]
+        """
+        _check_tag(tag)
+        hwc = _image_hwc(image, layout)
+        self._core.summary(_IMAGE, tag, hwc, step, 0, *hwc.shape)
+
+    def text(self, tag: str, text: str, step: int | None = None) -> None:
+        """Queue a text record (TensorBoard's Text tab renders it as Markdown). TensorBoard
+        sinks only.
+
+        >>> mon.text("config", "lr=1e-3, batch=256", step=0)
+        """
+        _check_tag(tag)
+        if not isinstance(text, str):
+            raise TypeError(f"'text' must be str, not {type(text).__name__}")
+        self._core.summary(_TEXT, tag, text.encode(), step, 0, 0, 0, 0)
 
     def event(self, name: str, step: int | None = None, value: float = 0.0) -> None:  # replaced per instance
         """Queue a marker record (epoch end, checkpoint written, ...); TensorBoard skips it.
