@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import zipfile
 from typing import Any, Callable, NamedTuple, Union
@@ -150,6 +151,7 @@ class Checkpointer:
         self._last_step: int | None = None
         self._last_time = time.monotonic()
         self._pinned = _PinnedCopies()
+        self._snapshot = threading.Lock()  # one snapshot at a time: the pinned buffers are shared
         _lifecycle.register(self)
 
     def save(self, state: Any, step: int, timeout: float | None = None) -> None:
@@ -160,8 +162,9 @@ class Checkpointer:
 
         >>> ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, step=1200)
         """
-        self._core.save(_entries(state, self._pinned), int(step), timeout)
-        self._last_step, self._last_time = int(step), time.monotonic()
+        with self._snapshot:
+            self._core.save(_entries(state, self._pinned), int(step), timeout)
+            self._last_step, self._last_time = int(step), time.monotonic()
 
     def due(self, step: int) -> bool:
         """Whether maybe_save(step) would save now (a period has passed since the last save).
