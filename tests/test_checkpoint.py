@@ -138,7 +138,7 @@ def test_a_damaged_checkpoint_is_reported_not_returned(tmp_path):
 
 def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_arrays(tmp_path):
     state = {
-        "model": {"w": np.arange(6.0).reshape(2, 3), "b": np.float32(0.5)},
+        "model": {"w": np.arange(6.0).reshape(2, 3), "b": np.float32(0.5), "c": np.float64(0.1)},
         "history": [0.1, 0.25, float("nan"), float("inf")],
         "shape": (3, 4),
         "by_id": {0: np.ones(2, np.int8), 1: None},
@@ -152,7 +152,7 @@ def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_array
     assert back["shape"] == (3, 4) and type(back["shape"]) is tuple
     assert back["by_id"][1] is None and list(back["by_id"]) == [0, 1]
     assert back["by_id"][0].dtype == np.int8 and back["model"]["b"] == np.float32(0.5)
-    assert type(back["model"]["b"]) is np.float32
+    assert type(back["model"]["b"]) is np.float32 and type(back["model"]["c"]) is np.float64
     assert back["history"][:2] == [0.1, 0.25] and np.isnan(back["history"][2])
     assert back["lr"] == state["lr"] and back["big"] == 2**70 and back["blob"] == b"\x00\xff"
     assert back["flags"] == [True, False, None] and back["name"] == "run-a"

@@ -62,6 +62,8 @@ class _Flattener:
         return name
 
     def node(self, value: Any, path: tuple) -> dict:
+        if isinstance(value, np.generic):  # before float: np.float64 is a float subclass
+            return {"t": "npscalar", "k": self.member(path, self.array(np.asarray(value), path))}
         if value is None or isinstance(value, (bool, str)):
             return {"t": "const", "v": value}
         if isinstance(value, int):
@@ -70,8 +72,6 @@ class _Flattener:
             return {"t": "float", "v": value.hex()}
         if isinstance(value, bytes):
             return {"t": "bytes", "k": self.member(path, np.frombuffer(value, np.uint8))}
-        if isinstance(value, np.generic):
-            return {"t": "npscalar", "k": self.member(path, self.array(np.asarray(value), path))}
         if isinstance(value, np.ndarray):
             return {"t": "ndarray", "k": self.member(path, self.array(value, path))}
         if _is_tensor(value):
