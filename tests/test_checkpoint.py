@@ -181,6 +181,12 @@ def test_maybe_save_saves_every_steps_and_skips_while_a_write_is_pending(tmp_pat
         assert ckpt.maybe_save(60, lambda: {"w": np.ones(3)}) and ckpt.load(60)["w"].shape == (3,)
 
 
+def test_a_period_without_maybe_save_calls_warns_at_close(tmp_path):
+    ckpt = fastloop.Checkpointer(tmp_path, every_s=600, state_fn=lambda: {"w": np.zeros(1)})
+    with pytest.warns(RuntimeWarning, match="never called"):
+        ckpt.close()
+
+
 def test_maybe_save_by_time_from_a_loop_trained_in_another_thread_is_never_torn(tmp_path):
     params = [np.zeros(20_000) for _ in range(8)]
     done = threading.Event()

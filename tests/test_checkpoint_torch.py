@@ -106,6 +106,36 @@ def test_a_bad_leaf_is_refused_with_its_path(tmp_path):
             ckpt.save({"m": torch.nn.Linear(2, 2)}, 1)
 
 
+def test_periodic_saves_of_a_model_trained_in_another_thread_each_hold_one_step(tmp_path):
+    import threading
+
+    model = make_model()
+    optimizer = OPTIMIZERS["adam"](model.parameters())
+    sums: dict[int, list[float]] = {}  # the parameters' sums after each step, as trained
+
+    def loop() -> None:
+        with fastloop.Checkpointer(tmp_path, keep=1000, every_s=0.001) as ckpt:
+            step = 0
+            while len(ckpt.checkpoints()) < 4 and step < 100_000:
+                step += 1
+                train(model, optimizer, range(step, step + 1))
+                sums[step] = [float(p.detach().sum()) for p in model.parameters()]
+                ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "optim": optimizer.state_dict(),
+                                               "step": step})
+                ckpt.wait()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    checkpoints = fastloop.Checkpointer(tmp_path).checkpoints()
+    assert len(checkpoints) >= 4
+    for checkpoint in checkpoints:
+        state = fastloop.read_checkpoint(checkpoint.path)
+        saved = [float(state["model"][name].sum()) for name, _ in model.named_parameters()]
+        assert state["step"] == checkpoint.step and saved == sums[checkpoint.step], checkpoint
+
+
 NUMPY_ONLY_LOAD = """
 import sys
 sys.modules["torch"] = None  # torch not importable

@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import time
+import warnings
 import zipfile
 from typing import Any, Callable, NamedTuple, Union
 
@@ -149,6 +150,7 @@ class Checkpointer:
         self._closed = False
         self._every_steps, self._every_s, self._state_fn = every_steps, every_s, state_fn
         self._last_step: int | None = None
+        self._maybe_called = False
         self._last_time = time.monotonic()
         self._pinned = _PinnedCopies()
         self._snapshot = threading.Lock()  # one snapshot at a time: the pinned buffers are shared
@@ -174,6 +176,7 @@ class Checkpointer:
         """
         if self._every_steps is None and self._every_s is None:
             raise ValueError("maybe_save()/due() need a period: Checkpointer(..., every_steps=, every_s=)")
+        self._maybe_called = True
         if self._last_step is None:
             self._last_step = int(step)  # periods count from the first step seen
         if self._every_steps is not None and step - self._last_step >= self._every_steps:
@@ -269,6 +272,10 @@ class Checkpointer:
 
         >>> ckpt.close()
         """
+        if not self._closed and not self._maybe_called and (self._every_s or self._every_steps):
+            warnings.warn("Checkpointer(every_s=/every_steps=) saves only when the training loop "
+                          "calls ckpt.maybe_save(step); it was never called (periodic saves no "
+                          "longer run from a thread of their own)", RuntimeWarning, stacklevel=2)
         self._closed = True
         self._core.close(wait=wait)
         if not wait:
