@@ -44,8 +44,9 @@ enum {
 };
 
 fl_summary *fl_summary_new(fl_summary_kind kind, size_t payload_bytes) {
-    fl_summary *s = calloc(1, sizeof *s + payload_bytes);
+    fl_summary *s = malloc(sizeof *s + payload_bytes); /* the payload is the caller's to fill */
     if (s != NULL) {
+        memset(s, 0, sizeof *s);
         s->kind = kind;
         s->wall_time = fl_wall_time();
         s->step = -1;

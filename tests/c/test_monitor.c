@@ -295,6 +295,7 @@ static void *put_summaries(void *arg) {
         fl_summary *image = fl_summary_new(FL_SUMMARY_IMAGE, 2 * 3 * 3);
         memcpy(image->tag, "img", 4);
         image->height = 2, image->width = 3, image->channels = 3;
+        memset(image->payload, 7, 2 * 3 * 3);
         fl_summary *all[3] = {text, histogram, image};
         for (int k = 0; k < 3; k++)
             if (fl_monitor_put_summary(m, all[k], 5.0) != FL_OK)
