@@ -82,7 +82,7 @@ class Resize:
     decoding in the Loader: `reduced_decode` lets libjpeg-turbo decode at 1/2..1/8 scale when
     the output is at most that size (faster; pixels differ slightly from a full decode).
 
-    >>> fastloop.ops.Pipeline([Resize(256), CenterCrop(224), Normalize(mean, std, layout="HWC->CHW")])
+    >>> fastloop.ops.Pipeline([fastloop.ops.Resize(256), fastloop.ops.CenterCrop(224)])
     """
 
     size: int | tuple[int, int]
@@ -96,7 +96,7 @@ class RandomResizedCrop:
     fallback, resized to `size` (bilinear, antialiased). Draws depend only on (seed, image
     index). `reduced_decode` as for Resize.
 
-    >>> fastloop.ops.Pipeline([RandomResizedCrop(224), RandomHFlip(), Normalize(mean, std, layout="HWC->CHW")])
+    >>> fastloop.ops.Pipeline([fastloop.ops.RandomResizedCrop(224), fastloop.ops.RandomHFlip()])
     """
 
     size: int | tuple[int, int]
@@ -108,7 +108,7 @@ class RandomResizedCrop:
         """(top, left, height, width) of the crop drawn for image `index` of an image of
         height x width under `seed` (a Loader passes its epoch's seed).
 
-        >>> RandomResizedCrop(224).params(375, 500, seed=0, index=7)
+        >>> fastloop.ops.RandomResizedCrop(224).params(375, 500, seed=0, index=7)
         """
         return _resized_crop_params(seed, index, height, width, tuple(self.scale), tuple(self.ratio))
 
