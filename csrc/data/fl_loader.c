@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/fl_error.h"
@@ -52,10 +53,13 @@ typedef struct chunk {
 } chunk;
 
 /* What one filling thread needs besides a slot: field 0's raw sample read from a file,
- * and the pipeline's scratch. */
+ * the pipeline's scratch, and for encoded images its decoder and the encoded bytes. */
 typedef struct scratch {
     unsigned char *input;
     unsigned char *pipeline;
+    fl_decoder *decoder;
+    unsigned char *encoded;
+    size_t encoded_capacity;
 } scratch;
 
 struct fl_loader {
@@ -115,7 +119,58 @@ static int read_raw(const char *path, void *dst, size_t len) {
     return rc;
 }
 
-static int read_sample(const fl_field *f, int64_t index, void *dst) {
+/* Reads the encoded bytes of sample `index` into scr->encoded (grown as needed); *len. */
+static int read_encoded(const fl_field *f, int64_t index, const char *path, scratch *scr, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fl_error_sys("cannot open %s", path);
+    int64_t offset = f->offsets[index], want = f->lengths[index];
+    struct stat st;
+    int rc = FL_OK;
+    if (want < 0 && fstat(fd, &st) != 0)
+        rc = fl_error_sys("cannot stat %s", path);
+    else if (want < 0)
+        want = st.st_size > offset ? st.st_size - offset : 0;
+    if (rc == FL_OK && (size_t)want + 1 > scr->encoded_capacity) {
+        unsigned char *grown = realloc(scr->encoded, (size_t)want + 1);
+        if (grown == NULL)
+            rc = FL_ENOMEM;
+        else
+            scr->encoded = grown, scr->encoded_capacity = (size_t)want + 1;
+    }
+    size_t done = 0;
+    while (rc == FL_OK && done < (size_t)want) {
+        ssize_t n = pread(fd, scr->encoded + done, (size_t)want - done, (off_t)(offset + (int64_t)done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            rc = fl_error_sys("cannot read %s", path);
+        else if (n == 0)
+            rc = fl_error_set(FL_EINVAL, "%s ends at byte %lld, before the image's %lld bytes at offset %lld",
+                              path, (long long)(offset + (int64_t)done), (long long)want, (long long)offset);
+        else
+            done += (size_t)n;
+    }
+    close(fd);
+    *len = done;
+    return rc;
+}
+
+/* Reads, decodes and crops/resizes encoded image `index` into dst (sample_bytes). */
+static int decode_sample(const fl_loader *l, const fl_field *f, int64_t index, void *dst, scratch *scr) {
+    const char *path = f->paths[f->file_index[index]];
+    size_t len = 0;
+    int rc = read_encoded(f, index, path, scr, &len);
+    if (rc == FL_OK)
+        rc = fl_image_transform(scr->decoder, f->geometry, scr->encoded, len, l->epoch_seed, index, dst);
+    if (rc != FL_OK && rc != FL_ESYS)
+        return fl_error_prefix(rc, "%s", path);
+    return rc;
+}
+
+static int read_sample(const fl_loader *l, const fl_field *f, int64_t index, void *dst, scratch *scr) {
+    if (f->geometry != NULL)
+        return decode_sample(l, f, index, dst, scr);
     if (f->paths == NULL) {
         memcpy(dst, (const unsigned char *)f->base + (size_t)index * f->sample_bytes,
                f->sample_bytes);
@@ -138,7 +193,7 @@ static int read_sample(const fl_field *f, int64_t index, void *dst) {
 static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *dst, scratch *scr) {
     const void *src = (const unsigned char *)field->base + (size_t)id * field->sample_bytes;
     if (field->paths != NULL) {
-        int rc = read_sample(field, id, scr->input);
+        int rc = read_sample(l, field, id, scr->input, scr);
         if (rc != FL_OK)
             return rc;
         src = scr->input;
@@ -158,7 +213,7 @@ static int fill(fl_loader *l, const chunk *c, scratch *scr) {
         unsigned char *dst = c->s->data + l->field_offset[f];
         for (size_t i = c->first; i < c->first + c->n; i++) {
             int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
-                           : read_sample(field, ids[i], dst + i * field->sample_bytes);
+                           : read_sample(l, field, ids[i], dst + i * field->sample_bytes, scr);
             if (rc != FL_OK)
                 return fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
         }
@@ -167,6 +222,9 @@ static int fill(fl_loader *l, const chunk *c, scratch *scr) {
 }
 
 static int scratch_alloc(fl_loader *l, scratch *scr) {
+    for (size_t f = 0; f < l->config.n_fields; f++)
+        if (l->fields[f].geometry != NULL && scr->decoder == NULL && fl_decoder_new(&scr->decoder) != FL_OK)
+            return FL_ENOMEM;
     if (l->config.pipeline == NULL)
         return FL_OK;
     scr->input = malloc(l->fields[0].sample_bytes + 1);
@@ -177,6 +235,8 @@ static int scratch_alloc(fl_loader *l, scratch *scr) {
 static void scratch_free(scratch *scr) {
     free(scr->input);
     free(scr->pipeline);
+    fl_decoder_free(scr->decoder);
+    free(scr->encoded);
     *scr = (scratch){0};
 }
 

@@ -24,6 +24,7 @@
 #include "base/fl_metrics.h"
 #include "data/fl_npy.h"
 #include "data/fl_pipeline.h"
+#include "data/fl_pipeline_image.h"
 #include "data/fl_sampler.h"
 
 /* Where one field of every sample comes from. */
@@ -33,6 +34,13 @@ typedef struct fl_field {
     int raw;                   /* files hold sample_bytes raw bytes (else .npy as `expect`) */
     fl_npy_header expect;      /* .npy files: what every file must hold */
     size_t sample_bytes;       /* bytes of one sample as read */
+    /* Encoded images (JPEG/PNG) when geometry is set: sample i is the bytes [offsets[i],
+     * offsets[i] + lengths[i]) (length -1: to the end of the file) of paths[file_index[i]],
+     * read with one pread, decoded and cropped/resized by `geometry` into an out_h x out_w x 3
+     * uint8 image (sample_bytes). All borrowed. */
+    const fl_image_geometry *geometry;
+    const int32_t *file_index;
+    const int64_t *offsets, *lengths;
 } fl_field;
 
 typedef struct fl_loader_config {

@@ -93,6 +93,27 @@ class Folder:
         return f"Folder({self.root!r}, {len(self.paths)} files of {self.dtype} {self.shape})"
 
 
+def _is_encoded(source: Any) -> bool:
+    """An image source (ImageFolder, Images, TarShards): its samples are encoded JPEG/PNG bytes."""
+    return hasattr(source, "_encoded_spec") and not isinstance(source, type)
+
+
+def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
+    """The C loader's spec of an image source: where each sample's bytes are, and the fused
+    decode -> crop -> resize that gives every image the same size."""
+    from . import images
+
+    size = pipeline.fixed_size() if pipeline is not None else None
+    if size is None:
+        raise ValueError(f"source[{index}] holds images of different sizes: give the Loader a "
+                         f"transform=fastloop.ops.Pipeline whose first step fixes the size: "
+                         f"RandomResizedCrop(224), Resize((h, w)), or Resize(256) then CenterCrop(224)")
+    images.ensure_loaded()
+    paths, file_index, offsets, lengths = source._encoded_spec()
+    return ("encoded", [os.fsencode(p) for p in paths], np.ascontiguousarray(file_index, np.int32),
+            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry)
+
+
 def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: str) -> BaseException:
     """The exception to raise for a worker failure: the worker's own exception type when it
     can be re-created (as torch.utils.data does), carrying the sample index and traceback."""
@@ -226,7 +247,10 @@ class Loader:
         if dataset is None and (python_transform is not None or mode == "processes"):
             if any(isinstance(f, Folder) for f in fields):
                 raise ValueError("Folder sources are read by C threads: use mode='threads'")
-            dataset = _ArraysDataset(fields)
+            # an image source alone is decoded in Python by its __getitem__ (images, label)
+            dataset = source if _is_encoded(source) else _ArraysDataset(fields)
+            if any(_is_encoded(f) for f in fields) and not _is_encoded(source):
+                raise ValueError("an image source inside a tuple is read by C threads: use mode='threads'")
         plan = None
         if self.device is not None:
             from ._device_feed import DeviceFeed, gpu_plan
@@ -246,10 +270,13 @@ class Loader:
 
     def _classify(self, source: Any) -> tuple[list, Any]:
         """(fields, None) for arrays/Folders, or ([], dataset) for a Python dataset."""
+        if _is_encoded(source):  # an image source alone: (images, labels from its targets)
+            return [source, np.ascontiguousarray(np.asarray(source.targets, np.int64))], None
         if isinstance(source, (np.ndarray, Folder)):
             self._single = True
             return [source], None
-        if isinstance(source, (tuple, list)) and source and all(isinstance(s, (np.ndarray, Folder)) for s in source):
+        if isinstance(source, (tuple, list)) and source and all(isinstance(s, (np.ndarray, Folder)) or _is_encoded(s)
+                                                                for s in source):
             return list(source), None
         if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
             return [], source
@@ -263,14 +290,21 @@ class Loader:
     def _threads(self, fields: list, pipeline: Pipeline | None, workers: int, prefetch: int) -> _Loader:
         specs = []
         for i, field in enumerate(fields):
-            if isinstance(field, Folder):
+            if _is_encoded(field):
+                specs.append(_encoded_field(field, pipeline, i))
+            elif isinstance(field, Folder):
                 specs.append(field._field())
             else:
                 if not field.flags.c_contiguous:
                     raise ValueError(f"source[{i}] must be C-contiguous; pass numpy.ascontiguousarray(...)")
                 specs.append(("array", field))
         core_pipeline = None
-        if pipeline is not None:
+        if pipeline is not None and _is_encoded(fields[0]):
+            core_pipeline = pipeline._core(3) if pipeline._rest else None  # after the fused decode/resize
+        elif pipeline is not None:
+            if pipeline.geometry is not None:
+                raise ValueError(f"{type(pipeline.steps[0]).__name__} runs fused with decoding on image sources "
+                                 "(ImageFolder, Images, TarShards); for arrays call the Pipeline on them")
             first = fields[0]
             shape = first.shape if isinstance(first, Folder) else first.shape[1:]
             core_pipeline = pipeline._core(pipeline.channels_of(shape))
