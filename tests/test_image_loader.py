@@ -217,3 +217,41 @@ def test_processes_mode_decodes_through_the_sources_getitem(tmp_path: Path) -> N
     with fastloop.Loader(EncodedImages(paths), batch_size=2, workers=1, mode="processes") as loader:
         x, y = all_batches(loader)
     assert x.shape == (4, 40, 50, 3) and y.tolist() == [0, 1, 2, 0]
+
+
+def test_skip_drops_bad_samples_counts_and_logs_them_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    paths = write_images(tmp_path, 10)
+    Path(paths[2]).write_bytes(b"")
+    Path(paths[5]).write_bytes(Path(paths[5]).read_bytes()[:200])
+    source = EncodedImages(paths)
+    pipeline = ops.Pipeline([ops.RandomResizedCrop(16)])
+    with caplog.at_level("WARNING", logger="fastloop"):
+        with fastloop.Loader(source, batch_size=4, workers=2, transform=pipeline, on_error="skip") as loader:
+            batches = [(np.array(x), np.array(y)) for x, y in loader]
+            skipped = loader.metrics.snapshot()["loader/skipped"]
+    assert [len(y) for _, y in batches] == [3, 3, 2]  # shorter, not refilled
+    assert np.concatenate([y for _, y in batches]).tolist() == [source.targets[i] for i in (0, 1, 3, 4, 6, 7, 8, 9)]
+    assert skipped.sum == 2
+    assert len([r for r in caplog.records if "skipped a sample" in r.getMessage()]) == 1
+    assert "sample 2" in caplog.text and "002.jpg" in caplog.text
+
+
+def test_skip_drops_a_batch_with_nothing_left_and_matches_the_good_samples(tmp_path: Path) -> None:
+    paths = write_images(tmp_path, 6)
+    for i in (2, 3):
+        Path(paths[i]).write_bytes(b"not an image")
+    pipeline = ops.Pipeline([ops.Resize(20), ops.CenterCrop(20)])
+    with fastloop.Loader(EncodedImages(paths), batch_size=2, transform=pipeline, on_error="skip") as loader:
+        x, _ = all_batches(loader)
+    good = EncodedImages([paths[i] for i in (0, 1, 4, 5)])
+    with fastloop.Loader(good, batch_size=2, transform=pipeline) as loader:
+        ref, _ = all_batches(loader)
+    np.testing.assert_array_equal(x, ref)
+
+
+def test_on_error_is_checked(tmp_path: Path) -> None:
+    source = EncodedImages(write_images(tmp_path, 2))
+    with pytest.raises(ValueError, match="'on_error'"):
+        fastloop.Loader(source, transform=ops.Pipeline([ops.RandomResizedCrop(8)]), on_error="ignore")
+    with pytest.raises(ValueError, match="mode='threads'"):
+        fastloop.Loader(source, workers=1, mode="processes", on_error="skip")

@@ -52,7 +52,9 @@ typedef struct fl_loader_config {
     const fl_pipeline *pipeline; /* for field 0, or NULL; borrowed, must outlive the loader */
     fl_images image;           /* field 0's image geometry (n ignored) when a pipeline is set */
     fl_dtype image_dtype;
-    fl_metrics *metrics;       /* optional; counts "loader/samples" and "loader/batches" */
+    fl_metrics *metrics;       /* optional; counts "loader/samples", "loader/batches", "loader/skipped" */
+    int skip_errors;           /* a sample that fails to read or decode is dropped from its batch
+                                * (the batch comes shorter; one of nothing is not delivered) */
 } fl_loader_config;
 
 typedef struct fl_loader fl_loader;
@@ -80,6 +82,9 @@ void fl_loader_stop(fl_loader *l);
 
 /* The first worker error's message ("" if none). */
 const char *fl_loader_error(fl_loader *l);
+
+/* With skip_errors: samples dropped so far, and the first one's message into buf (size n). */
+uint64_t fl_loader_skipped(fl_loader *l, char *buf, size_t n);
 
 /* Slot memory, and where field f's batch sits in it. */
 void *fl_loader_slot(fl_loader *l, int slot);

@@ -120,6 +120,13 @@ static PyObject *loader_get_lent(PyObject *self, void *closure) {
     return PyLong_FromLong(fl_loader_lent(((LoaderObject *)self)->loader));
 }
 
+static PyObject *loader_get_skipped(PyObject *self, void *closure) {
+    (void)closure;
+    char text[1024];
+    uint64_t skipped = fl_loader_skipped(((LoaderObject *)self)->loader, text, sizeof text);
+    return Py_BuildValue("(Ks)", (unsigned long long)skipped, text);
+}
+
 static PyObject *loader_get_output(PyObject *self, void *closure) {
     (void)closure;
     LoaderObject *loader = (LoaderObject *)self;
@@ -319,14 +326,14 @@ static int record_pipeline_output(LoaderObject *self) {
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", NULL};
+                               "workers", "slots", "pipeline", "metrics", "skip_errors", NULL};
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
-    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOO:_Loader", keywords, &fields_obj, &batch_size,
+    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOp:_Loader", keywords, &fields_obj, &batch_size,
                                      &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj))
+                                     &pipeline_obj, &metrics_obj, &skip_errors))
         return NULL;
     fl_module_state *state = fl_state_from_type(type);
     PyObject *fields = PySequence_Tuple(fields_obj);
@@ -353,7 +360,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     fl_loader_config config = {
         .sampler = {.shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last},
-        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields,
+        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
     };
     for (size_t f = 0; f < n_fields; f++) {
         uint64_t n;
@@ -432,6 +439,7 @@ static PyMethodDef loader_methods[] = {
 static PyGetSetDef loader_getset[] = {
     {"batches", loader_get_batches, NULL, "Batches per epoch.", NULL},
     {"lent", loader_get_lent, NULL, "Slots lent out now.", NULL},
+    {"skipped", loader_get_skipped, NULL, "(samples dropped, the first one's message).", NULL},
     {"output", loader_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

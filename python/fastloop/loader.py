@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import logging
 import os
 import random
 import weakref
@@ -25,6 +26,8 @@ from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from .errors import WorkerError
 from .ops import Pipeline
+
+_log = logging.getLogger("fastloop")
 
 __all__ = ["Loader", "Folder", "load_npy", "get_worker_info", "WorkerInfo"]
 
@@ -175,6 +178,17 @@ class Loader:
     (seed, epoch, sample index), so they do not depend on the worker count; worker processes
     get numpy and random seeded from (seed, worker id), and `worker_init_fn(worker_id)`.
 
+    on_error: "raise" (a sample that cannot be read or decoded raises at the batch that needs
+      it, naming the file, the sample index and the decoder's message; earlier batches are
+      delivered) or "skip" (threads mode: the sample is dropped, its batch comes shorter, not
+      refilled, so every rank keeps the same step count; counted in metrics
+      "loader/skipped" and logged once on the "fastloop" logger).
+
+    Image sources (ImageFolder, Images, TarShards: anything with ``_encoded_spec``) are read,
+    decoded (libjpeg-turbo, libpng) and cropped/resized in C threads when `transform` is a
+    Pipeline starting with RandomResizedCrop, Resize((h, w)) or Resize(n) + CenterCrop; they
+    yield (images, labels).
+
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
 
@@ -207,6 +221,7 @@ class Loader:
         world_size: int | None = None,
         timeout: float | None = None,
         worker_init_fn: Callable[[int], Any] | None = None,
+        on_error: str = "raise",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
@@ -214,6 +229,10 @@ class Loader:
             raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"'on_error' must be 'raise' or 'skip', not {on_error!r}")
+        self.on_error = on_error
+        self._skips_logged = False
         kind, index = parse_device(device)
         self.device = index if kind == "cuda" else None
         if self.device is not None:
@@ -259,6 +278,9 @@ class Loader:
             if plan is not None:
                 pipeline = None  # the workers gather raw images; the GPU crops, flips, normalizes
             self._feed = DeviceFeed(self.device, plan, self.pin_memory, seed)
+        if on_error == "skip" and dataset is not None:
+            raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
+                             "Folders or image sources")
         if dataset is None:
             self._core = self._threads(fields, pipeline, workers, prefetch)
         elif mode == "processes":
@@ -310,6 +332,7 @@ class Loader:
             core_pipeline = pipeline._core(pipeline.channels_of(shape))
         slots = max(2, workers * prefetch)
         return _Loader(specs, workers=workers, slots=slots, pipeline=core_pipeline, metrics=self.metrics,
+                       skip_errors=self.on_error == "skip",
                        **self._sampling())
 
     def _processes(self, dataset: Any, transform: Callable | None, pipeline: Pipeline | None, workers: int,
@@ -358,6 +381,14 @@ class Loader:
         if active is not None:
             active.abandon()
         self._active = None
+
+    def _log_first_skip(self) -> None:
+        """Logs the first sample on_error="skip" dropped, once; the rest are only counted."""
+        count, message = self._core.skipped
+        if count:
+            self._skips_logged = True
+            _log.warning("fastloop.Loader skipped a sample it could not read (%s); further skips are counted "
+                         "in loader.metrics 'loader/skipped'", message)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (shuffle order and augmentations), as
@@ -426,6 +457,8 @@ class _Epoch:
             if not self.loader.persistent_workers:
                 self.loader._core.stop()
             raise StopIteration
+        if self.loader.on_error == "skip" and not self.loader._skips_logged:
+            self.loader._log_first_skip()
         return batch[0] if self.loader._single else batch
 
     def abandon(self) -> None:
