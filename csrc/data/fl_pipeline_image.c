@@ -131,7 +131,7 @@ static int axes_of(const fl_image_geometry *g, const frame *f, unsigned d, size_
  * image, into dst. */
 static int resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *pixels,
                     size_t stride, size_t c, uint8_t *dst) {
-    uint8_t *tmp = malloc((fl_resample_axis_hi(ay) - fl_resample_axis_lo(ay)) * ax->n * c);
+    uint8_t *tmp = malloc(fl_resample_tmp_bytes(ax, ay, c));
     if (tmp == NULL)
         return FL_ENOMEM;
     fl_resample(ax, ay, pixels, stride, fl_resample_axis_lo(ax), fl_resample_axis_lo(ay), c, tmp, dst);

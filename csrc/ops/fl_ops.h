@@ -102,8 +102,9 @@ static inline size_t fl_resample_axis_hi(const fl_resample_axis *a) {
 
 /* Resamples into dst (ay->n rows of ax->n pixels of c channels, contiguous) from src, whose
  * row 0 / column 0 are source pixel (y0, x0) of the axes' frame and which holds at least
- * the pixels the axes read; rows `stride` bytes apart. tmp: (hi - lo of ay) * ax->n * c
- * bytes. Never fails. */
+ * the pixels the axes read; rows `stride` bytes apart. tmp: fl_resample_tmp_bytes() bytes.
+ * Never fails. */
+size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c);
 void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
                  size_t stride, size_t x0, size_t y0, size_t c, uint8_t *tmp, uint8_t *dst);
 

@@ -68,30 +68,47 @@ static inline uint8_t clip8(int32_t v) {
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* One row: out[i] = sum_k in[lo[i] + k] * w[i][k], per channel. */
+/* One row: out[i] = sum_k in[lo[i] + k] * w[i][k], per channel; RGB with its three sums in
+ * one pass over the taps. */
 static void horizontal_row(const fl_resample_axis *ax, const uint8_t *in, size_t x0, size_t c,
                            uint8_t *out) {
     for (size_t i = 0; i < ax->n; i++) {
         const int32_t *k = ax->k + i * ax->ksize;
         const uint8_t *p = in + ((size_t)ax->lo[i] - x0) * c;
+        int32_t count = ax->count[i];
+        if (c == 3) {
+            int32_t s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+            for (int32_t x = 0; x < count; x++, p += 3) {
+                s0 += p[0] * k[x];
+                s1 += p[1] * k[x];
+                s2 += p[2] * k[x];
+            }
+            out[i * 3] = clip8(s0), out[i * 3 + 1] = clip8(s1), out[i * 3 + 2] = clip8(s2);
+            continue;
+        }
         for (size_t ch = 0; ch < c; ch++) {
             int32_t ss = 1 << (PRECISION_BITS - 1);
-            for (int32_t x = 0; x < ax->count[i]; x++)
+            for (int32_t x = 0; x < count; x++)
                 ss += p[(size_t)x * c + ch] * k[x];
             out[i * c + ch] = clip8(ss);
         }
     }
 }
 
-/* One output row from `count` rows of tmp starting at `rows`, `row_bytes` apart. */
+/* One output row from `count` rows of tmp starting at `rows`, `row_bytes` apart: a row at a
+ * time into int32 sums (acc, row_bytes of them), so the inner loop vectorizes. */
 static void vertical_row(const int32_t *k, int32_t count, const uint8_t *rows, size_t row_bytes,
-                         uint8_t *out) {
-    for (size_t j = 0; j < row_bytes; j++) {
-        int32_t ss = 1 << (PRECISION_BITS - 1);
-        for (int32_t y = 0; y < count; y++)
-            ss += rows[(size_t)y * row_bytes + j] * k[y];
-        out[j] = clip8(ss);
+                         int32_t *acc, uint8_t *out) {
+    for (size_t j = 0; j < row_bytes; j++)
+        acc[j] = 1 << (PRECISION_BITS - 1);
+    for (int32_t y = 0; y < count; y++) {
+        const uint8_t *row = rows + (size_t)y * row_bytes;
+        int32_t w = k[y];
+        for (size_t j = 0; j < row_bytes; j++)
+            acc[j] += row[j] * w;
     }
+    for (size_t j = 0; j < row_bytes; j++)
+        out[j] = clip8(acc[j]);
 }
 
 void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
@@ -100,9 +117,15 @@ void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const u
     size_t row_bytes = ax->n * c;
     for (size_t y = first; y < last; y++)
         horizontal_row(ax, src + (y - y0) * stride, x0, c, tmp + (y - first) * row_bytes);
+    int32_t *acc = (int32_t *)(tmp + (last - first) * row_bytes + (-(last - first) * row_bytes & 3));
     for (size_t i = 0; i < ay->n; i++)
         vertical_row(ay->k + i * ay->ksize, ay->count[i], tmp + ((size_t)ay->lo[i] - first) * row_bytes,
-                     row_bytes, dst + i * row_bytes);
+                     row_bytes, acc, dst + i * row_bytes);
+}
+
+size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c) {
+    size_t rows = fl_resample_axis_hi(ay) - fl_resample_axis_lo(ay);
+    return rows * ax->n * c + 3 + ax->n * c * sizeof(int32_t);
 }
 
 int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, size_t out_h,
@@ -116,7 +139,7 @@ int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, si
         rc = fl_resample_axis_init(&ay, h, 0, (double)h, out_h, 0, out_h);
     else
         memset(&ay, 0, sizeof ay);
-    uint8_t *tmp = rc == FL_OK ? malloc((fl_resample_axis_hi(&ay) - fl_resample_axis_lo(&ay)) * out_w * c) : NULL;
+    uint8_t *tmp = rc == FL_OK ? malloc(fl_resample_tmp_bytes(&ax, &ay, c)) : NULL;
     if (rc == FL_OK && tmp == NULL)
         rc = FL_ENOMEM;
     if (rc == FL_OK)
