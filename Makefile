@@ -10,7 +10,7 @@ CC ?= gcc
 # The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
 CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
 CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn test_image
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -18,6 +18,9 @@ TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 # test_nn's matrix products use the BLAS fastloop.nn picks (it is skipped, saying so, without one).
 BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.path())' 2>/dev/null)"
+# test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's).
+IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
+	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
 .PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest demo bench install-check clean
 
@@ -27,7 +30,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets
+	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets pillow
 	touch $@
 
 build: venv
@@ -46,18 +49,25 @@ $(BIN)/%_tsan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm -ldl
 
 ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
-	@for t in $^; do echo "== $$t"; $(BLAS_ENV) ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
+	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
 
 ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
-	@for t in $^; do echo "== $$t"; $(BLAS_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
+	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
-# The .npy parser's fuzz corpus (tests/fuzz/README.md), replayed under ASan/UBSan with gcc.
-$(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c $(CORE_SOURCES) $(CORE_HEADERS)
+# The .npy parser's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
+# under ASan/UBSan with gcc.
+$(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
 
-fuzz-replay: $(BIN)/replay_npy
-	ASAN_OPTIONS=detect_leaks=1 $< tests/fuzz/corpus/npy
+$(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h $(CORE_SOURCES) $(CORE_HEADERS)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
+	    csrc/ops/ops_resize.c csrc/base/fl_error.c -lm -ldl
+
+fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_image
+	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
+	$(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_image tests/fuzz/corpus/image
 
 ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 

@@ -19,7 +19,8 @@
     X(ESYS, "system call failed")                 \
     X(EOVERFLOW, "size overflow")                 \
     X(EEND, "end of data")                        \
-    X(EWORKER, "a worker process failed")
+    X(EWORKER, "a worker process failed")         \
+    X(EUNAVAILABLE, "a library is not available")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

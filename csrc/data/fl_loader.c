@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/fl_error.h"
@@ -43,6 +44,8 @@ typedef struct slot {
     size_t claimed, finished; /* FILLING: samples handed out, samples returned */
     int failed;              /* a chunk failed: the batch is dropped when all have returned */
     unsigned char *data;
+    uint8_t *dropped;        /* skip_errors: dropped[i] for a sample that failed (chunk-owned) */
+    size_t n_dropped;        /* guarded by the lock */
 } slot;
 
 /* A run of samples of one batch, filled by one thread without the lock. */
@@ -52,10 +55,13 @@ typedef struct chunk {
 } chunk;
 
 /* What one filling thread needs besides a slot: field 0's raw sample read from a file,
- * and the pipeline's scratch. */
+ * the pipeline's scratch, and for encoded images its decoder and the encoded bytes. */
 typedef struct scratch {
     unsigned char *input;
     unsigned char *pipeline;
+    fl_decoder *decoder;
+    unsigned char *encoded;
+    size_t encoded_capacity;
 } scratch;
 
 struct fl_loader {
@@ -87,6 +93,8 @@ struct fl_loader {
     char error_text[ERROR_TEXT];
     int error_errno;
     int lent;
+    uint64_t skipped;               /* skip_errors: samples dropped */
+    char skipped_text[ERROR_TEXT];  /* the first one's message */
 };
 
 static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
@@ -115,7 +123,58 @@ static int read_raw(const char *path, void *dst, size_t len) {
     return rc;
 }
 
-static int read_sample(const fl_field *f, int64_t index, void *dst) {
+/* Reads the encoded bytes of sample `index` into scr->encoded (grown as needed); *len. */
+static int read_encoded(const fl_field *f, int64_t index, const char *path, scratch *scr, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fl_error_sys("cannot open %s", path);
+    int64_t offset = f->offsets[index], want = f->lengths[index];
+    struct stat st;
+    int rc = FL_OK;
+    if (want < 0 && fstat(fd, &st) != 0)
+        rc = fl_error_sys("cannot stat %s", path);
+    else if (want < 0)
+        want = st.st_size > offset ? st.st_size - offset : 0;
+    if (rc == FL_OK && (size_t)want + 1 > scr->encoded_capacity) {
+        unsigned char *grown = realloc(scr->encoded, (size_t)want + 1);
+        if (grown == NULL)
+            rc = FL_ENOMEM;
+        else
+            scr->encoded = grown, scr->encoded_capacity = (size_t)want + 1;
+    }
+    size_t done = 0;
+    while (rc == FL_OK && done < (size_t)want) {
+        ssize_t n = pread(fd, scr->encoded + done, (size_t)want - done, (off_t)(offset + (int64_t)done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            rc = fl_error_sys("cannot read %s", path);
+        else if (n == 0)
+            rc = fl_error_set(FL_EINVAL, "%s ends at byte %lld, before the image's %lld bytes at offset %lld",
+                              path, (long long)(offset + (int64_t)done), (long long)want, (long long)offset);
+        else
+            done += (size_t)n;
+    }
+    close(fd);
+    *len = done;
+    return rc;
+}
+
+/* Reads, decodes and crops/resizes encoded image `index` into dst (sample_bytes). */
+static int decode_sample(const fl_loader *l, const fl_field *f, int64_t index, void *dst, scratch *scr) {
+    const char *path = f->paths[f->file_index[index]];
+    size_t len = 0;
+    int rc = read_encoded(f, index, path, scr, &len);
+    if (rc == FL_OK)
+        rc = fl_image_transform(scr->decoder, f->geometry, scr->encoded, len, l->epoch_seed, index, dst);
+    if (rc != FL_OK && rc != FL_ESYS)
+        return fl_error_prefix(rc, "%s", path);
+    return rc;
+}
+
+static int read_sample(const fl_loader *l, const fl_field *f, int64_t index, void *dst, scratch *scr) {
+    if (f->geometry != NULL)
+        return decode_sample(l, f, index, dst, scr);
     if (f->paths == NULL) {
         memcpy(dst, (const unsigned char *)f->base + (size_t)index * f->sample_bytes,
                f->sample_bytes);
@@ -138,7 +197,7 @@ static int read_sample(const fl_field *f, int64_t index, void *dst) {
 static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *dst, scratch *scr) {
     const void *src = (const unsigned char *)field->base + (size_t)id * field->sample_bytes;
     if (field->paths != NULL) {
-        int rc = read_sample(field, id, scr->input);
+        int rc = read_sample(l, field, id, scr->input, scr);
         if (rc != FL_OK)
             return rc;
         src = scr->input;
@@ -149,7 +208,17 @@ static int pipe_sample(fl_loader *l, const fl_field *field, int64_t id, void *ds
                            dst, scr->pipeline, l->epoch_seed, &id);
 }
 
-/* Fills the chunk's samples of its slot; called without the lock. */
+/* Marks sample i of the chunk's slot dropped and notes the first message (skip_errors). */
+static void drop_sample(fl_loader *l, const chunk *c, size_t i) {
+    c->s->dropped[i] = 1;
+    pthread_mutex_lock(&l->lock);
+    if (l->skipped++ == 0)
+        snprintf(l->skipped_text, sizeof l->skipped_text, "%s", fl_error_detail());
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Fills the chunk's samples of its slot; called without the lock. With skip_errors a sample
+ * that fails (for any reason but memory) is marked dropped instead. */
 static int fill(fl_loader *l, const chunk *c, scratch *scr) {
     const int64_t *ids = c->s->ids;
     for (size_t f = 0; f < l->config.n_fields; f++) {
@@ -157,16 +226,42 @@ static int fill(fl_loader *l, const chunk *c, scratch *scr) {
         int piped = f == 0 && l->config.pipeline != NULL;
         unsigned char *dst = c->s->data + l->field_offset[f];
         for (size_t i = c->first; i < c->first + c->n; i++) {
+            if (c->s->dropped != NULL && c->s->dropped[i])
+                continue;
             int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
-                           : read_sample(field, ids[i], dst + i * field->sample_bytes);
+                           : read_sample(l, field, ids[i], dst + i * field->sample_bytes, scr);
             if (rc != FL_OK)
-                return fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
+                rc = fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
+            if (rc != FL_OK && l->config.skip_errors && rc != FL_ENOMEM)
+                drop_sample(l, c, i);
+            else if (rc != FL_OK)
+                return rc;
         }
     }
     return FL_OK;
 }
 
+/* Moves the samples that were not dropped to the front of every field: the batch shrinks. */
+static size_t compact(fl_loader *l, slot *s) {
+    size_t kept = 0;
+    for (size_t f = 0; f < l->config.n_fields; f++) {
+        unsigned char *base = s->data + l->field_offset[f];
+        size_t bytes = l->field_bytes[f];
+        kept = 0;
+        for (size_t i = 0; i < s->count; i++)
+            if (!s->dropped[i]) {
+                if (kept != i)
+                    memmove(base + kept * bytes, base + i * bytes, bytes);
+                kept++;
+            }
+    }
+    return kept;
+}
+
 static int scratch_alloc(fl_loader *l, scratch *scr) {
+    for (size_t f = 0; f < l->config.n_fields; f++)
+        if (l->fields[f].geometry != NULL && scr->decoder == NULL && fl_decoder_new(&scr->decoder) != FL_OK)
+            return FL_ENOMEM;
     if (l->config.pipeline == NULL)
         return FL_OK;
     scr->input = malloc(l->fields[0].sample_bytes + 1);
@@ -177,6 +272,8 @@ static int scratch_alloc(fl_loader *l, scratch *scr) {
 static void scratch_free(scratch *scr) {
     free(scr->input);
     free(scr->pipeline);
+    fl_decoder_free(scr->decoder);
+    free(scr->encoded);
     *scr = (scratch){0};
 }
 
@@ -204,7 +301,10 @@ static slot *open_batch(fl_loader *l) {
                 .batch = b,
                 .count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size,
                 .ids = l->order + start,
-                .data = s->data};
+                .data = s->data,
+                .dropped = s->dropped};
+    if (s->dropped != NULL)
+        memset(s->dropped, 0, s->count);
     return s;
 }
 
@@ -356,9 +456,12 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
         l->n_batches = fl_sampler_batches(&config->sampler);
         rc = plan(l);
     }
-    for (int i = 0; rc == FL_OK && i < config->slots; i++)
+    for (int i = 0; rc == FL_OK && i < config->slots; i++) {
         if ((l->slots[i].data = aligned_alloc(ALIGN, l->slot_bytes)) == NULL)
             rc = FL_ENOMEM;
+        if (config->skip_errors && (l->slots[i].dropped = calloc(config->sampler.batch_size, 1)) == NULL)
+            rc = FL_ENOMEM;
+    }
     if (rc == FL_OK)
         rc = scratch_alloc(l, &l->consumer_scratch);
     if (rc != FL_OK) {
@@ -441,12 +544,22 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
             break;
         }
         slot *s = ready_slot(l, l->next_deliver);
+        size_t dropped = 0;
+        for (size_t i = 0; s != NULL && s->dropped != NULL && i < s->count; i++)
+            dropped += s->dropped[i];
+        if (s != NULL && dropped == s->count) { /* every sample dropped: nothing to deliver */
+            s->state = SLOT_FREE;
+            l->next_deliver++;
+            pthread_cond_broadcast(&l->changed);
+            continue;
+        }
         if (s != NULL) {
             s->state = SLOT_LENT;
             l->lent++;
             l->next_deliver++;
             *slot_out = (int)(s - l->slots);
             *count = s->count;
+            s->n_dropped = dropped;
             break;
         }
         chunk c;
@@ -467,9 +580,15 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
         }
     }
     pthread_mutex_unlock(&l->lock);
+    slot *lent = rc == FL_OK ? &l->slots[*slot_out] : NULL;
+    size_t dropped = lent != NULL ? lent->n_dropped : 0;
+    if (dropped > 0) /* the slot is lent to this caller: compacting it needs no lock */
+        *count = compact(l, lent);
     if (rc == FL_OK && l->config.metrics != NULL) {
         fl_metrics_add(l->config.metrics, "loader/samples", (double)*count);
         fl_metrics_add(l->config.metrics, "loader/batches", 1);
+        if (dropped > 0)
+            fl_metrics_add(l->config.metrics, "loader/skipped", (double)dropped);
     }
     return rc;
 }
@@ -508,6 +627,14 @@ void fl_loader_stop(fl_loader *l) {
 
 const char *fl_loader_error(fl_loader *l) { return l->error_text; }
 
+uint64_t fl_loader_skipped(fl_loader *l, char *buf, size_t n) {
+    pthread_mutex_lock(&l->lock);
+    uint64_t skipped = l->skipped;
+    snprintf(buf, n, "%s", l->skipped_text);
+    pthread_mutex_unlock(&l->lock);
+    return skipped;
+}
+
 void *fl_loader_slot(fl_loader *l, int s) { return l->slots[s].data; }
 
 size_t fl_loader_field_offset(const fl_loader *l, size_t f) { return l->field_offset[f]; }
@@ -537,8 +664,10 @@ void fl_loader_free(fl_loader *l) {
         return;
     if (l->threads != NULL)
         fl_loader_stop(l);
-    for (int i = 0; l->slots && i < l->config.slots; i++)
+    for (int i = 0; l->slots && i < l->config.slots; i++) {
         free(l->slots[i].data);
+        free(l->slots[i].dropped);
+    }
     scratch_free(&l->consumer_scratch);
     pthread_cond_destroy(&l->changed);
     pthread_mutex_destroy(&l->lock);

@@ -24,6 +24,7 @@
 #include "base/fl_metrics.h"
 #include "data/fl_npy.h"
 #include "data/fl_pipeline.h"
+#include "data/fl_pipeline_image.h"
 #include "data/fl_sampler.h"
 
 /* Where one field of every sample comes from. */
@@ -33,6 +34,13 @@ typedef struct fl_field {
     int raw;                   /* files hold sample_bytes raw bytes (else .npy as `expect`) */
     fl_npy_header expect;      /* .npy files: what every file must hold */
     size_t sample_bytes;       /* bytes of one sample as read */
+    /* Encoded images (JPEG/PNG) when geometry is set: sample i is the bytes [offsets[i],
+     * offsets[i] + lengths[i]) (length -1: to the end of the file) of paths[file_index[i]],
+     * read with one pread, decoded and cropped/resized by `geometry` into an out_h x out_w x 3
+     * uint8 image (sample_bytes). All borrowed. */
+    const fl_image_geometry *geometry;
+    const int32_t *file_index;
+    const int64_t *offsets, *lengths;
 } fl_field;
 
 typedef struct fl_loader_config {
@@ -44,7 +52,9 @@ typedef struct fl_loader_config {
     const fl_pipeline *pipeline; /* for field 0, or NULL; borrowed, must outlive the loader */
     fl_images image;           /* field 0's image geometry (n ignored) when a pipeline is set */
     fl_dtype image_dtype;
-    fl_metrics *metrics;       /* optional; counts "loader/samples" and "loader/batches" */
+    fl_metrics *metrics;       /* optional; counts "loader/samples", "loader/batches", "loader/skipped" */
+    int skip_errors;           /* a sample that fails to read or decode is dropped from its batch
+                                * (the batch comes shorter; one of nothing is not delivered) */
 } fl_loader_config;
 
 typedef struct fl_loader fl_loader;
@@ -72,6 +82,9 @@ void fl_loader_stop(fl_loader *l);
 
 /* The first worker error's message ("" if none). */
 const char *fl_loader_error(fl_loader *l);
+
+/* With skip_errors: samples dropped so far, and the first one's message into buf (size n). */
+uint64_t fl_loader_skipped(fl_loader *l, char *buf, size_t n);
 
 /* Slot memory, and where field f's batch sits in it. */
 void *fl_loader_slot(fl_loader *l, int slot);

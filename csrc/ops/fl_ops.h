@@ -74,4 +74,43 @@ int fl_divide_by_max(fl_exec exec, const void *src, fl_dtype src_dtype, void *ds
 /* The output dtype of fl_divide_by_max() for a given input dtype. */
 fl_dtype fl_divide_by_max_dtype(fl_dtype src_dtype);
 
+/* Antialiased bilinear resampling of uint8 images, equal to Pillow's ImagingResample
+ * (BILINEAR) and so to torchvision's Resize(antialias=True) on PIL images: separable,
+ * horizontal pass then vertical, the filter's support widened by the downscale factor,
+ * coefficients in 22-bit fixed point, intermediate rows rounded to uint8.
+ *
+ * One axis: output pixels [first, first + n) of a resize of the source span [b0, b1) (in
+ * source pixels, fractional allowed) to `out_size` pixels, reading source pixels in
+ * [0, in_size) only (Pillow's clipping at the image edge). */
+typedef struct fl_resample_axis {
+    size_t n, ksize;
+    int32_t *lo, *count; /* per output pixel: first source pixel and how many */
+    int32_t *k;          /* n * ksize fixed-point weights */
+} fl_resample_axis;
+
+/* Computes an axis's coefficients. Returns 0, FL_EINVAL (empty span, first + n > out_size)
+ * or FL_ENOMEM. fl_resample_axis_free() releases them (also after a failure). */
+int fl_resample_axis_init(fl_resample_axis *a, size_t in_size, double b0, double b1,
+                          size_t out_size, size_t first, size_t n);
+void fl_resample_axis_free(fl_resample_axis *a);
+
+/* The source pixels [lo, hi) an axis reads. */
+static inline size_t fl_resample_axis_lo(const fl_resample_axis *a) { return (size_t)a->lo[0]; }
+static inline size_t fl_resample_axis_hi(const fl_resample_axis *a) {
+    return (size_t)(a->lo[a->n - 1] + a->count[a->n - 1]);
+}
+
+/* Resamples into dst (ay->n rows of ax->n pixels of c channels, contiguous) from src, whose
+ * row 0 / column 0 are source pixel (y0, x0) of the axes' frame and which holds at least
+ * the pixels the axes read; rows `stride` bytes apart. tmp: fl_resample_tmp_bytes() bytes.
+ * Never fails. */
+size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c);
+void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
+                 size_t stride, size_t x0, size_t y0, size_t c, uint8_t *tmp, uint8_t *dst);
+
+/* Resizes one h x w x c uint8 image to out_h x out_w with fl_resample. Returns 0, FL_EINVAL
+ * (a zero size) or FL_ENOMEM. */
+int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, size_t out_h,
+              size_t out_w);
+
 #endif

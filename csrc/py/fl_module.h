@@ -36,6 +36,7 @@ typedef struct fl_module_state {
     PyObject *full;             /* fastloop.QueueFull */
     PyObject *sink_error;       /* fastloop.SinkError */
     PyObject *checkpoint_error; /* fastloop.CheckpointError */
+    PyObject *codec_unavailable; /* fastloop.CodecUnavailable */
     pthread_mutex_t pool_lock; /* guards pool, pool_pid and pool_users */
     fl_pool *pool;             /* intra-op worker threads, started on first use */
     pid_t pool_pid;            /* the process that made `pool` (a forked child must not use it) */
@@ -52,7 +53,8 @@ static inline fl_module_state *fl_state_from_module(PyObject *module) {
 
 /* Sets a Python exception for core error `err` (a negative fl_err) with the core's detail
  * message, prefixed by `what` ("normalize"); FL_EINVAL -> ValueError, FL_ENOMEM ->
- * MemoryError, FL_ECLOSED -> fastloop.Closed, FL_ETIMEDOUT -> TimeoutError, others ->
+ * MemoryError, FL_ECLOSED -> fastloop.Closed, FL_ETIMEDOUT -> TimeoutError,
+ * FL_EUNAVAILABLE -> fastloop.CodecUnavailable, others ->
  * fastloop.Error. Returns NULL for `return fl_raise(...)`. */
 PyObject *fl_raise(fl_module_state *state, int err, const char *what);
 
@@ -141,5 +143,6 @@ int fl_npy_module_init(PyObject *module, fl_module_state *state);
 int fl_nn_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
+int fl_image_module_init(PyObject *module);
 
 #endif

@@ -30,6 +30,9 @@ PyObject *fl_raise(fl_module_state *state, int err, const char *what) {
     case FL_ETIMEDOUT:
         type = PyExc_TimeoutError;
         break;
+    case FL_EUNAVAILABLE:
+        type = state->codec_unavailable;
+        break;
     default:
         type = state->error;
         break;
@@ -103,7 +106,8 @@ static int module_exec(PyObject *module) {
              import_error(errors, "Empty", &state->empty) ||
              import_error(errors, "QueueFull", &state->full) ||
              import_error(errors, "SinkError", &state->sink_error) ||
-             import_error(errors, "CheckpointError", &state->checkpoint_error);
+             import_error(errors, "CheckpointError", &state->checkpoint_error) ||
+             import_error(errors, "CodecUnavailable", &state->codec_unavailable);
     Py_DECREF(errors);
     if (rc != 0)
         return -1;
@@ -112,7 +116,7 @@ static int module_exec(PyObject *module) {
         fl_checkpoint_module_init(module, state) < 0 || fl_pipeline_module_init(module, state) < 0 ||
         fl_loader_module_init(module, state) < 0 || fl_procloader_module_init(module, state) < 0 ||
         fl_npy_module_init(module, state) < 0 || fl_nn_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
-        fl_testing_module_init(module) < 0)
+        fl_testing_module_init(module) < 0 || fl_image_module_init(module) < 0)
         return -1;
     return 0;
 }
@@ -132,6 +136,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state->loader_type);
     Py_VISIT(state->pipeline_type);
     Py_VISIT(state->checkpoint_error);
+    Py_VISIT(state->codec_unavailable);
     Py_VISIT(state->sink_error);
     Py_VISIT(state->checkpointer_type);
     Py_VISIT(state->monitor_type);
@@ -155,6 +160,7 @@ static int module_clear(PyObject *module) {
     Py_CLEAR(state->loader_type);
     Py_CLEAR(state->pipeline_type);
     Py_CLEAR(state->checkpoint_error);
+    Py_CLEAR(state->codec_unavailable);
     Py_CLEAR(state->sink_error);
     Py_CLEAR(state->checkpointer_type);
     Py_CLEAR(state->monitor_type);

@@ -11,6 +11,7 @@
 #include "py_ops.h"
 #include "py_batch.h"
 #include "py_pipeline.h"
+#include "py_image.h"
 
 typedef struct {
     PyObject_HEAD
@@ -19,6 +20,7 @@ typedef struct {
     PyObject *out_descrs;   /* per field: the output dtype */
     PyObject *out_shapes;   /* per field: the output shape of one sample */
     const char **paths_storage; /* char* arrays for file fields (point into keep_alive) */
+    fl_image_geometry *geometries; /* per field: the geometry of an encoded-image field */
     size_t n_fields;
 } LoaderObject;
 
@@ -80,6 +82,10 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
         PyErr_SetString(PyExc_TimeoutError, message);
         return NULL;
     }
+    if (rc == FL_EUNAVAILABLE) {
+        PyErr_SetString(loader_state(self_obj)->codec_unavailable, fl_loader_error(self->loader));
+        return NULL;
+    }
     return raise_loader_error(rc, fl_loader_error(self->loader));
 }
 
@@ -114,6 +120,13 @@ static PyObject *loader_get_lent(PyObject *self, void *closure) {
     return PyLong_FromLong(fl_loader_lent(((LoaderObject *)self)->loader));
 }
 
+static PyObject *loader_get_skipped(PyObject *self, void *closure) {
+    (void)closure;
+    char text[1024];
+    uint64_t skipped = fl_loader_skipped(((LoaderObject *)self)->loader, text, sizeof text);
+    return Py_BuildValue("(Ks)", (unsigned long long)skipped, text);
+}
+
 static PyObject *loader_get_output(PyObject *self, void *closure) {
     (void)closure;
     LoaderObject *loader = (LoaderObject *)self;
@@ -122,8 +135,80 @@ static PyObject *loader_get_output(PyObject *self, void *closure) {
 
 /* ---- construction ---- */
 
-/* Fills an fl_field from ("array", ndarray) or ("files", [bytes paths], raw, sample_bytes,
- * header_source_path_or_None); records the field's output dtype and sample shape. */
+/* A list of bytes paths as a PyMem array of char* into it (kept alive by `keep`); NULL with
+ * an exception set. */
+static const char **path_array(PyObject *paths, PyObject *keep, Py_ssize_t *count) {
+    PyObject *bytes_list = PySequence_List(paths);
+    if (bytes_list == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(bytes_list);
+    const char **list = PyMem_Calloc((size_t)(n ? n : 1), sizeof *list);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++)
+        if ((list[i] = PyBytes_AsString(PyList_GET_ITEM(bytes_list, i))) == NULL)
+            break;
+    if (list == NULL || PyErr_Occurred() || PyList_Append(keep, bytes_list) < 0) {
+        PyMem_Free(list);
+        Py_DECREF(bytes_list);
+        return NULL;
+    }
+    Py_DECREF(bytes_list);
+    *count = n;
+    return list;
+}
+
+/* A 1-d C-contiguous array of `type` with `n` items (argument `name`), or NULL. */
+static PyArrayObject *index_array(PyObject *obj, int type, Py_ssize_t n, const char *name) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type || PyArray_NDIM((PyArrayObject *)obj) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || (n >= 0 && PyArray_DIM((PyArrayObject *)obj, 0) != n)) {
+        PyErr_Format(PyExc_ValueError, "_encoded_spec: '%s' must be a contiguous 1-d %s array of one entry per sample",
+                     name, type == NPY_INT32 ? "int32" : "int64");
+        return NULL;
+    }
+    return (PyArrayObject *)obj;
+}
+
+/* ("encoded", [bytes paths], file_index int32, offsets int64, lengths int64, geometry). */
+static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, size_t index, uint64_t *n_samples,
+                         PyObject *descrs, PyObject *shapes, PyObject *keep) {
+    const char *kind;
+    PyObject *paths, *file_index, *offsets, *lengths, *geometry;
+    if (!PyArg_ParseTuple(spec, "sOOOOO", &kind, &paths, &file_index, &offsets, &lengths, &geometry) ||
+        fl_parse_geometry(geometry, &self->geometries[index]) < 0)
+        return -1;
+    PyArrayObject *fi = index_array(file_index, NPY_INT32, -1, "file_index");
+    Py_ssize_t n = fi ? PyArray_DIM(fi, 0) : 0, n_paths = 0;
+    if (fi == NULL || index_array(offsets, NPY_INT64, n, "offsets") == NULL ||
+        index_array(lengths, NPY_INT64, n, "lengths") == NULL)
+        return -1;
+    const char **list = path_array(paths, keep, &n_paths);
+    if (list == NULL)
+        return -1;
+    self->paths_storage[index] = (const char *)list; /* freed in dealloc */
+    const int32_t *files = PyArray_DATA(fi);
+    const int64_t *offs = PyArray_DATA((PyArrayObject *)offsets);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld", i,
+                         (int)files[i], n_paths, (long long)offs[i]);
+            return -1;
+        }
+    const fl_image_geometry *g = &self->geometries[index];
+    *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
+                        .file_index = files, .offsets = offs, .lengths = PyArray_DATA((PyArrayObject *)lengths)};
+    *n_samples = (uint64_t)n;
+    PyObject *shape = Py_BuildValue("(nni)", (Py_ssize_t)g->out_h, (Py_ssize_t)g->out_w, 3);
+    PyObject *descr = (PyObject *)PyArray_DescrFromType(NPY_UINT8);
+    int rc = shape && descr && PyList_Append(descrs, descr) == 0 && PyList_Append(shapes, shape) == 0 &&
+             PyList_Append(keep, file_index) == 0 && PyList_Append(keep, offsets) == 0 &&
+             PyList_Append(keep, lengths) == 0 ? 0 : -1;
+    Py_XDECREF(shape);
+    Py_XDECREF(descr);
+    return rc;
+}
+
+/* Fills an fl_field from ("array", ndarray), ("files", [bytes paths], raw, sample_bytes,
+ * header_source_path_or_None) or ("encoded", ...) (parse_encoded); records the field's
+ * output dtype and sample shape. */
 static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size_t index,
                        uint64_t *n_samples, PyObject *descrs, PyObject *shapes, PyObject *keep) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
@@ -200,6 +285,8 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
         Py_DECREF(bytes_list);
         return rc;
     }
+    if (strcmp(kind, "encoded") == 0)
+        return parse_encoded(self, spec, field, index, n_samples, descrs, shapes, keep);
     PyErr_Format(PyExc_ValueError, "unknown field kind '%s'", kind);
     return -1;
 }
@@ -239,14 +326,14 @@ static int record_pipeline_output(LoaderObject *self) {
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", NULL};
+                               "workers", "slots", "pipeline", "metrics", "skip_errors", NULL};
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
-    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOO:_Loader", keywords, &fields_obj, &batch_size,
+    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOp:_Loader", keywords, &fields_obj, &batch_size,
                                      &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj))
+                                     &pipeline_obj, &metrics_obj, &skip_errors))
         return NULL;
     fl_module_state *state = fl_state_from_type(type);
     PyObject *fields = PySequence_Tuple(fields_obj);
@@ -267,12 +354,13 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->out_descrs = PyList_New(0);
     self->out_shapes = PyList_New(0);
     self->paths_storage = PyMem_Calloc(n_fields ? n_fields : 1, sizeof *self->paths_storage);
-    if (!self->keep_alive || !self->out_descrs || !self->out_shapes || !self->paths_storage)
+    self->geometries = PyMem_Calloc(n_fields ? n_fields : 1, sizeof *self->geometries);
+    if (!self->keep_alive || !self->out_descrs || !self->out_shapes || !self->paths_storage || !self->geometries)
         goto fail;
     fl_loader_config config = {
         .sampler = {.shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last},
-        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields,
+        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
     };
     for (size_t f = 0; f < n_fields; f++) {
         uint64_t n;
@@ -331,6 +419,7 @@ static void loader_dealloc(PyObject *self) {
     for (size_t f = 0; loader->paths_storage && f < loader->n_fields; f++)
         PyMem_Free((void *)loader->paths_storage[f]);
     PyMem_Free(loader->paths_storage);
+    PyMem_Free(loader->geometries);
     Py_XDECREF(loader->keep_alive);
     Py_XDECREF(loader->out_descrs);
     Py_XDECREF(loader->out_shapes);
@@ -350,6 +439,7 @@ static PyMethodDef loader_methods[] = {
 static PyGetSetDef loader_getset[] = {
     {"batches", loader_get_batches, NULL, "Batches per epoch.", NULL},
     {"lent", loader_get_lent, NULL, "Slots lent out now.", NULL},
+    {"skipped", loader_get_skipped, NULL, "(samples dropped, the first one's message).", NULL},
     {"output", loader_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -15,6 +15,7 @@ from ._core import Event, MetricStats, Metrics, Queue
 from .errors import (
     CheckpointError,
     Closed,
+    CodecUnavailable,
     CudaError,
     CudaUnavailable,
     Empty,
@@ -26,6 +27,7 @@ from .errors import (
 from . import ops
 from . import cuda
 from . import nn
+from . import images
 from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
@@ -38,6 +40,7 @@ __all__ = [
     "ops",
     "cuda",
     "nn",
+    "images",
     "Loader",
     "Folder",
     "load_npy",
@@ -62,5 +65,6 @@ __all__ = [
     "CheckpointError",
     "CudaError",
     "CudaUnavailable",
+    "CodecUnavailable",
     "__version__",
 ]

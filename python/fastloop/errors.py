@@ -18,6 +18,7 @@ __all__ = [
     "CheckpointError",
     "CudaError",
     "CudaUnavailable",
+    "CodecUnavailable",
 ]
 
 
@@ -99,4 +100,12 @@ class CudaUnavailable(Error, RuntimeError):
     """CUDA was asked for where it cannot work; the message says why.
 
     >>> fastloop.cuda.require()  # raises CudaUnavailable on a machine without a GPU
+    """
+
+
+class CodecUnavailable(Error, RuntimeError):
+    """An image needs a decoder (libjpeg-turbo, libpng) that is not installed; the message
+    says what to install (``pip install pillow`` brings both).
+
+    >>> fastloop.images.decode(b"\\xff\\xd8\\xff...")  # raises CodecUnavailable without libjpeg
     """

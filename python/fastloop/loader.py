@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import logging
 import os
 import random
 import weakref
@@ -25,6 +26,8 @@ from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from .errors import WorkerError
 from .ops import Pipeline
+
+_log = logging.getLogger("fastloop")
 
 __all__ = ["Loader", "Folder", "load_npy", "get_worker_info", "WorkerInfo"]
 
@@ -93,6 +96,27 @@ class Folder:
         return f"Folder({self.root!r}, {len(self.paths)} files of {self.dtype} {self.shape})"
 
 
+def _is_encoded(source: Any) -> bool:
+    """An image source (ImageFolder, Images, TarShards): its samples are encoded JPEG/PNG bytes."""
+    return hasattr(source, "_encoded_spec") and not isinstance(source, type)
+
+
+def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
+    """The C loader's spec of an image source: where each sample's bytes are, and the fused
+    decode -> crop -> resize that gives every image the same size."""
+    from . import images
+
+    size = pipeline.fixed_size() if pipeline is not None else None
+    if size is None:
+        raise ValueError(f"source[{index}] holds images of different sizes: give the Loader a "
+                         f"transform=fastloop.ops.Pipeline whose first step fixes the size: "
+                         f"RandomResizedCrop(224), Resize((h, w)), or Resize(256) then CenterCrop(224)")
+    images.ensure_loaded()
+    paths, file_index, offsets, lengths = source._encoded_spec()
+    return ("encoded", [os.fsencode(p) for p in paths], np.ascontiguousarray(file_index, np.int32),
+            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry)
+
+
 def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: str) -> BaseException:
     """The exception to raise for a worker failure: the worker's own exception type when it
     can be re-created (as torch.utils.data does), carrying the sample index and traceback."""
@@ -154,6 +178,17 @@ class Loader:
     (seed, epoch, sample index), so they do not depend on the worker count; worker processes
     get numpy and random seeded from (seed, worker id), and `worker_init_fn(worker_id)`.
 
+    on_error: "raise" (a sample that cannot be read or decoded raises at the batch that needs
+      it, naming the file, the sample index and the decoder's message; earlier batches are
+      delivered) or "skip" (threads mode: the sample is dropped, its batch comes shorter, not
+      refilled, so every rank keeps the same step count; counted in metrics
+      "loader/skipped" and logged once on the "fastloop" logger).
+
+    Image sources (ImageFolder, Images, TarShards: anything with ``_encoded_spec``) are read,
+    decoded (libjpeg-turbo, libpng) and cropped/resized in C threads when `transform` is a
+    Pipeline starting with RandomResizedCrop, Resize((h, w)) or Resize(n) + CenterCrop; they
+    yield (images, labels).
+
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
 
@@ -186,6 +221,7 @@ class Loader:
         world_size: int | None = None,
         timeout: float | None = None,
         worker_init_fn: Callable[[int], Any] | None = None,
+        on_error: str = "raise",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
@@ -193,6 +229,10 @@ class Loader:
             raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"'on_error' must be 'raise' or 'skip', not {on_error!r}")
+        self.on_error = on_error
+        self._skips_logged = False
         kind, index = parse_device(device)
         self.device = index if kind == "cuda" else None
         if self.device is not None:
@@ -226,7 +266,10 @@ class Loader:
         if dataset is None and (python_transform is not None or mode == "processes"):
             if any(isinstance(f, Folder) for f in fields):
                 raise ValueError("Folder sources are read by C threads: use mode='threads'")
-            dataset = _ArraysDataset(fields)
+            # an image source alone is decoded in Python by its __getitem__ (images, label)
+            dataset = source if _is_encoded(source) else _ArraysDataset(fields)
+            if any(_is_encoded(f) for f in fields) and not _is_encoded(source):
+                raise ValueError("an image source inside a tuple is read by C threads: use mode='threads'")
         plan = None
         if self.device is not None:
             from ._device_feed import DeviceFeed, gpu_plan
@@ -235,6 +278,9 @@ class Loader:
             if plan is not None:
                 pipeline = None  # the workers gather raw images; the GPU crops, flips, normalizes
             self._feed = DeviceFeed(self.device, plan, self.pin_memory, seed)
+        if on_error == "skip" and dataset is not None:
+            raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
+                             "Folders or image sources")
         if dataset is None:
             self._core = self._threads(fields, pipeline, workers, prefetch)
         elif mode == "processes":
@@ -246,10 +292,13 @@ class Loader:
 
     def _classify(self, source: Any) -> tuple[list, Any]:
         """(fields, None) for arrays/Folders, or ([], dataset) for a Python dataset."""
+        if _is_encoded(source):  # an image source alone: (images, labels from its targets)
+            return [source, np.ascontiguousarray(np.asarray(source.targets, np.int64))], None
         if isinstance(source, (np.ndarray, Folder)):
             self._single = True
             return [source], None
-        if isinstance(source, (tuple, list)) and source and all(isinstance(s, (np.ndarray, Folder)) for s in source):
+        if isinstance(source, (tuple, list)) and source and all(isinstance(s, (np.ndarray, Folder)) or _is_encoded(s)
+                                                                for s in source):
             return list(source), None
         if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
             return [], source
@@ -263,19 +312,27 @@ class Loader:
     def _threads(self, fields: list, pipeline: Pipeline | None, workers: int, prefetch: int) -> _Loader:
         specs = []
         for i, field in enumerate(fields):
-            if isinstance(field, Folder):
+            if _is_encoded(field):
+                specs.append(_encoded_field(field, pipeline, i))
+            elif isinstance(field, Folder):
                 specs.append(field._field())
             else:
                 if not field.flags.c_contiguous:
                     raise ValueError(f"source[{i}] must be C-contiguous; pass numpy.ascontiguousarray(...)")
                 specs.append(("array", field))
         core_pipeline = None
-        if pipeline is not None:
+        if pipeline is not None and _is_encoded(fields[0]):
+            core_pipeline = pipeline._core(3) if pipeline._rest else None  # after the fused decode/resize
+        elif pipeline is not None:
+            if pipeline.geometry is not None:
+                raise ValueError(f"{type(pipeline.steps[0]).__name__} runs fused with decoding on image sources "
+                                 "(ImageFolder, Images, TarShards); for arrays call the Pipeline on them")
             first = fields[0]
             shape = first.shape if isinstance(first, Folder) else first.shape[1:]
             core_pipeline = pipeline._core(pipeline.channels_of(shape))
         slots = max(2, workers * prefetch)
         return _Loader(specs, workers=workers, slots=slots, pipeline=core_pipeline, metrics=self.metrics,
+                       skip_errors=self.on_error == "skip",
                        **self._sampling())
 
     def _processes(self, dataset: Any, transform: Callable | None, pipeline: Pipeline | None, workers: int,
@@ -324,6 +381,14 @@ class Loader:
         if active is not None:
             active.abandon()
         self._active = None
+
+    def _log_first_skip(self) -> None:
+        """Logs the first sample on_error="skip" dropped, once; the rest are only counted."""
+        count, message = self._core.skipped
+        if count:
+            self._skips_logged = True
+            _log.warning("fastloop.Loader skipped a sample it could not read (%s); further skips are counted "
+                         "in loader.metrics 'loader/skipped'", message)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (shuffle order and augmentations), as
@@ -392,6 +457,8 @@ class _Epoch:
             if not self.loader.persistent_workers:
                 self.loader._core.stop()
             raise StopIteration
+        if self.loader.on_error == "skip" and not self.loader._skips_logged:
+            self.loader._log_first_skip()
         return batch[0] if self.loader._single else batch
 
     def abandon(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 import numpy.typing as npt
 
-from ._core import _Pipeline, cast, crop, divide_by_max, hflip, normalize, stack
+from ._core import _Pipeline, _image_transform, _resize, _resized_crop_params, cast, crop, divide_by_max, hflip, normalize, stack
 
 __all__ = [
     "normalize",
@@ -35,7 +35,10 @@ __all__ = [
     "hflip",
     "stack",
     "divide_by_max",
+    "resize",
     "Pipeline",
+    "Resize",
+    "RandomResizedCrop",
     "RandomCrop",
     "CenterCrop",
     "RandomHFlip",
@@ -47,6 +50,72 @@ __all__ = [
 def _size(size: int | tuple[int, int]) -> tuple[int, int]:
     h, w = (size, size) if isinstance(size, int) else size
     return int(h), int(w)
+
+
+def _resized_size(h: int, w: int, size: int | tuple[int, int]) -> tuple[int, int]:
+    """torchvision's output size of Resize(size) for an h x w image (int: the shorter side)."""
+    if not isinstance(size, int):
+        return _size(size)
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = max(1, int(size * long / short))
+    return (new_long, size) if w <= h else (size, new_long)
+
+
+def resize(image: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
+    """Resize one (h, w, c) uint8 image, bilinear with antialiasing as Pillow and
+    torchvision's ``v2.Resize(antialias=True)`` do (int `size`: the shorter side).
+
+    >>> fastloop.ops.resize(numpy.zeros((375, 500, 3), numpy.uint8), 256).shape
+    (256, 341, 3)
+    """
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.dtype != np.uint8:
+        raise ValueError("'image' must be an (h, w, c) uint8 array")
+    out_h, out_w = _resized_size(image.shape[0], image.shape[1], size)
+    return _resize(np.ascontiguousarray(image), out_h, out_w)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize to `size`: an int sets the shorter side (the other keeps the aspect ratio, as
+    torchvision rounds it), (h, w) sets both; bilinear with antialiasing (Pillow's). As the
+    first step of a Pipeline, with a CenterCrop after an int size, it runs fused with JPEG
+    decoding in the Loader: `reduced_decode` lets libjpeg-turbo decode at 1/2..1/8 scale when
+    the output is at most that size (faster; pixels differ slightly from a full decode).
+
+    >>> fastloop.ops.Pipeline([fastloop.ops.Resize(256), fastloop.ops.CenterCrop(224)])
+    """
+
+    size: int | tuple[int, int]
+    reduced_decode: bool = True
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop: a crop of random area (fraction of the image in
+    `scale`) and aspect ratio (log-uniform in `ratio`), ten tries then the centre-crop
+    fallback, resized to `size` (bilinear, antialiased). Draws depend only on (seed, image
+    index). `reduced_decode` as for Resize.
+
+    >>> fastloop.ops.Pipeline([fastloop.ops.RandomResizedCrop(224), fastloop.ops.RandomHFlip()])
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    reduced_decode: bool = True
+
+    def params(self, height: int, width: int, seed: int, index: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop drawn for image `index` of an image of
+        height x width under `seed` (a Loader passes its epoch's seed).
+
+        >>> fastloop.ops.RandomResizedCrop(224).params(375, 500, seed=0, index=7)
+        """
+        return _resized_crop_params(seed, index, height, width, tuple(self.scale), tuple(self.ratio))
+
+    def _geometry(self) -> tuple:
+        h, w = _size(self.size)
+        return ("resized_crop", h, w, float(self.scale[0]), float(self.scale[1]), float(self.ratio[0]),
+                float(self.ratio[1]), bool(self.reduced_decode))
 
 
 @dataclass(frozen=True)
@@ -122,7 +191,9 @@ class Cast:
         return ("cast", np.dtype(self.dtype))
 
 
-Step = Union[RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast]
+Step = Union[RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast, Resize, RandomResizedCrop]
+_GEOMETRY_HINT = ("start the pipeline with RandomResizedCrop(size), Resize((h, w)) or Resize(size) followed "
+                  "by CenterCrop(size)")
 
 
 class Pipeline:
@@ -145,16 +216,49 @@ class Pipeline:
         self.layout = layout
         self._channels = channels
         self._built: dict[int, _Pipeline] = {}
-        for step in self.steps:
-            if not isinstance(step, (RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast)):
-                raise TypeError(f"pipeline steps are RandomCrop, CenterCrop, RandomHFlip, Normalize or Cast, "
-                                f"not {type(step).__name__}")
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, (RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast, Resize, RandomResizedCrop)):
+                raise TypeError(f"pipeline steps are RandomCrop, CenterCrop, RandomHFlip, Normalize, Cast, Resize "
+                                f"or RandomResizedCrop, not {type(step).__name__}")
+            if isinstance(step, (Resize, RandomResizedCrop)) and i != 0:
+                raise ValueError(f"{type(step).__name__} must be the first step of a Pipeline (it runs fused with "
+                                 f"decoding), not step {i}")
+        if self.steps and isinstance(self.steps[0], (Resize, RandomResizedCrop)) and layout != "HWC":
+            raise ValueError(f"{type(self.steps[0]).__name__} takes HWC images, not layout={layout!r}")
+        self.geometry, self._rest = self._split_geometry()
+
+    def _split_geometry(self) -> tuple[tuple | None, tuple]:
+        """(the fused first step's C spec or None, the steps after it)."""
+        first = self.steps[0] if self.steps else None
+        if isinstance(first, RandomResizedCrop):
+            return first._geometry(), self.steps[1:]
+        if not isinstance(first, Resize):
+            return None, self.steps
+        if isinstance(first.size, int) and len(self.steps) > 1 and isinstance(self.steps[1], CenterCrop):
+            h, w = _size(self.steps[1].size)
+            if h > first.size or w > first.size:
+                raise ValueError(f"CenterCrop({self.steps[1].size}) is larger than Resize({first.size})'s shorter side")
+            return ("resize", h, w, first.size, 0, first.reduced_decode), self.steps[2:]
+        if isinstance(first.size, int):
+            return ("resize", 0, 0, first.size, 0, first.reduced_decode), self.steps[1:]  # size varies per image
+        rh, rw = _size(first.size)
+        if len(self.steps) > 1 and isinstance(self.steps[1], CenterCrop):
+            h, w = _size(self.steps[1].size)
+            return ("resize", h, w, rh, rw, first.reduced_decode), self.steps[2:]
+        return ("resize", rh, rw, rh, rw, first.reduced_decode), self.steps[1:]
+
+    def fixed_size(self) -> tuple[int, int] | None:
+        """The (h, w) every image has after the fused first step, or None when it varies."""
+        if self.geometry is None or self.geometry[1] == 0:
+            return None
+        return self.geometry[1], self.geometry[2]
 
     def _core(self, channels: int) -> _Pipeline:
-        """The C pipeline for images with `channels` channels (mean/std broadcast to them)."""
+        """The C pipeline for images with `channels` channels (mean/std broadcast to them):
+        the steps after a fused Resize/RandomResizedCrop."""
         if channels not in self._built:
             specs, current = [], self.layout
-            for step in self.steps:
+            for step in self._rest:
                 if isinstance(step, Normalize):
                     spec = step._spec(current, channels)
                     current = spec[3]
@@ -173,7 +277,25 @@ class Pipeline:
         draws (default 0..n-1)."""
         if not isinstance(x, np.ndarray) or x.ndim not in (3, 4):
             raise ValueError(f"'x' must be an image or a batch of images (3 or 4 dimensions)")
+        if self.geometry is not None:
+            x = self._apply_geometry(x, seed, ids)
         return self._core(self.channels_of(x.shape)).run(x, seed, ids, threads)
+
+    def _apply_geometry(self, x: np.ndarray, seed: int | None, ids: Any) -> np.ndarray:
+        """The fused first step on each image of an array (the Loader runs it on encoded files)."""
+        if x.dtype != np.uint8:
+            raise ValueError(f"{type(self.steps[0]).__name__} takes uint8 images, not {x.dtype}")
+        batch = x if x.ndim == 4 else x[None]
+        if self.fixed_size() is None and len(batch) > 1:
+            raise ValueError(f"Resize({self.steps[0].size}) gives images of different sizes: {_GEOMETRY_HINT}")
+        index = np.arange(len(batch)) if ids is None else np.asarray(ids, np.int64).reshape(-1)
+        draw = int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) if seed is None else seed
+        spec = self.geometry
+        if spec[1] == 0:  # Resize(int) alone: this image's size
+            h, w = _resized_size(batch.shape[1], batch.shape[2], spec[3])
+            spec = ("resize", h, w, h, w, spec[5])
+        out = [_image_transform(spec, np.ascontiguousarray(image), draw, int(i)) for image, i in zip(batch, index)]
+        return np.stack(out) if x.ndim == 4 else out[0]
 
     def __repr__(self) -> str:
         return f"Pipeline({list(self.steps)!r}, layout={self.layout!r})"

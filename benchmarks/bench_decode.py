@@ -1,0 +1,150 @@
+"""Per core: the fused image pipelines against libjpeg-turbo's own full decode of the same files.
+
+Target (issue 13): the fused ImageNet train pipeline (RandomResizedCrop 224 + flip + normalize,
+float32 CHW) runs at >= 0.8x the full-decode rate of libjpeg-turbo on one core, and faster
+where decoding only the crop's rows/columns or at a DCT-reduced scale saves work. Everything
+runs on one thread: the full decode through fastloop.images.decode (the same libjpeg-turbo the
+Loader uses), the pipelines through a Loader with workers=0 (the calling thread fills every
+batch), Pillow for reference.
+
+As a script: prints the table (best of `rounds` per row).
+    python benchmarks/bench_decode.py [--quick]
+Under pytest: a quick run fills the table (no timing assertions: numbers go to BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import fastloop
+from fastloop import ops
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def natural(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth gradients, hard edges and sensor-like noise: a decode cost like a photo's."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    fx, fy = rng.uniform(0.005, 0.03, 2)
+    base = np.stack([128 + 100 * np.sin(x * fx + c) * np.cos(y * fy - c) for c in (0.0, 1.0, 2.0)], -1)
+    edges = ((x // rng.integers(20, 60) + y // rng.integers(20, 60)) % 2)[..., None] * 40
+    return np.clip(base + edges + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
+
+
+def make_images(folder: Path, count: int) -> list[str]:
+    """`count` quality-90 JPEGs around ImageNet's typical 500x375, written once per folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i:05d}.jpg"
+        if not path.exists():
+            w = int(rng.integers(400, 600))
+            h = int(w * rng.uniform(0.66, 0.8)) if i % 4 else int(w * rng.uniform(1.2, 1.4))
+            Image.fromarray(natural(h, w, rng)).save(path, quality=90)
+        paths.append(str(path))
+    return paths
+
+
+class Files:
+    """The `_encoded_spec` contract over plain files (what ImageFolder/Images give the Loader)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths, self.targets = paths, [0] * len(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _encoded_spec(self) -> tuple:
+        n = len(self.paths)
+        return ([os.fsencode(p) for p in self.paths], np.arange(n, dtype=np.int32), np.zeros(n, np.int64),
+                np.full(n, -1, np.int64))
+
+
+def best_rate(run: Callable[[], int], rounds: int) -> float:
+    """Images per second of the fastest of `rounds` runs."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        count = run()
+        best = min(best, (time.perf_counter() - start) / count)
+    return 1.0 / best
+
+
+def loader_run(paths: list[str], pipeline: ops.Pipeline) -> Callable[[], int]:
+    loader = fastloop.Loader(Files(paths), batch_size=64, workers=0, transform=pipeline, shuffle=True)
+
+    def run() -> int:
+        return sum(len(y) for _, y in loader)
+
+    return run
+
+
+def pillow_train(paths: list[str]) -> Callable[[], int]:
+    """What a torchvision ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize does per
+    image with Pillow (its crop rule from fastloop, which follows torchvision's)."""
+    from PIL import Image
+
+    rrc, mean, std = ops.RandomResizedCrop(224), np.float32(MEAN), np.float32(STD)
+
+    def run() -> int:
+        for i, path in enumerate(paths):
+            image = Image.open(path).convert("RGB")
+            top, left, h, w = rrc.params(image.height, image.width, seed=1, index=i)
+            image = image.crop((left, top, left + w, top + h)).resize((224, 224), Image.BILINEAR)
+            x = np.asarray(image)[:, ::-1].astype(np.float32) / 255
+            ((x - mean) / std).transpose(2, 0, 1).copy()
+        return len(paths)
+
+    return run
+
+
+def rows(paths: list[str], rounds: int) -> list[tuple[str, float]]:
+    data = [Path(p).read_bytes() for p in paths]
+    normalize = ops.Normalize(MEAN, STD, layout="HWC->CHW")
+    table = [("libjpeg-turbo full decode (fastloop.images.decode)", best_rate(lambda: sum(1 for d in data if fastloop.images.decode(d) is not None), rounds))]
+    from PIL import Image
+
+    table.append(("Pillow full decode (Image.open().convert('RGB'))",
+                  best_rate(lambda: sum(1 for p in paths if Image.open(p).convert("RGB").load() is not None), rounds)))
+    for name, pipeline in [
+        ("fused train: RandomResizedCrop 224 + flip + normalize", ops.Pipeline([ops.RandomResizedCrop(224), ops.RandomHFlip(), normalize])),
+        ("fused train, full-scale decode (reduced_decode=False)", ops.Pipeline([ops.RandomResizedCrop(224, reduced_decode=False), ops.RandomHFlip(), normalize])),
+        ("fused eval: Resize 256 + CenterCrop 224 + normalize", ops.Pipeline([ops.Resize(256), ops.CenterCrop(224), normalize])),
+        ("fused train at 112 (decodes at 1/2 or less)", ops.Pipeline([ops.RandomResizedCrop(112), ops.RandomHFlip(), normalize])),
+    ]:
+        table.append((name, best_rate(loader_run(paths, pipeline), rounds)))
+    table.append(("Pillow + NumPy train (torchvision's per-image work)", best_rate(pillow_train(paths), rounds)))
+    return table
+
+
+def run(count: int, rounds: int, folder: str | None = None) -> list[tuple[str, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(folder or tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        return rows(make_images(where, count), rounds)
+
+
+def print_table(table: list[tuple[str, float]]) -> None:
+    base = table[0][1]
+    print(f"{'one core, same files':58} {'images/s':>9} {'vs full decode':>15}")
+    for name, rate in table:
+        print(f"{name:58} {rate:9.0f} {rate / base:14.2f}x")
+
+
+def test_quick_run_fills_the_table() -> None:
+    table = run(count=8, rounds=1)
+    assert len(table) == 7 and all(rate > 0 for _, rate in table)
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    print_table(run(count=64 if quick else 400, rounds=2 if quick else 3, folder=os.environ.get("FASTLOOP_BENCH_IMAGES")))
