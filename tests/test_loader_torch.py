@@ -239,3 +239,24 @@ def test_state_dict_between_epochs_and_bad_states():
         loader.load_state_dict({"epoch": 0, "position": 0, "seed": 6})
     with pytest.raises(ValueError, match="not a Loader state"):
         loader.load_state_dict({"epoch": 0})
+
+
+def test_ops_take_cpu_tensors_through_zero_copy_views():
+    x = torch.ones(2, 4, 4, 3, dtype=torch.uint8)
+    out = torch.zeros(2, 3, 4, 4)
+    result = fastloop.ops.normalize(x, 0.0, 1.0, out=out)
+    assert isinstance(result, np.ndarray) and torch.allclose(out, torch.full_like(out, 1 / 255))  # written in place
+    assert fastloop.ops.stack([torch.zeros(3), torch.ones(3)]).tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert fastloop.ops.Pipeline([fastloop.ops.CenterCrop(2)])(x).shape == (2, 2, 2, 3)
+    with pytest.raises(TypeError, match="x is a tensor on meta"):
+        fastloop.ops.hflip(torch.zeros(2, 4, 4, 3, device="meta"))
+
+
+def test_a_pipeline_whose_layout_does_not_match_the_images_says_so():
+    hwc = np.zeros((10, 32, 32, 3), np.uint8)
+    chw_pipeline = fastloop.ops.Pipeline([fastloop.ops.Normalize([0.5, 0.5, 0.5], [0.2, 0.2, 0.2])], layout="CHW")
+    for workers in (0, 1):
+        with pytest.raises(ValueError, match=r"mean has 3 values, but the images have 32 channels.*layout right"):
+            next(iter(fastloop.Loader(hwc, batch_size=2, workers=workers, transform=chw_pipeline)))
+    with pytest.raises(ValueError, match=r"std has 2 values, but the images have 3 channels"):
+        fastloop.ops.Pipeline([fastloop.ops.Normalize(0.5, [0.2, 0.2])])(hwc)
