@@ -260,3 +260,14 @@ def test_a_pipeline_whose_layout_does_not_match_the_images_says_so():
             next(iter(fastloop.Loader(hwc, batch_size=2, workers=workers, transform=chw_pipeline)))
     with pytest.raises(ValueError, match=r"std has 2 values, but the images have 3 channels"):
         fastloop.ops.Pipeline([fastloop.ops.Normalize(0.5, [0.2, 0.2])])(hwc)
+
+
+def test_state_dict_after_a_pass_cut_short_still_says_where_it_stopped():
+    loader = fastloop.Loader(np.arange(20), batch_size=4, seed=5, workers=2)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    loader.close()
+    assert loader.state_dict() == {"epoch": 0, "position": 2, "seed": 5}
+    loader.set_epoch(3)
+    assert loader.state_dict() == {"epoch": 3, "position": 0, "seed": 5}

@@ -229,6 +229,7 @@ class Loader:
             import_torch_for_output()
         self.output, self.collate_fn, self._order = output, collate_fn, order
         self._resume_at = 0
+        self._progress: tuple[int, int] | None = None  # (epoch, batches handed out) of an unfinished pass
         source = _normalize_source(source)
         if batch_size < 1:
             raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
@@ -370,6 +371,7 @@ class Loader:
         if self._order is not None:
             self._order.start_epoch(epoch)
         self._core.start_epoch(epoch, first_batch)
+        self._progress = (epoch, first_batch)
         active = _Epoch(self, epoch, first_batch)
         self._active = weakref.ref(active)
         if self._feed is not None:
@@ -389,7 +391,7 @@ class Loader:
         >>> loader.set_epoch(5); next(iter(loader))
         """
         self._epoch = int(epoch)
-        self._resume_at = 0
+        self._resume_at, self._progress = 0, None
 
     def state_dict(self) -> dict:
         """Where this loader is: {"epoch", "position" (batches of that epoch handed out),
@@ -398,9 +400,9 @@ class Loader:
 
         >>> ckpt.save({"model": ..., "loader": loader.state_dict()}, step)
         """
-        active = self._active() if self._active is not None else None
-        if active is not None and not active.done:
-            return {"epoch": active.epoch, "position": active.position, "seed": self.seed}
+        if self._progress is not None:  # mid-epoch, or that epoch was cut short (break, Ctrl-C, close)
+            epoch, position = self._progress
+            return {"epoch": epoch, "position": position, "seed": self.seed}
         return {"epoch": self._epoch, "position": self._resume_at, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
@@ -419,7 +421,7 @@ class Loader:
         if epoch < 0 or position < 0:
             raise ValueError(f"'epoch' and 'position' must be >= 0, not {epoch}, {position}")
         self._abandon_active()
-        self._epoch, self._resume_at = epoch, position
+        self._epoch, self._resume_at, self._progress = epoch, position, None
 
     def __len__(self) -> int:
         """Batches per epoch of this rank's shard."""
@@ -487,10 +489,12 @@ class _Epoch:
             raise
         if batch is None:
             self.done = True
+            self.loader._progress = None
             if not self.loader.persistent_workers:
                 self.loader._core.stop()
             raise StopIteration
         self.position += 1
+        self.loader._progress = (self.epoch, self.position)
         return self.loader._deliver(batch)
 
     def abandon(self) -> None:
