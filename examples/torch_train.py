@@ -5,7 +5,7 @@ board, a blob), 4 classes.
 * training data: a torch ``Dataset`` whose ``__getitem__`` augments with torch ops (random
   16x16 crop, horizontal flip, normalize); ``fastloop.Loader(..., num_workers=2,
   output="torch")`` runs it in forked worker processes (torch held to one thread there and its
-  generator seeded per sample, so augmentations repeat run to run) and hands out tensors;
+  generator seeded per batch, so augmentations repeat run to run) and hands out tensors;
 * validation data: a tuple of tensors (fields, not samples) through a C ``Pipeline``
   (center crop + normalize) on the Loader's threads;
 * ``--stop-after N`` stops mid-epoch and saves ``torch.save({"model", "optim", "loader":

@@ -1,5 +1,5 @@
 """fastloop.Loader with torch: no hang in workers after the parent used torch's thread pool,
-torch's generator seeded per sample (different draws across workers, equal across runs),
+torch's generator seeded per batch (different draws across workers, equal across runs),
 tensors in (tuples of tensors are fields) and out (output="torch"), DataLoader's names
 (num_workers, collate_fn, sampler, batch_sampler, dict samples, target_transform), and
 state_dict()/load_state_dict() resuming mid-epoch."""

@@ -1,6 +1,7 @@
 /* py_procloader.c - fastloop._core._ProcLoader, processes mode of fastloop.Loader: worker
- * processes forked by fl_procpool run the Python `fetch(index, epoch_seed)` (a dataset's
- * __getitem__ and Python transforms, with the random generators seeded per sample) and write each sample straight into a shared-memory slot; field 0 may
+ * processes forked by fl_procpool run the Python `fetch(index[, epoch_seed])` (a dataset's
+ * __getitem__ and Python transforms; given the seed with a batch's first sample, it seeds
+ * the random generators for the batch) and write each sample straight into a shared-memory slot; field 0 may
  * then go through a C pipeline in the worker. The parent hands slots out like _Loader.
  *
  * Forking: the hooks call PyOS_BeforeFork / PyOS_AfterFork_Parent / PyOS_AfterFork_Child
@@ -22,7 +23,7 @@ enum { MAX_FIELDS = 64 };
 typedef struct {
     PyObject_HEAD
     fl_procpool *pool;
-    PyObject *fetch;        /* (index, epoch seed) -> sample (a tuple of fields, or one field) */
+    PyObject *fetch;        /* (index[, epoch seed]) -> sample (a tuple of fields, or one field) */
     PyObject *worker_setup; /* worker_id -> None, run in each child; or None */
     PyObject *on_failure;   /* (kind, worker, pid, signal, index, text) -> exception */
     PyObject *in_descrs, *in_shapes;   /* per field, as fetched */
@@ -107,7 +108,9 @@ static int pipe_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, uns
 /* Fetches one sample and stores its fields at position i of the batch, field 0 through the
  * pipeline if there is one (one image at a time: a small, cache-resident scratch). */
 static int store_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, size_t i, unsigned char *slot) {
-    PyObject *sample = PyObject_CallFunction(self->fetch, "LK", (long long)index, (unsigned long long)seed);
+    /* with a batch's first sample, the epoch seed: fetch seeds the generators once per batch */
+    PyObject *sample = i == 0 ? PyObject_CallFunction(self->fetch, "LK", (long long)index, (unsigned long long)seed)
+                              : PyObject_CallFunction(self->fetch, "L", (long long)index);
     if (sample == NULL)
         return -1;
     PyObject *fields = PyTuple_Check(sample) || PyList_Check(sample) ? PySequence_Tuple(sample)

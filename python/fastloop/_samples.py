@@ -1,6 +1,6 @@
 """Samples of a Python dataset for fastloop.Loader: fetching one (a sampler's index mapped,
 transform / target_transform applied as torchvision's datasets do, generators seeded per
-sample in workers), its structure (one field, a tuple, a dict) flattened into the fields a
+batch in workers), its structure (one field, a tuple, a dict) flattened into the fields a
 batch slot holds, and batches given back in that structure or to a collate_fn."""
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def apply_transforms(sample: Any, transform: Callable | None, target_transform: 
 
 class Fetcher:
     """index -> the sample's fields. `order` (a sampler's indices for this epoch) maps the
-    loader's positions to dataset indices; with `epoch_seed` (in workers), random, numpy and
-    torch are seeded from (epoch seed, position) first, so augmentations are reproducible
-    and differ across samples and workers."""
+    loader's indices to dataset indices. In workers, a batch's first sample comes with the
+    epoch seed: random, numpy and torch are then seeded from (epoch seed, index), once per
+    batch (~12 us), so augmentations are reproducible whichever worker draws them."""
 
     def __init__(self, dataset: Any, transform: Callable | None, target_transform: Callable | None,
                  order: "SharedOrder | None") -> None:

@@ -160,9 +160,10 @@ class Loader:
     (seed, epoch, sample index), so they do not depend on the worker count; worker processes
     get numpy and random seeded from (seed, worker id), torch (if the program imported it)
     set to one intra-op thread as DataLoader's workers are, and `worker_init_fn(worker_id)`;
-    then before each sample, random, numpy's global generator and torch's are seeded from
-    (seed, epoch, sample position), so Python augmentations too are reproducible run to run
-    whatever worker draws them (this overrides seeds set in worker_init_fn).
+    then before each batch, random, numpy's global generator and torch's are seeded from
+    (seed, epoch, the batch's first sample index), so Python augmentations too are
+    reproducible run to run whatever worker draws them (this overrides seeds set in
+    worker_init_fn).
 
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
