@@ -50,7 +50,7 @@ def get_worker_info() -> WorkerInfo | None:
     """In a Loader worker process, its WorkerInfo; in the main process, None (as
     torch.utils.data.get_worker_info).
 
-    >>> def transform(sample): info = fastloop.get_worker_info(); ...
+    >>> def transform(image): info = fastloop.get_worker_info(); ...
     """
     return _worker_info
 
