@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._torch_interop import as_array_if_tensor, sample_seed, seed_generators
+from ._torch_interop import loaded_torch, sample_seed, seed_generators, tensor_as_array
 
 
 class SampleStructure:
@@ -31,7 +31,11 @@ class SampleStructure:
             values = (sample,)
         else:
             values = sample
-        return tuple(as_array_if_tensor(v, f"sample field {i}") for i, v in enumerate(values))
+        torch = loaded_torch()
+        if torch is None or not any(isinstance(v, torch.Tensor) for v in values):  # the common, fast path
+            return values if type(values) is tuple else tuple(values)
+        return tuple(tensor_as_array(v, f"sample field {i}") if isinstance(v, torch.Tensor) else v
+                     for i, v in enumerate(values))
 
     def build(self, fields: tuple) -> Any:
         """Fields (batched or not) in the samples' structure."""
@@ -90,8 +94,9 @@ class Fetcher:
     def __call__(self, position: int, epoch_seed: int | None = None) -> tuple:
         if epoch_seed is not None:
             seed_generators(sample_seed(epoch_seed, position))
-        assert self.structure is not None
-        return self.structure.flatten(self.sample(position))
+        if self.order is None and self.transform is None and self.target_transform is None:
+            return self.structure.flatten(self.dataset[position])  # type: ignore[union-attr]
+        return self.structure.flatten(self.sample(position))  # type: ignore[union-attr]
 
 
 class SharedOrder:
