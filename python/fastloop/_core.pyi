@@ -139,7 +139,7 @@ class _ProcLoader:
     def __init__(
         self,
         fields: _Fields,
-        fetch: Callable[[int, int], Any],
+        fetch: Callable[..., Any],
         on_failure: Callable[..., Any],
         n: int,
         batch_size: int,
