@@ -210,3 +210,21 @@ def test_device_cuda_without_cuda_exits_2_with_the_reason(name: str, tmp_path) -
     assert run.returncode == 2, run.stdout + run.stderr
     assert fastloop.cuda.is_available().reason in run.stderr
     assert "Traceback" not in run.stderr and run.result is None
+
+
+# ---- torch training script with fastloop.Loader
+
+
+def test_torch_train_learns_and_resumes_mid_epoch_to_the_same_weights(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    straight = run_example("torch_train", str(tmp_path), "--quick", out="straight").check()
+    assert straight.result["steps"] == 3 * (1536 // 64) and straight.result["val_accuracy"] > 0.9
+    assert straight.result["loader"] == {"epoch": 3, "position": 0, "seed": 0}
+    cut = run_example("torch_train", str(tmp_path), "--quick", "--stop-after", "30", out="cut").check()
+    assert cut.result["stopped"] and cut.result["loader"] == {"epoch": 1, "position": 6, "seed": 0}
+    resumed = run_example("torch_train", str(tmp_path), "--quick", "--resume", out="cut").check()
+    assert "resumed at step 30: epoch 1, batch 6" in resumed.stdout
+    assert resumed.result["steps"] == straight.result["steps"]
+    a, b = (torch.load(os.path.join(str(tmp_path), run.result["checkpoint"])) for run in (straight, resumed))
+    for key in a["model"]:  # the same batches, augmentations and order after the cut
+        assert torch.equal(a["model"][key], b["model"][key]), key

@@ -201,15 +201,17 @@ def test_a_missing_or_mismatched_file_names_the_file_and_index(tmp_path):
 
 
 def test_python_transform_runs_in_worker_processes_with_distinct_seeds():
-    def transform(sample):
-        image, label = sample
+    def transform(image):  # the input only, as torchvision's datasets apply it
+        return image[:, :8, :8].astype(np.float32)
+
+    def target_transform(label):
         info = fastloop.get_worker_info()  # None once: the layout probe in the main process
         worker = info.id if info is not None else -1
-        return image[:, :8, :8].astype(np.float32), np.array([label, worker, np.random.randint(1 << 30)])
+        return np.array([label, worker, np.random.randint(1 << 30)])
 
     init_calls = []
     loader = fastloop.Loader((IMAGES, LABELS), batch_size=40, workers=2, transform=transform,
-                             worker_init_fn=init_calls.append)
+                             target_transform=target_transform, worker_init_fn=init_calls.append)
     assert loader.mode == "processes"
     rows = np.concatenate([meta for _, meta in loader])
     assert sorted(rows[:, 0]) == list(range(600))

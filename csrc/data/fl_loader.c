@@ -494,7 +494,9 @@ static int start_workers(fl_loader *l) {
     return fl_error_set(FL_ESYS, "could not start loader worker %d", started);
 }
 
-int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) {
+int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) { return fl_loader_start_epoch_at(l, epoch, 0); }
+
+int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch) {
     pthread_mutex_lock(&l->lock);
     int abandon = (l->epoch_active && l->next_deliver < l->n_batches) || l->error;
     pthread_mutex_unlock(&l->lock);
@@ -511,7 +513,7 @@ int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) {
     l->order = order;
     l->order_len = shard;
     l->epoch_seed = fl_sampler_epoch_seed(l->config.sampler.seed, epoch);
-    l->next_claim = l->next_deliver = 0;
+    l->next_claim = l->next_deliver = first_batch < l->n_batches ? first_batch : l->n_batches;
     l->epoch_active = 1;
     l->error = 0;
     l->error_text[0] = '\0';

@@ -67,6 +67,10 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out);
  * ended (FL_EEND) or been stopped. Returns 0, FL_ENOMEM or FL_ESYS (no thread). */
 int fl_loader_start_epoch(fl_loader *l, uint64_t epoch);
 
+/* fl_loader_start_epoch, resuming at batch first_batch of the epoch (the batches before it
+ * are skipped, never made; past the end: an empty epoch). Same returns. */
+int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch);
+
 /* Waits up to timeout_s for the next batch in order. Returns 0 with *slot and *count (the
  * batch's samples), FL_EEND after the last batch, FL_EAGAIN/FL_ETIMEDOUT, or the first
  * worker error (FL_EINVAL/FL_ESYS; fl_loader_error() has the message). The slot is lent to

@@ -375,7 +375,9 @@ int fl_procpool_needs_stop(fl_procpool *pool) {
     return abandon;
 }
 
-int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch) {
+int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch) { return fl_procpool_start_epoch_at(pool, epoch, 0); }
+
+int fl_procpool_start_epoch_at(fl_procpool *pool, uint64_t epoch, uint64_t first_batch) {
     if (fl_procpool_needs_stop(pool))
         fl_procpool_stop(pool);
     uint64_t shard = fl_sampler_shard_size(&pool->config.sampler);
@@ -389,7 +391,7 @@ int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch) {
     pool->order = order;
     pool->order_len = shard;
     pool->epoch_seed = fl_sampler_epoch_seed(pool->config.sampler.seed, epoch);
-    pool->next_claim = pool->next_deliver = 0;
+    pool->next_claim = pool->next_deliver = first_batch < pool->n_batches ? first_batch : pool->n_batches;
     pool->error = 0;
     int rc = FL_OK;
     for (int w = 0; !pool->running && w < pool->config.workers && rc == FL_OK; w++)

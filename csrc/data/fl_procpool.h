@@ -73,6 +73,10 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out);
  * Returns 0, FL_ENOMEM or FL_ESYS (fork or pipe failed; detail says which). */
 int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch);
 
+/* fl_procpool_start_epoch, resuming at batch first_batch of the epoch (the batches before
+ * it are skipped, never made; past the end: an empty epoch). Same returns. */
+int fl_procpool_start_epoch_at(fl_procpool *pool, uint64_t epoch, uint64_t first_batch);
+
 /* 1 when starting an epoch would first stop the workers (the last epoch was cut short or
  * failed), so the caller can do that without holding what fork needs (the GIL). */
 int fl_procpool_needs_stop(fl_procpool *pool);

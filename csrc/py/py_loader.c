@@ -89,13 +89,13 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     return raise_loader_error(rc, fl_loader_error(self->loader));
 }
 
-static PyObject *loader_start_epoch(PyObject *self, PyObject *arg) {
-    unsigned long long epoch = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred())
+static PyObject *loader_start_epoch(PyObject *self, PyObject *args) {
+    unsigned long long epoch, first_batch = 0;
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* may join the workers of an abandoned epoch */
-    rc = fl_loader_start_epoch(((LoaderObject *)self)->loader, epoch);
+    rc = fl_loader_start_epoch_at(((LoaderObject *)self)->loader, epoch, first_batch);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
         return fl_raise(loader_state(self), rc, "start_epoch");
@@ -430,8 +430,8 @@ static void loader_dealloc(PyObject *self) {
 static PyMethodDef loader_methods[] = {
     {"next", loader_next, METH_VARARGS,
      "next($self, timeout=None, /)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
-    {"start_epoch", loader_start_epoch, METH_O,
-     "start_epoch($self, epoch, /)\n--\n\nBegin an epoch (abandoning one in progress)."},
+    {"start_epoch", loader_start_epoch, METH_VARARGS,
+     "start_epoch($self, epoch, first_batch=0, /)\n--\n\nBegin an epoch (abandoning one in progress) at batch first_batch."},
     {"stop", loader_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; join the workers."},
     {NULL, NULL, 0, NULL},
 };

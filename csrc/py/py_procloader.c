@@ -1,6 +1,7 @@
 /* py_procloader.c - fastloop._core._ProcLoader, processes mode of fastloop.Loader: worker
- * processes forked by fl_procpool run the Python `fetch(index)` (a dataset's __getitem__ and
- * a Python transform) and write each sample straight into a shared-memory slot; field 0 may
+ * processes forked by fl_procpool run the Python `fetch(index[, epoch_seed])` (a dataset's
+ * __getitem__ and Python transforms; given the seed with a batch's first sample, it seeds
+ * the random generators for the batch) and write each sample straight into a shared-memory slot; field 0 may
  * then go through a C pipeline in the worker. The parent hands slots out like _Loader.
  *
  * Forking: the hooks call PyOS_BeforeFork / PyOS_AfterFork_Parent / PyOS_AfterFork_Child
@@ -22,7 +23,7 @@ enum { MAX_FIELDS = 64 };
 typedef struct {
     PyObject_HEAD
     fl_procpool *pool;
-    PyObject *fetch;        /* index -> sample (a tuple of fields, or one field) */
+    PyObject *fetch;        /* (index[, epoch seed]) -> sample (a tuple of fields, or one field) */
     PyObject *worker_setup; /* worker_id -> None, run in each child; or None */
     PyObject *on_failure;   /* (kind, worker, pid, signal, index, text) -> exception */
     PyObject *in_descrs, *in_shapes;   /* per field, as fetched */
@@ -107,7 +108,9 @@ static int pipe_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, uns
 /* Fetches one sample and stores its fields at position i of the batch, field 0 through the
  * pipeline if there is one (one image at a time: a small, cache-resident scratch). */
 static int store_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, size_t i, unsigned char *slot) {
-    PyObject *sample = PyObject_CallFunction(self->fetch, "L", (long long)index);
+    /* with a batch's first sample, the epoch seed: fetch seeds the generators once per batch */
+    PyObject *sample = i == 0 ? PyObject_CallFunction(self->fetch, "LK", (long long)index, (unsigned long long)seed)
+                              : PyObject_CallFunction(self->fetch, "L", (long long)index);
     if (sample == NULL)
         return -1;
     PyObject *fields = PyTuple_Check(sample) || PyList_Check(sample) ? PySequence_Tuple(sample)
@@ -267,16 +270,16 @@ static PyObject *proc_stop(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *proc_start_epoch(PyObject *self_obj, PyObject *arg) {
+static PyObject *proc_start_epoch(PyObject *self_obj, PyObject *args) {
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
-    unsigned long long epoch = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred())
+    unsigned long long epoch, first_batch = 0;
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
         return NULL;
     /* forking needs the GIL held (PyOS_BeforeFork); stopping an abandoned epoch's workers
      * can take a second, so that happens first, without it */
     if (fl_procpool_needs_stop(self->pool) && proc_stop(self_obj, NULL) == NULL)
         return NULL;
-    int rc = fl_procpool_start_epoch(self->pool, epoch);
+    int rc = fl_procpool_start_epoch_at(self->pool, epoch, first_batch);
     if (rc != FL_OK)
         return fl_raise(proc_state(self_obj), rc, "start_epoch");
     Py_RETURN_NONE;
@@ -445,8 +448,8 @@ static void proc_dealloc(PyObject *self_obj) {
 static PyMethodDef proc_methods[] = {
     {"next", proc_next, METH_VARARGS,
      "next($self, timeout=None, /)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
-    {"start_epoch", proc_start_epoch, METH_O,
-     "start_epoch($self, epoch, /)\n--\n\nBegin an epoch; fork the workers if none run."},
+    {"start_epoch", proc_start_epoch, METH_VARARGS,
+     "start_epoch($self, epoch, first_batch=0, /)\n--\n\nBegin an epoch at batch first_batch; fork the workers if none run."},
     {"stop", proc_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; end and reap the workers."},
     {NULL, NULL, 0, NULL},
 };

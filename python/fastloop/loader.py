@@ -15,7 +15,6 @@ import glob
 import importlib
 import logging
 import os
-import random
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, Union
@@ -24,6 +23,9 @@ import numpy as np
 
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
+from ._samples import Fetcher, SampleStructure, SharedOrder
+from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, seed_generators,
+                             setup_worker_torch, to_tensors, torch_single_threaded)
 from .errors import WorkerError
 from .ops import Pipeline
 
@@ -51,7 +53,7 @@ def get_worker_info() -> WorkerInfo | None:
     """In a Loader worker process, its WorkerInfo; in the main process, None (as
     torch.utils.data.get_worker_info).
 
-    >>> def transform(sample): info = fastloop.get_worker_info(); ...
+    >>> def transform(image): info = fastloop.get_worker_info(); ...
     """
     return _worker_info
 
@@ -161,11 +163,15 @@ def _env_int(name: str, default: int) -> int:
 class Loader:
     """Batches of `source` for training loops, as torch.utils.data.DataLoader gives them.
 
-    source: an array (or .npy memory map), a tuple of them (inputs, labels, ...), a Folder,
-      a tuple mixing arrays and Folders, or any map-style dataset (``__len__`` and
-      ``__getitem__``, e.g. a torch Dataset) returning a sample or a tuple of fields.
+    source: an array or CPU torch tensor (or .npy memory map), a tuple of them (inputs,
+      labels, ...: fields, not samples), a Folder, a tuple mixing arrays, tensors and
+      Folders, or any map-style dataset (``__len__`` and ``__getitem__``, e.g. a torch
+      Dataset) returning a sample: one field, a tuple of fields or a flat dict of them
+      (batched per key). Tensors are read through zero-copy NumPy views.
     transform: a fastloop.ops.Pipeline (runs in C on the first field of each batch, no GIL
-      at all) or a Python callable applied to each sample.
+      at all) or a Python callable given each sample's input (field 0; the whole sample if
+      it is one field or a dict), as torchvision's datasets apply it; target_transform: a
+      Python callable given each sample's target (field 1).
     mode: "threads" (C threads fill batch slots; for arrays, files and C pipelines),
       "processes" (forked workers run Python code and write into shared memory) or "auto"
       (processes when a Python dataset or transform is involved, else threads).
@@ -176,7 +182,12 @@ class Loader:
     shards are disjoint and together cover the data), drop_last, in-order delivery,
     `prefetch` batches in flight per worker. Random augmentations are drawn per sample from
     (seed, epoch, sample index), so they do not depend on the worker count; worker processes
-    get numpy and random seeded from (seed, worker id), and `worker_init_fn(worker_id)`.
+    get numpy and random seeded from (seed, worker id), torch (if the program imported it)
+    set to one intra-op thread as DataLoader's workers are, and `worker_init_fn(worker_id)`;
+    then before each batch, random, numpy's global generator and torch's are seeded from
+    (seed, epoch, the batch's first sample index), so Python augmentations too are
+    reproducible run to run whatever worker draws them (this overrides seeds set in
+    worker_init_fn).
 
     on_error: "raise" (a sample that cannot be read or decoded raises at the batch that needs
       it, naming the file, the sample index and the decoder's message; earlier batches are
@@ -191,14 +202,26 @@ class Loader:
 
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
+    output: "numpy" (arrays) or "torch" (tensors sharing the slot memory, via
+    torch.from_numpy). collate_fn: called with the batch's list of samples (as the dataset
+    gives them; arrays or tensors) in this process; what it returns is the batch.
+
+    DataLoader's names work where the meaning is the same: num_workers (= workers),
+    collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
+    batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
+    state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
     device: None/"cpu" (NumPy batches) or "cuda"/"cuda:N": batches become
       fastloop.cuda.DeviceArrays, copied from pinned slots on a loading stream one batch
       ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
-      then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device).
+      then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device);
+      with output="torch" and no device, batches are pinned tensors where torch sees CUDA
+      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
-    process to learn the batch layout (every sample must have the same shapes), so code
+    process to learn the batch layout (every sample must have the same shapes), with torch
+    held to one thread so its thread pool is not started before the workers fork; code
     calling get_worker_info() must accept None there, as with torch's num_workers=0.
     """
 
@@ -222,7 +245,29 @@ class Loader:
         timeout: float | None = None,
         worker_init_fn: Callable[[int], Any] | None = None,
         on_error: str = "raise",
+        target_transform: Callable[[Any], Any] | None = None,
+        output: str = "numpy",
+        collate_fn: Callable[[list], Any] | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int | None = None,
     ) -> None:
+        workers = _alias_workers(workers, num_workers)
+        order = _sampler_order(sampler, batch_sampler, shuffle)
+        if order is not None and batch_sampler is not None:
+            batch_size, drop_last = order.batch_size, False
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"'output' must be 'numpy' or 'torch', not {output!r}")
+        if target_transform is not None and not callable(target_transform):
+            raise TypeError(f"'target_transform' must be a callable, not {type(target_transform).__name__}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"'collate_fn' must be a callable, not {type(collate_fn).__name__}")
+        if output == "torch":
+            import_torch_for_output()
+        self.output, self.collate_fn, self._order = output, collate_fn, order
+        self._resume_at = 0
+        self._progress: tuple[int, int] | None = None  # (epoch, batches handed out) of an unfinished pass
+        source = _normalize_source(source)
         if batch_size < 1:
             raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
         if workers < 0 or prefetch < 1:
@@ -235,6 +280,9 @@ class Loader:
         self._skips_logged = False
         kind, index = parse_device(device)
         self.device = index if kind == "cuda" else None
+        if self.device is not None and (output == "torch" or collate_fn is not None):
+            raise ValueError("device='cuda' hands out fastloop.cuda.DeviceArrays: use output='numpy' and no "
+                             "collate_fn, or output='torch' without device and move the tensors yourself")
         if self.device is not None:
             from . import cuda
 
@@ -243,10 +291,13 @@ class Loader:
         self._feed: Any = None  # the DeviceFeed of a CUDA loader
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        if order is not None:  # the sampler decides which indices, and shards if it is distributed
+            self.rank, self.world_size = 0, 1
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.timeout, self.persistent_workers = timeout, persistent_workers
         self.metrics = Metrics()
         self._single = False
+        self._structure = SampleStructure(())
         self._epoch = 0
         self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
         fields, dataset = self._classify(source)
@@ -254,7 +305,8 @@ class Loader:
         if transform is not None and pipeline is None and not callable(transform):
             raise TypeError(f"'transform' must be a fastloop.ops.Pipeline or a callable, not {type(transform).__name__}")
         python_transform = None if pipeline is not None else transform
-        needs_python = dataset is not None or python_transform is not None
+        needs_python = (dataset is not None or python_transform is not None or target_transform is not None
+                        or order is not None)
         if mode == "auto":
             mode = "processes" if needs_python and workers > 0 else "threads"
         if mode == "threads" and needs_python and workers > 0:
@@ -263,7 +315,7 @@ class Loader:
         self.mode, self.workers = mode, workers
         if mode == "processes" and workers == 0:
             raise ValueError("mode='processes' needs workers >= 1")
-        if dataset is None and (python_transform is not None or mode == "processes"):
+        if dataset is None and (needs_python or mode == "processes"):
             if any(isinstance(f, Folder) for f in fields):
                 raise ValueError("Folder sources are read by C threads: use mode='threads'")
             # an image source alone is decoded in Python by its __getitem__ (images, label)
@@ -282,11 +334,18 @@ class Loader:
             raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
                              "Folders or image sources")
         if dataset is None:
+            self._structure = SampleStructure(0 if self._single else ())
             self._core = self._threads(fields, pipeline, workers, prefetch)
-        elif mode == "processes":
-            self._core = self._processes(dataset, python_transform, pipeline, workers, prefetch, worker_init_fn)
+            return
+        fetch = Fetcher(dataset, python_transform, target_transform, order)
+        with torch_single_threaded():  # not start torch's thread pool here before forking
+            first = fetch.probe()
+        assert fetch.structure is not None
+        self._structure, self._single = fetch.structure, fetch.structure.single
+        if mode == "processes":
+            self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
         else:
-            self._core = _InProcess(self, dataset, python_transform, pipeline)
+            self._core = _InProcess(self, fetch, pipeline)
 
     # ---- construction ----
 
@@ -335,31 +394,29 @@ class Loader:
                        skip_errors=self.on_error == "skip",
                        **self._sampling())
 
-    def _processes(self, dataset: Any, transform: Callable | None, pipeline: Pipeline | None, workers: int,
+    def _processes(self, fetch: Fetcher, first: tuple, pipeline: Pipeline | None, workers: int,
                    prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
-        fetch = _fetcher(dataset, transform)
-        first = fetch(0)
-        sample = first if isinstance(first, (tuple, list)) else (first,)
-        self._single = not isinstance(first, (tuple, list))
         fields = []
-        for value in sample:
+        for i, value in enumerate(first):
             array = np.asarray(value)
-            if array.dtype.hasobject:
-                raise TypeError(f"samples must be arrays or numbers, not {type(value).__name__}")
+            if array.dtype.hasobject or array.dtype.kind in "USV":
+                raise TypeError(f"sample field {i} is a {type(value).__name__}: samples must hold arrays, "
+                                f"tensors or numbers (or pass a collate_fn-free dataset that converts it)")
             fields.append((array.dtype, tuple(array.shape)))
         core_pipeline = pipeline._core(pipeline.channels_of(fields[0][1])) if pipeline is not None else None
         seed = self.seed
 
         def worker_setup(worker_id: int) -> None:
             global _worker_info
+            setup_worker_torch()  # before any user code runs torch ops in this child
             worker_seed = (seed * 1_000_003 + worker_id) % 2**32  # distinct per worker, reproducible
-            np.random.seed(worker_seed)
-            random.seed(worker_seed)
+            seed_generators(worker_seed)
             _worker_info = WorkerInfo(worker_id, workers, worker_seed)
             if worker_init_fn is not None:
                 worker_init_fn(worker_id)
 
-        return _ProcLoader(fields, fetch, _failure, len(dataset), workers=workers, prefetch=prefetch,
+        n = len(fetch.dataset) if fetch.order is None else fetch.order.n
+        return _ProcLoader(fields, fetch, _failure, n, workers=workers, prefetch=prefetch,
                            pipeline=core_pipeline, worker_setup=worker_setup, metrics=self.metrics,
                            **self._sampling())
 
@@ -367,10 +424,13 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self._abandon_active()
-        epoch = self._epoch
-        self._epoch += 1
-        self._core.start_epoch(epoch)
-        active = _Epoch(self)
+        epoch, first_batch = self._epoch, self._resume_at
+        self._epoch, self._resume_at = epoch + 1, 0
+        if self._order is not None:
+            self._order.start_epoch(epoch)
+        self._core.start_epoch(epoch, first_batch)
+        self._progress = (epoch, first_batch)
+        active = _Epoch(self, epoch, first_batch)
         self._active = weakref.ref(active)
         if self._feed is not None:
             return self._feed.iterate(active, self._single, epoch)
@@ -397,6 +457,37 @@ class Loader:
         >>> loader.set_epoch(5); next(iter(loader))
         """
         self._epoch = int(epoch)
+        self._resume_at, self._progress = 0, None
+
+    def state_dict(self) -> dict:
+        """Where this loader is: {"epoch", "position" (batches of that epoch handed out),
+        "seed"}. load_state_dict() of it in a new Loader (same source and arguments) gives the
+        same remaining batches in the same order, with the same augmentations.
+
+        >>> ckpt.save({"model": ..., "loader": loader.state_dict()}, step)
+        """
+        if self._progress is not None:  # mid-epoch, or that epoch was cut short (break, Ctrl-C, close)
+            epoch, position = self._progress
+            return {"epoch": epoch, "position": position, "seed": self.seed}
+        return {"epoch": self._epoch, "position": self._resume_at, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Makes the next iteration resume where state_dict() was taken: its epoch, from
+        batch `position` on (the batches before it are skipped, not made).
+
+        >>> loader.load_state_dict(ckpt.load()["loader"]); for x, y in loader: ...
+        """
+        try:
+            epoch, position, seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a Loader state (needs integer 'epoch', 'position', 'seed'): {e!r}") from None
+        if seed != self.seed:
+            raise ValueError(f"the state was saved by a Loader with seed={seed}, this one has seed={self.seed}: "
+                             "its order and augmentations would differ")
+        if epoch < 0 or position < 0:
+            raise ValueError(f"'epoch' and 'position' must be >= 0, not {epoch}, {position}")
+        self._abandon_active()
+        self._epoch, self._resume_at, self._progress = epoch, position, None
 
     def __len__(self) -> int:
         """Batches per epoch of this rank's shard."""
@@ -418,6 +509,16 @@ class Loader:
         if self._feed is not None:
             self._feed.close()
 
+    def _deliver(self, batch: tuple) -> Any:
+        """A batch's fields as the user gets them: tensors or arrays, in the samples' structure."""
+        if self._feed is not None:  # DeviceFeed takes the fields as they are
+            return batch[0] if self._single else batch
+        if self.output == "torch":
+            batch = to_tensors(batch, self.pin_memory)
+        if self.collate_fn is not None:
+            return self.collate_fn(self._structure.unbatch(batch))
+        return self._structure.build(batch)
+
     def __enter__(self) -> "Loader":
         return self
 
@@ -437,8 +538,8 @@ class _Epoch:
     """One pass over the loader: the iterator `for batch in loader` runs. Abandoning it
     (break, an exception, Ctrl-C, garbage collection) stops the workers at once."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
+    def __init__(self, loader: Loader, epoch: int, position: int) -> None:
+        self.loader, self.epoch, self.position = loader, epoch, position
         self.done = False
 
     def __iter__(self) -> "_Epoch":
@@ -454,12 +555,15 @@ class _Epoch:
             raise
         if batch is None:
             self.done = True
+            self.loader._progress = None
             if not self.loader.persistent_workers:
                 self.loader._core.stop()
             raise StopIteration
         if self.loader.on_error == "skip" and not self.loader._skips_logged:
             self.loader._log_first_skip()
-        return batch[0] if self.loader._single else batch
+        self.position += 1
+        self.loader._progress = (self.epoch, self.position)
+        return self.loader._deliver(batch)
 
     def abandon(self) -> None:
         if not self.done:
@@ -471,24 +575,15 @@ class _Epoch:
             self.abandon()
 
 
-def _fetcher(dataset: Any, transform: Callable | None) -> Callable[[int], Any]:
-    """index -> sample, with the transform applied."""
-    if transform is None:
-        return dataset.__getitem__
-    return lambda i: transform(dataset[i])
-
-
 class _InProcess:
     """workers=0 with Python code: samples fetched and collated in the calling thread (as
     torch's num_workers=0), in the same order and with the same augmentations as workers."""
 
-    def __init__(self, loader: Loader, dataset: Any, transform: Callable | None, pipeline: Pipeline | None) -> None:
-        self.loader, self.fetch, self.pipeline = loader, _fetcher(dataset, transform), pipeline
-        self.n = len(dataset)
+    def __init__(self, loader: Loader, fetch: Fetcher, pipeline: Pipeline | None) -> None:
+        self.loader, self.fetch, self.pipeline = loader, fetch, pipeline
+        self.n = len(fetch.dataset) if fetch.order is None else fetch.order.n
         self.order = np.empty(0, np.int64)
         self.position = 0
-        first = self.fetch(0)
-        loader._single = not isinstance(first, (tuple, list))
         from ._core import _epoch_order, _epoch_seed
 
         self._epoch_order, self._epoch_seed = _epoch_order, _epoch_seed
@@ -500,11 +595,11 @@ class _InProcess:
         b = self.loader.batch_size
         return size // b if self.loader.drop_last else -(-size // b)
 
-    def start_epoch(self, epoch: int) -> None:
+    def start_epoch(self, epoch: int, first_batch: int = 0) -> None:
         L = self.loader
         self.order = self._epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size)
         self.seed = self._epoch_seed(L.seed, epoch)
-        self.position = 0
+        self.position = min(first_batch, self.batches) * L.batch_size
 
     def next(self, timeout: float | None) -> tuple | None:
         L = self.loader
@@ -513,8 +608,7 @@ class _InProcess:
         ids = self.order[self.position:self.position + L.batch_size]
         self.position += L.batch_size
         samples = [self.fetch(int(i)) for i in ids]
-        columns = list(zip(*samples)) if not L._single else [samples]
-        batch = [np.stack([np.asarray(v) for v in column]) for column in columns]
+        batch = [np.stack([np.asarray(v) for v in column]) for column in zip(*samples)]
         if self.pipeline is not None:
             batch[0] = self.pipeline(batch[0], seed=self.seed, ids=ids)
         L.metrics.add("loader/samples", len(ids))
@@ -523,3 +617,39 @@ class _InProcess:
 
     def stop(self) -> None:
         self.position = len(self.order)
+
+
+def _alias_workers(workers: int, num_workers: int | None) -> int:
+    """DataLoader's num_workers is workers."""
+    if num_workers is None:
+        return workers
+    if workers not in (0, num_workers):
+        raise ValueError(f"'num_workers' is DataLoader's name for 'workers': pass one (got {workers} and {num_workers})")
+    return num_workers
+
+
+def _sampler_order(sampler: Any, batch_sampler: Any, shuffle: bool) -> SharedOrder | None:
+    if sampler is None and batch_sampler is None:
+        return None
+    if sampler is not None and batch_sampler is not None:
+        raise ValueError("pass 'sampler' or 'batch_sampler', not both")
+    if shuffle:
+        raise ValueError("'sampler'/'batch_sampler' decide the order: leave shuffle=False (as DataLoader)")
+    for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if value is not None and not hasattr(value, "__iter__"):
+            raise TypeError(f"'{name}' must be an iterable of indices, not {type(value).__name__}")
+    return SharedOrder(sampler, batch_sampler)
+
+
+def _normalize_source(source: Any) -> Any:
+    """Tensors as zero-copy arrays; a path refused (a str is a sequence of characters)."""
+    paths = (str, bytes, os.PathLike)
+    if isinstance(source, paths) or (isinstance(source, (tuple, list)) and any(isinstance(s, paths) for s in source)):
+        raise TypeError(f"'source' holds a path ({source!r}), not data: open a .npy file with "
+                        f"fastloop.load_npy(path) (a memory map) or a folder of per-sample files with "
+                        f"fastloop.Folder(path)")
+    if is_tensor(source):
+        return as_array_if_tensor(source, "source")
+    if isinstance(source, (tuple, list)) and source and any(is_tensor(s) for s in source):
+        return [as_array_if_tensor(s, f"source[{i}]") for i, s in enumerate(source)]
+    return source

@@ -1,6 +1,7 @@
 """Fused, GIL-free preprocessing kernels on NumPy arrays, and pipelines of them.
 
-Every function checks dtype, shape and contiguity at the call (a TypeError or ValueError
+Every function takes NumPy arrays or CPU torch tensors (read and written through zero-copy
+views; results are arrays), checks dtype, shape and contiguity at the call (a TypeError or ValueError
 naming the argument), reads its input once and writes its output once, accepts ``out=``
 to reuse a buffer, releases the GIL while it runs (inputs of 2 KiB and more), and takes
 ``threads=`` to split the work over fastloop's C thread pool. Random choices (``crop``,
@@ -20,13 +21,42 @@ A ``Pipeline`` chains crop, flip, normalize and cast into one C call per batch -
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from ._core import _Pipeline, _image_transform, _resize, _resized_crop_params, cast, crop, divide_by_max, hflip, normalize, stack
+from . import _core
+from ._core import _Pipeline, _image_transform, _resize, _resized_crop_params
+from ._torch_interop import as_array_if_tensor
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _tensors_as_arrays(op: _F) -> _F:
+    """The op with CPU torch tensors (x, out=, a list of images) taken as zero-copy arrays."""
+
+    @functools.wraps(op)
+    def call(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            x = [as_array_if_tensor(v, f"x[{i}]") for i, v in enumerate(x)]
+        else:
+            x = as_array_if_tensor(x, "x")
+        if kwargs.get("out") is not None:
+            kwargs["out"] = as_array_if_tensor(kwargs["out"], "out")
+        return op(x, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+cast = _tensors_as_arrays(_core.cast)
+crop = _tensors_as_arrays(_core.crop)
+divide_by_max = _tensors_as_arrays(_core.divide_by_max)
+hflip = _tensors_as_arrays(_core.hflip)
+normalize = _tensors_as_arrays(_core.normalize)
+stack = _tensors_as_arrays(_core.stack)
 
 __all__ = [
     "normalize",
@@ -173,9 +203,20 @@ class Normalize:
         out = current if self.layout is None else self.layout.split("->")[-1]
         if self.layout is not None and "->" in self.layout and self.layout.split("->")[0] != current:
             raise ValueError(f"Normalize(layout={self.layout!r}) follows a step that yields {current} images")
-        mean = np.broadcast_to(np.asarray(self.mean, np.float32), (channels,))
-        std = np.broadcast_to(np.asarray(self.std, np.float32), (channels,))
-        return ("normalize", np.ascontiguousarray(mean), np.ascontiguousarray(std), out)
+        mean, std = (_per_channel(name, value, channels, current)
+                     for name, value in (("mean", self.mean), ("std", self.std)))
+        return ("normalize", mean, std, out)
+
+
+def _per_channel(name: str, value: Any, channels: int, layout: str) -> np.ndarray:
+    """mean/std as one value per channel, or a ValueError saying which dimension was taken as
+    the channels (the usual mistake: a layout="CHW" Pipeline given HWC images or back)."""
+    values = np.asarray(value, np.float32).reshape(-1)
+    if values.size not in (1, channels):
+        where = "last" if layout == "HWC" else "first"
+        raise ValueError(f"Normalize: {name} has {values.size} values, but the images have {channels} channels "
+                         f"(the {where} dimension of a {layout} image): is the Pipeline's layout right?")
+    return np.ascontiguousarray(np.broadcast_to(values, (channels,)))
 
 
 @dataclass(frozen=True)
@@ -275,8 +316,10 @@ class Pipeline:
     def __call__(self, x: np.ndarray, seed: int | None = None, ids: Any = None, threads: int = 1) -> np.ndarray:
         """Run on one image or a batch. ids: the images' dataset indices for the random
         draws (default 0..n-1)."""
+        x = as_array_if_tensor(x, "x")
         if not isinstance(x, np.ndarray) or x.ndim not in (3, 4):
-            raise ValueError(f"'x' must be an image or a batch of images (3 or 4 dimensions)")
+            shape = f"shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise ValueError(f"'x' must be an image or a batch of images (3 or 4 dimensions), not {shape}")
         if self.geometry is not None:
             x = self._apply_geometry(x, seed, ids)
         return self._core(self.channels_of(x.shape)).run(x, seed, ids, threads)

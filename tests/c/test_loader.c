@@ -226,6 +226,32 @@ static void test_stopping_mid_epoch_then_a_new_epoch_works(void) {
     fl_loader_free(l);
 }
 
+static void test_an_epoch_started_at_a_batch_skips_the_earlier_ones(void) {
+    fl_loader *l = make_loader(2, 1, NULL, 0, 1);
+    int64_t want[SAMPLES];
+    size_t n = 0, count;
+    int slot;
+    CHECK(fl_loader_start_epoch(l, 5) == FL_OK); /* the whole epoch, for reference */
+    while (fl_loader_next(l, 10, &slot, &count) == FL_OK) {
+        const unsigned char *data = fl_loader_slot(l, slot);
+        memcpy(want + n, data + fl_loader_field_offset(l, 1), count * sizeof(int64_t));
+        n += count;
+        fl_loader_release(l, slot);
+    }
+    CHECK(fl_loader_start_epoch_at(l, 5, 3) == FL_OK); /* resumed at batch 3 of 16 */
+    size_t got = 3 * 64;
+    while (fl_loader_next(l, 10, &slot, &count) == FL_OK) {
+        CHECK(memcmp(want + got, (unsigned char *)fl_loader_slot(l, slot) + fl_loader_field_offset(l, 1),
+                     count * sizeof(int64_t)) == 0);
+        got += count;
+        fl_loader_release(l, slot);
+    }
+    CHECK(got == n && n == SAMPLES);
+    CHECK(fl_loader_start_epoch_at(l, 6, 99) == FL_OK); /* past the end: an empty epoch */
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_EEND);
+    fl_loader_free(l);
+}
+
 /* ---- batches shared between threads in chunks ---- */
 
 enum { BIG_SAMPLES = 96, BIG_BYTES = 128 << 10 }; /* 4 samples per 512 KiB chunk */
@@ -385,6 +411,7 @@ int main(void) {
     RUN(test_threaded_loader_delivers_every_sample_once_through_the_pipeline);
     RUN(test_shards_of_a_loader_partition_the_data);
     RUN(test_stopping_mid_epoch_then_a_new_epoch_works);
+    RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
     RUN(test_a_missing_file_names_the_path_and_sample);
     RUN(test_batches_split_in_chunks_arrive_whole_in_order);
     RUN(test_a_failing_chunk_drops_its_batch_and_frees_the_slot);

@@ -1,6 +1,7 @@
 /* test_procpool.c - the process pool with a C fill function: every sample once and in
  * order through shared memory, persistent workers, a failing sample reported with its index,
- * a SIGKILLed worker reported within a second with no zombie left, and restarts. */
+ * a SIGKILLed worker reported within a second with no zombie left, restarts, and epochs
+ * resumed at a batch. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -81,6 +82,32 @@ static void test_every_sample_once_through_shared_memory(void) {
     }
 }
 
+static void test_an_epoch_started_at_a_batch_skips_the_earlier_ones(void) {
+    fl_procpool *pool = make_pool(2, 1);
+    static int64_t want[SAMPLES];
+    size_t n = 0, count;
+    int slot;
+    CHECK(fl_procpool_start_epoch(pool, 4) == FL_OK); /* the whole epoch, for reference */
+    while (fl_procpool_next(pool, 10, &slot, &count) == FL_OK) {
+        const int64_t *data = fl_procpool_slot(pool, slot);
+        for (size_t i = 0; i < count; i++)
+            want[n++] = data[2 * i];
+        fl_procpool_release(pool, slot);
+    }
+    CHECK(fl_procpool_start_epoch_at(pool, 4, 70) == FL_OK); /* resumed at batch 70 of 79 */
+    size_t got = 70 * BATCH;
+    while (fl_procpool_next(pool, 10, &slot, &count) == FL_OK) {
+        const int64_t *data = fl_procpool_slot(pool, slot);
+        for (size_t i = 0; i < count; i++)
+            CHECK(data[2 * i] == want[got++]);
+        fl_procpool_release(pool, slot);
+    }
+    CHECK(got == n && n == SAMPLES);
+    CHECK(fl_procpool_start_epoch_at(pool, 5, 1000) == FL_OK); /* past the end: an empty epoch */
+    CHECK(fl_procpool_next(pool, 10, &slot, &count) == FL_EEND);
+    fl_procpool_free(pool);
+}
+
 static void test_a_failing_sample_is_reported_with_its_index_after_earlier_batches(void) {
     fl_procpool *pool = make_pool(2, 0);
     fail_at = 10 * BATCH + 5;
@@ -145,6 +172,7 @@ static void test_stopping_mid_epoch_ends_the_workers(void) {
 
 int main(void) {
     RUN(test_every_sample_once_through_shared_memory);
+    RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
     RUN(test_a_failing_sample_is_reported_with_its_index_after_earlier_batches);
     RUN(test_a_killed_worker_is_reported_within_a_second_and_reaped);
     RUN(test_stopping_mid_epoch_ends_the_workers);

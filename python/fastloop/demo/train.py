@@ -137,6 +137,10 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
     if args.resume:
         progress = nn.load_training_state(ckpt.load(), task.model, task.opt)
         epoch, batch_in_epoch, step = int(progress["epoch"]), int(progress["batch"]), int(progress["step"])
+        if "loader.epoch" in progress:  # the loader resumes at the batch after the last one trained
+            task.loader.load_state_dict({k[len("loader."):]: v for k, v in progress.items() if k.startswith("loader.")})
+        else:  # a checkpoint from before loader states
+            task.loader.load_state_dict({"epoch": epoch, "position": batch_in_epoch, "seed": task.loader.seed})
         if epoch >= task.epochs:
             log(f"  the run is complete: {step} steps, {epoch} epochs (ask for more with --epochs)")
         else:
@@ -148,7 +152,8 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
     val: dict[str, float] = task.evaluate() if epoch >= task.epochs else {}
 
     def save() -> None:
-        state = nn.training_state(task.model, task.opt, epoch=epoch, batch=batch_in_epoch, step=step)
+        loader_state = {f"loader.{k}": v for k, v in task.loader.state_dict().items()}
+        state = nn.training_state(task.model, task.opt, epoch=epoch, batch=batch_in_epoch, step=step, **loader_state)
         ckpt.save(state, step)
 
     interrupted = False
@@ -167,11 +172,9 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
     previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
     try:
         while epoch < task.epochs:
-            task.loader.set_epoch(epoch)
-            batches = iter(task.loader)
-            for _ in range(batch_in_epoch):  # a resumed epoch skips what was trained
-                next(batches)
-            for x, y in batches:
+            if batch_in_epoch == 0:  # else load_state_dict set where this resumed epoch starts
+                task.loader.set_epoch(epoch)
+            for x, y in task.loader:
                 loss = task.model.train_step(x, y, loss=task.loss, opt=task.opt)
                 step += 1
                 batch_in_epoch += 1
