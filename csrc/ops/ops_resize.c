@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/fl_error.h"
+#include "base/fl_simd.h"
 #include "ops/fl_ops.h"
 
 enum { PRECISION_BITS = 32 - 8 - 2 }; /* Pillow's: room for 8-bit samples times weights */
@@ -68,41 +69,38 @@ static inline uint8_t clip8(int32_t v) {
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* One row: out[i] = sum_k in[lo[i] + k] * w[i][k], per channel; RGB with its three sums in
- * one pass over the taps. */
-static void horizontal_row(const fl_resample_axis *ax, const uint8_t *in, size_t x0, size_t c,
-                           uint8_t *out) {
-    for (size_t i = 0; i < ax->n; i++) {
-        const int32_t *k = ax->k + i * ax->ksize;
-        const uint8_t *p = in + ((size_t)ax->lo[i] - x0) * c;
-        int32_t count = ax->count[i];
-        if (c == 3) {
-            int32_t s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
-            for (int32_t x = 0; x < count; x++, p += 3) {
-                s0 += p[0] * k[x];
-                s1 += p[1] * k[x];
-                s2 += p[2] * k[x];
+/* Copies an h x w block of c-byte pixels (rows in_stride bytes apart) transposed: out's
+ * row x, h * c bytes long, holds column x. In tiles, so both sides stay in cache. */
+static void transpose(const uint8_t *in, size_t in_stride, size_t h, size_t w, size_t c, uint8_t *out) {
+    enum { TILE = 16 };
+    size_t out_stride = h * c;
+    for (size_t ty = 0; ty < h; ty += TILE) {
+        size_t y_end = ty + TILE < h ? ty + TILE : h;
+        for (size_t tx = 0; tx < w; tx += TILE) {
+            size_t x_end = tx + TILE < w ? tx + TILE : w;
+            for (size_t y = ty; y < y_end; y++) {
+                const uint8_t *p = in + y * in_stride + tx * c;
+                uint8_t *q = out + tx * out_stride + y * c;
+                if (c == 3)
+                    for (size_t x = tx; x < x_end; x++, p += 3, q += out_stride)
+                        q[0] = p[0], q[1] = p[1], q[2] = p[2];
+                else
+                    for (size_t x = tx; x < x_end; x++, p += c, q += out_stride)
+                        memcpy(q, p, c);
             }
-            out[i * 3] = clip8(s0), out[i * 3 + 1] = clip8(s1), out[i * 3 + 2] = clip8(s2);
-            continue;
-        }
-        for (size_t ch = 0; ch < c; ch++) {
-            int32_t ss = 1 << (PRECISION_BITS - 1);
-            for (int32_t x = 0; x < count; x++)
-                ss += p[(size_t)x * c + ch] * k[x];
-            out[i * c + ch] = clip8(ss);
         }
     }
 }
 
-/* One output row from `count` rows of tmp starting at `rows`, `row_bytes` apart: a row at a
- * time into int32 sums (acc, row_bytes of them), so the inner loop vectorizes. */
-static void vertical_row(const int32_t *k, int32_t count, const uint8_t *rows, size_t row_bytes,
-                         int32_t *acc, uint8_t *out) {
+/* out[j] = sum_y rows[y * row_bytes + j] * k[y] for `count` rows, rounded as Pillow rounds:
+ * a row at a time into int32 sums (acc, row_bytes of them), so the inner loop vectorizes.
+ * Both passes use it: the horizontal one on transposed pixels. */
+FL_SIMD_CLONES static void weighted_rows(const int32_t *k, int32_t count, const uint8_t *rows,
+                                         size_t row_bytes, int32_t *restrict acc, uint8_t *restrict out) {
     for (size_t j = 0; j < row_bytes; j++)
         acc[j] = 1 << (PRECISION_BITS - 1);
     for (int32_t y = 0; y < count; y++) {
-        const uint8_t *row = rows + (size_t)y * row_bytes;
+        const uint8_t *restrict row = rows + (size_t)y * row_bytes;
         int32_t w = k[y];
         for (size_t j = 0; j < row_bytes; j++)
             acc[j] += row[j] * w;
@@ -111,21 +109,48 @@ static void vertical_row(const int32_t *k, int32_t count, const uint8_t *rows, s
         out[j] = clip8(acc[j]);
 }
 
+/* Where the scratch parts start in tmp: the source window transposed (cols x rows), the
+ * horizontal pass still transposed (n x rows), the same back in rows (rows x n), then the
+ * int32 sums; `bytes` in all. */
+typedef struct scratch_layout {
+    size_t narrowed, rowwise, acc, bytes;
+} scratch_layout;
+
+static scratch_layout layout_of(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c) {
+    size_t rows = fl_resample_axis_hi(ay) - fl_resample_axis_lo(ay);
+    size_t cols = fl_resample_axis_hi(ax) - fl_resample_axis_lo(ax);
+    size_t longest = rows > ax->n ? rows : ax->n;
+    scratch_layout l;
+    l.narrowed = cols * rows * c;
+    l.rowwise = l.narrowed + ax->n * rows * c;
+    l.acc = l.rowwise + rows * ax->n * c;
+    l.acc += -l.acc & (sizeof(int32_t) - 1);
+    l.bytes = l.acc + longest * c * sizeof(int32_t);
+    return l;
+}
+
+/* Pillow's two passes (horizontal, then vertical, each rounded to uint8), the horizontal one
+ * on the transposed window so that both run as vectorized weighted sums of whole rows. */
 void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
                  size_t stride, size_t x0, size_t y0, size_t c, uint8_t *tmp, uint8_t *dst) {
-    size_t first = fl_resample_axis_lo(ay), last = fl_resample_axis_hi(ay);
-    size_t row_bytes = ax->n * c;
-    for (size_t y = first; y < last; y++)
-        horizontal_row(ax, src + (y - y0) * stride, x0, c, tmp + (y - first) * row_bytes);
-    int32_t *acc = (int32_t *)(tmp + (last - first) * row_bytes + (-(last - first) * row_bytes & 3));
+    size_t first = fl_resample_axis_lo(ay), rows = fl_resample_axis_hi(ay) - first;
+    size_t left = fl_resample_axis_lo(ax), cols = fl_resample_axis_hi(ax) - left;
+    size_t column_bytes = rows * c, row_bytes = ax->n * c;
+    scratch_layout l = layout_of(ax, ay, c);
+    uint8_t *across = tmp, *narrowed = tmp + l.narrowed, *rowwise = tmp + l.rowwise;
+    int32_t *acc = (int32_t *)(tmp + l.acc);
+    transpose(src + (first - y0) * stride + (left - x0) * c, stride, rows, cols, c, across);
+    for (size_t i = 0; i < ax->n; i++)
+        weighted_rows(ax->k + i * ax->ksize, ax->count[i], across + ((size_t)ax->lo[i] - left) * column_bytes,
+                      column_bytes, acc, narrowed + i * column_bytes);
+    transpose(narrowed, column_bytes, ax->n, rows, c, rowwise);
     for (size_t i = 0; i < ay->n; i++)
-        vertical_row(ay->k + i * ay->ksize, ay->count[i], tmp + ((size_t)ay->lo[i] - first) * row_bytes,
-                     row_bytes, acc, dst + i * row_bytes);
+        weighted_rows(ay->k + i * ay->ksize, ay->count[i], rowwise + ((size_t)ay->lo[i] - first) * row_bytes,
+                      row_bytes, acc, dst + i * row_bytes);
 }
 
 size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c) {
-    size_t rows = fl_resample_axis_hi(ay) - fl_resample_axis_lo(ay);
-    return rows * ax->n * c + 3 + ax->n * c * sizeof(int32_t);
+    return layout_of(ax, ay, c).bytes;
 }
 
 int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, size_t out_h,
