@@ -257,3 +257,26 @@ def test_on_error_is_checked(tmp_path: Path) -> None:
         fastloop.Loader(source, transform=ops.Pipeline([ops.RandomResizedCrop(8)]), on_error="ignore")
     with pytest.raises(ValueError, match="mode='threads'"):
         fastloop.Loader(source, workers=1, mode="processes", on_error="skip")
+
+
+def test_processes_mode_refuses_a_fused_crop_rather_than_skipping_it(tmp_path: Path) -> None:
+    paths = write_images(tmp_path, 2)
+    for p in paths:
+        Image.fromarray(natural(40, 50)).save(p, quality=95)
+    pipeline = ops.Pipeline([ops.RandomResizedCrop(24), ops.Normalize(MEAN, STD)])
+    with pytest.raises(ValueError, match="RandomResizedCrop runs fused with decoding in C threads: use mode='threads'"):
+        fastloop.Loader(EncodedImages(paths), batch_size=2, workers=1, mode="processes", transform=pipeline)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (30, 20)])
+def test_jpegs_smaller_than_the_crop_upscale_as_pillow_does(tmp_path: Path, shape: tuple[int, int]) -> None:
+    path = str(tmp_path / "small.jpg")
+    Image.fromarray(natural(*shape, seed=3)).save(path, quality=95)
+    rrc = ops.RandomResizedCrop(48)
+    with fastloop.Loader(EncodedImages([path]), batch_size=1, seed=2,
+                         transform=ops.Pipeline([rrc, ops.Normalize(MEAN, STD, layout="HWC->CHW")])) as loader:
+        x, _ = all_batches(loader)
+    image = Image.open(path).convert("RGB")
+    top, left, h, w = rrc.params(image.height, image.width, seed=_epoch_seed(2, 0), index=0)
+    ref = np.asarray(image.crop((left, top, left + w, top + h)).resize((48, 48), Image.BILINEAR))
+    np.testing.assert_allclose(x[0], normalize(ref), atol=TOL)

@@ -185,3 +185,74 @@ def test_threads_decode_at_once_with_their_own_decoders() -> None:
 def test_codec_unavailable_is_a_fastloop_error_and_a_runtime_error() -> None:
     assert issubclass(fastloop.CodecUnavailable, fastloop.Error)
     assert issubclass(fastloop.CodecUnavailable, RuntimeError)
+
+
+def png_with_size(width: int, height: int) -> bytes:
+    """A valid PNG signature and IHDR claiming width x height (its CRC right), then 1 row."""
+    return png_raw(width, height, 8, 2, b"\x00" + b"\x80" * 3 * min(width, 64))
+
+
+def test_16k_by_16k_png_is_refused_by_the_pixel_cap_before_decoding() -> None:
+    huge = png_with_size(16384, 16384)
+    with pytest.raises(ValueError, match=r"16384x16384 \(width x height\), more than the 134217728-pixel cap"):
+        images.decode(huge)
+    with pytest.raises(ValueError, match="pixel cap"):
+        images.size(huge)
+
+
+def test_corrupt_png_raises_libpngs_message() -> None:
+    data = bytearray(PNG_CASES["rgb"]())
+    idat = data.index(b"IDAT")
+    data[idat + 10: idat + 30] = bytes(20)  # zeroed deflate stream: the IDAT CRC no longer holds
+    with pytest.raises(ValueError, match="libpng"):
+        images.decode(bytes(data))
+
+
+def test_exif_orientation_is_ignored_as_torchvisions_loader_ignores_it() -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display": PIL.Image.open does not apply it either
+    pixels = natural(40, 64)
+    data = encode(Image.fromarray(pixels), "JPEG", quality=95, exif=exif.tobytes())
+    assert Image.open(io.BytesIO(data)).getexif()[0x0112] == 6
+    got = images.decode(data)
+    assert got.shape == (40, 64, 3)
+    assert np.abs(got.astype(int) - pillow_rgb(data)).max() <= 1
+
+
+def test_without_any_codec_fastloop_imports_and_image_use_says_what_to_install(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    jpeg = tmp_path / "a.jpg"
+    jpeg.write_bytes(JPEG_CASES["rgb_q90"]())
+    # A machine where the search finds no library: no Pillow, no system libjpeg/libpng.
+    code = f"""
+import os, numpy as np, fastloop
+from fastloop import images, ops
+images.candidates = lambda fmt: [("the system library", "/nonexistent/lib" + fmt + ".so")]
+info = images.info()
+assert info["jpeg"] is None and info["png"] is None, info
+assert "pip install pillow" in info["jpeg_missing"] and "/nonexistent/libjpeg.so" in info["jpeg_missing"], info
+for call in (lambda: images.decode({str(jpeg)!r}), lambda: images.size({str(jpeg)!r})):
+    try:
+        call()
+    except fastloop.CodecUnavailable as error:
+        assert "no JPEG or PNG decoder is installed" in str(error) and "pip install pillow" in str(error), error
+    else:
+        raise AssertionError("decoded without a codec")
+
+class Files:
+    targets = [0]
+    def __len__(self): return 1
+    def _encoded_spec(self):
+        return [os.fsencode({str(jpeg)!r})], np.zeros(1, np.int32), np.zeros(1, np.int64), np.full(1, -1, np.int64)
+try:
+    fastloop.Loader(Files(), batch_size=1, transform=ops.Pipeline([ops.RandomResizedCrop(8)]))
+except fastloop.CodecUnavailable as error:
+    assert "pip install pillow" in str(error), error
+else:
+    raise AssertionError("a Loader over images started without a codec")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -396,6 +396,10 @@ class Loader:
 
     def _processes(self, fetch: Fetcher, first: tuple, pipeline: Pipeline | None, workers: int,
                    prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
+        if pipeline is not None and pipeline.geometry is not None:  # its C pipeline runs the later steps only
+            raise ValueError(f"{type(pipeline.steps[0]).__name__} runs fused with decoding in C threads: use "
+                             "mode='threads' for image sources (ImageFolder, Images, TarShards), or crop "
+                             "and resize in the dataset's own transform in processes mode")
         fields = []
         for i, value in enumerate(first):
             array = np.asarray(value)
