@@ -7,7 +7,11 @@ runs on one thread: the full decode through fastloop.images.decode (the same lib
 Loader uses), the pipelines through a Loader with workers=0 (the calling thread fills every
 batch), Pillow for reference.
 
-As a script: prints the table (best of `rounds` per row).
+Also for the fused path (2 worker threads): the time to the first batch (Loader built, threads
+started, decoders made) against a steady batch's, and the RSS after each of 10 epochs (target:
+no growth > 2% from the first epoch to the last).
+
+As a script: prints the table (best of `rounds` per row), then those two lines.
     python benchmarks/bench_decode.py [--quick]
 Under pytest: a quick run fills the table (no timing assertions: numbers go to BENCHMARKS.md).
 """
@@ -126,25 +130,61 @@ def rows(paths: list[str], rounds: int) -> list[tuple[str, float]]:
     return table
 
 
-def run(count: int, rounds: int, folder: str | None = None) -> list[tuple[str, float]]:
+def rss_bytes() -> int:
+    """This process's resident set now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def startup_and_memory(paths: list[str], epochs: int = 10) -> dict[str, float]:
+    """Seconds to the first batch and per steady batch, and RSS after each epoch, of the fused
+    train pipeline with 2 worker threads."""
+    pipeline = ops.Pipeline([ops.RandomResizedCrop(224), ops.RandomHFlip(),
+                             ops.Normalize(MEAN, STD, layout="HWC->CHW")])
+    start = time.perf_counter()
+    with fastloop.Loader(Files(paths), batch_size=32, workers=2, transform=pipeline, shuffle=True) as loader:
+        batches = iter(loader)
+        next(batches)
+        first = time.perf_counter() - start
+        for _ in batches:
+            pass
+        rss, steady = [], float("inf")
+        for _ in range(epochs):
+            began, count = time.perf_counter(), 0
+            for _ in loader:
+                count += 1
+            steady = min(steady, (time.perf_counter() - began) / count)
+            rss.append(rss_bytes())
+    return {"first_batch_s": first, "steady_batch_s": steady, "rss_first": rss[0], "rss_last": rss[-1],
+            "rss_growth": rss[-1] / rss[0] - 1}
+
+
+def run(count: int, rounds: int, folder: str | None = None) -> tuple[list[tuple[str, float]], dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(folder or tmp)
         where.mkdir(parents=True, exist_ok=True)
-        return rows(make_images(where, count), rounds)
+        paths = make_images(where, count)
+        return rows(paths, rounds), startup_and_memory(paths)
 
 
-def print_table(table: list[tuple[str, float]]) -> None:
+def print_table(table: list[tuple[str, float]], fused: dict[str, float]) -> None:
     base = table[0][1]
     print(f"{'one core, same files':58} {'images/s':>9} {'vs full decode':>15}")
     for name, rate in table:
         print(f"{name:58} {rate:9.0f} {rate / base:14.2f}x")
+    print(f"fused train, 2 threads, batch 32: first batch {fused['first_batch_s'] * 1e3:.1f} ms "
+          f"(Loader built, threads started), a steady batch {fused['steady_batch_s'] * 1e3:.1f} ms "
+          f"({fused['first_batch_s'] / fused['steady_batch_s']:.1f} batches' worth)")
+    print(f"RSS after epoch 1 {fused['rss_first'] / 2**20:.1f} MiB, after epoch 10 "
+          f"{fused['rss_last'] / 2**20:.1f} MiB: {fused['rss_growth'] * 100:+.2f}%")
 
 
 def test_quick_run_fills_the_table() -> None:
-    table = run(count=8, rounds=1)
+    table, fused = run(count=8, rounds=1)
     assert len(table) == 7 and all(rate > 0 for _, rate in table)
+    assert fused["first_batch_s"] > 0 and fused["rss_first"] > 0
 
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
-    print_table(run(count=64 if quick else 400, rounds=2 if quick else 3, folder=os.environ.get("FASTLOOP_BENCH_IMAGES")))
+    print_table(*run(count=64 if quick else 400, rounds=2 if quick else 3, folder=os.environ.get("FASTLOOP_BENCH_IMAGES")))
