@@ -161,6 +161,60 @@ static void test_resize_keeps_a_constant_image_and_the_identity(void) {
     CHECK(fl_resize(src, 0, 9, 3, same, 6, 9) == FL_EINVAL);
 }
 
+/* Pillow's two passes written plainly (horizontal into uint8, then vertical), from the axes'
+ * own weights: what fl_resample's transposed, vectorized passes must equal bit for bit. */
+static uint8_t reference_clip(int64_t sum) {
+    sum >>= 22; /* PRECISION_BITS */
+    return (uint8_t)(sum < 0 ? 0 : sum > 255 ? 255 : sum);
+}
+
+static void reference_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
+                               size_t w, size_t c, uint8_t *tmp, uint8_t *dst) {
+    size_t first = fl_resample_axis_lo(ay), last = fl_resample_axis_hi(ay);
+    for (size_t y = first; y < last; y++)
+        for (size_t i = 0; i < ax->n; i++)
+            for (size_t ch = 0; ch < c; ch++) {
+                int64_t sum = 1 << 21;
+                for (int32_t t = 0; t < ax->count[i]; t++)
+                    sum += (int64_t)src[(y * w + (size_t)ax->lo[i] + (size_t)t) * c + ch] * ax->k[i * ax->ksize + (size_t)t];
+                tmp[(y * ax->n + i) * c + ch] = reference_clip(sum);
+            }
+    for (size_t o = 0; o < ay->n; o++)
+        for (size_t j = 0; j < ax->n * c; j++) {
+            int64_t sum = 1 << 21;
+            for (int32_t t = 0; t < ay->count[o]; t++)
+                sum += (int64_t)tmp[((size_t)ay->lo[o] + (size_t)t) * ax->n * c + j] * ay->k[o * ay->ksize + (size_t)t];
+            dst[o * ax->n * c + j] = reference_clip(sum);
+        }
+}
+
+static void test_resample_windows_equal_the_plain_two_pass_reference(void) {
+    /* {h, w, out_h, out_w, window y, x, n_y, n_x}: down, up, odd and one-pixel shapes */
+    static const size_t cases[][8] = {{75, 100, 51, 68, 5, 7, 44, 45},  {9, 7, 30, 41, 3, 0, 20, 41},
+                                      {1, 1, 5, 4, 0, 0, 5, 4},         {37, 53, 37, 53, 0, 0, 37, 53},
+                                      {120, 33, 17, 31, 16, 1, 1, 30}, {64, 64, 8, 8, 2, 2, 4, 4}};
+    for (size_t c = 1; c <= 4; c++)
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            const size_t *t = cases[k];
+            size_t h = t[0], w = t[1];
+            uint8_t *src = malloc(h * w * c), *want = malloc(t[6] * t[7] * c), *got = malloc(t[6] * t[7] * c);
+            uint8_t *ref_tmp = malloc(h * t[7] * c);
+            for (size_t i = 0; i < h * w * c; i++)
+                src[i] = (uint8_t)((i * 2654435761u) >> 13);
+            fl_resample_axis ax, ay;
+            CHECK(fl_resample_axis_init(&ax, w, 0, (double)w, t[3], t[5], t[7]) == FL_OK);
+            CHECK(fl_resample_axis_init(&ay, h, 0, (double)h, t[2], t[4], t[6]) == FL_OK);
+            uint8_t *tmp = malloc(fl_resample_tmp_bytes(&ax, &ay, c));
+            reference_resample(&ax, &ay, src, w, c, ref_tmp, want);
+            size_t x0 = fl_resample_axis_lo(&ax), y0 = fl_resample_axis_lo(&ay);
+            fl_resample(&ax, &ay, src + (y0 * w + x0) * c, w * c, x0, y0, c, tmp, got);
+            CHECK(memcmp(want, got, t[6] * t[7] * c) == 0);
+            fl_resample_axis_free(&ax);
+            fl_resample_axis_free(&ay);
+            free(src), free(want), free(got), free(ref_tmp), free(tmp);
+        }
+}
+
 static void *decode_loop(void *arg) {
     (void)arg;
     fl_decoder *d;
@@ -201,6 +255,7 @@ int main(void) {
     RUN(test_bad_and_cut_data_is_refused_with_a_message);
     RUN(test_transform_of_encoded_equals_transform_of_decoded_pixels);
     RUN(test_resize_keeps_a_constant_image_and_the_identity);
+    RUN(test_resample_windows_equal_the_plain_two_pass_reference);
     RUN(test_threads_decode_at_once_with_their_own_decoders);
     for (int i = 0; i < n_files; i++)
         free(files[i].data);
