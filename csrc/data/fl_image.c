@@ -59,11 +59,21 @@ int fl_decoder_new(fl_decoder **out) {
     return *out == NULL ? FL_ENOMEM : FL_OK;
 }
 
+uint8_t *fl_decoder_scratch(fl_decoder *d, size_t bytes) {
+    if (bytes > d->scratch_capacity) {
+        free(d->scratch); /* nothing in it is kept: no copy as realloc would make */
+        d->scratch = malloc(bytes);
+        d->scratch_capacity = d->scratch ? bytes : 0;
+    }
+    return d->scratch;
+}
+
 void fl_decoder_free(fl_decoder *d) {
     if (d == NULL)
         return;
     jpeg_state_free(d->jpeg);
     free(d->buffer);
+    free(d->scratch);
     free(d);
 }
 

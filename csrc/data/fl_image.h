@@ -48,6 +48,11 @@ typedef struct fl_decoder fl_decoder;
 int fl_decoder_new(fl_decoder **out);
 void fl_decoder_free(fl_decoder *d);
 
+/* A work buffer of at least `bytes` owned by d, kept from image to image (a fresh allocation
+ * of this size per image costs the kernel's page clearing each time), valid until the next
+ * call. NULL when out of memory. */
+uint8_t *fl_decoder_scratch(fl_decoder *d, size_t bytes);
+
 /* Reads the header of `data`: the format and full size. Returns 0, FL_EINVAL (not a JPEG or
  * PNG, a bad header, over the pixel cap) or FL_EUNAVAILABLE. */
 int fl_image_probe(fl_decoder *d, const void *data, size_t len, fl_image_info *info);

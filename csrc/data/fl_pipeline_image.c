@@ -128,14 +128,16 @@ static int axes_of(const fl_image_geometry *g, const frame *f, unsigned d, size_
 }
 
 /* Resamples from pixels whose (0, 0) is the frame's source pixel (px, py) of the scaled
- * image, into dst. */
-static int resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *pixels,
-                    size_t stride, size_t c, uint8_t *dst) {
-    uint8_t *tmp = malloc(fl_resample_tmp_bytes(ax, ay, c));
+ * image, into dst; the scratch is the decoder's when there is one. */
+static int resample(fl_decoder *d, const fl_resample_axis *ax, const fl_resample_axis *ay,
+                    const uint8_t *pixels, size_t stride, size_t c, uint8_t *dst) {
+    size_t bytes = fl_resample_tmp_bytes(ax, ay, c);
+    uint8_t *tmp = d != NULL ? fl_decoder_scratch(d, bytes) : malloc(bytes);
     if (tmp == NULL)
         return FL_ENOMEM;
     fl_resample(ax, ay, pixels, stride, fl_resample_axis_lo(ax), fl_resample_axis_lo(ay), c, tmp, dst);
-    free(tmp);
+    if (d == NULL)
+        free(tmp);
     return FL_OK;
 }
 
@@ -163,7 +165,7 @@ int fl_image_transform(fl_decoder *d, const fl_image_geometry *g, const void *da
                               out.height, denom, sw, sh);
         if (rc == FL_OK) {
             const uint8_t *at = out.pixels + (want.y0 - out.held.y0) * out.stride + (want.x0 - out.held.x0) * 3;
-            rc = resample(&ax, &ay, at, out.stride, 3, dst);
+            rc = resample(d, &ax, &ay, at, out.stride, 3, dst);
         }
     }
     fl_resample_axis_free(&ax);
@@ -182,7 +184,7 @@ int fl_image_transform_pixels(const fl_image_geometry *g, const uint8_t *src, si
     rc = axes_of(g, &f, 1, w, h, &ax, &ay, &sx0, &sy0);
     if (rc == FL_OK) {
         size_t fx = fl_resample_axis_lo(&ax), fy = fl_resample_axis_lo(&ay);
-        rc = resample(&ax, &ay, src + ((sy0 + fy) * w + sx0 + fx) * c, w * c, c, dst);
+        rc = resample(NULL, &ax, &ay, src + ((sy0 + fy) * w + sx0 + fx) * c, w * c, c, dst);
     }
     fl_resample_axis_free(&ax);
     fl_resample_axis_free(&ay);

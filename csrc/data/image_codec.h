@@ -11,6 +11,8 @@ struct fl_decoder {
     jpeg_state *jpeg; /* created on the first JPEG */
     uint8_t *buffer;  /* the decoded rows, grown as needed */
     size_t capacity;
+    uint8_t *scratch; /* fl_decoder_scratch's, grown as needed */
+    size_t scratch_capacity;
 };
 
 /* A buffer of at least `bytes` in d->buffer. Returns 0 or FL_ENOMEM. */
