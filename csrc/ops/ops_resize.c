@@ -70,7 +70,10 @@ static inline uint8_t clip8(int32_t v) {
 }
 
 /* Copies an h x w block of c-byte pixels (rows in_stride bytes apart) transposed: out's
- * row x, h * c bytes long, holds column x. In tiles, so both sides stay in cache. */
+ * row x, h * c bytes long, holds column x. In tiles, so both sides stay in cache. 3-byte
+ * pixels move as 4-byte words, one load and one store each: the extra byte read is the next
+ * one in the block's memory (inside it but on the last row, which moves bytewise), the one
+ * written is the first of the pixel below, written after it (rows go in order). */
 static void transpose(const uint8_t *in, size_t in_stride, size_t h, size_t w, size_t c, uint8_t *out) {
     enum { TILE = 16 };
     size_t out_stride = h * c;
@@ -81,12 +84,16 @@ static void transpose(const uint8_t *in, size_t in_stride, size_t h, size_t w, s
             for (size_t y = ty; y < y_end; y++) {
                 const uint8_t *p = in + y * in_stride + tx * c;
                 uint8_t *q = out + tx * out_stride + y * c;
-                if (c == 3)
-                    for (size_t x = tx; x < x_end; x++, p += 3, q += out_stride)
-                        q[0] = p[0], q[1] = p[1], q[2] = p[2];
+                if (c == 3 && y + 1 < h)
+                    for (size_t x = tx; x < x_end; x++, p += 3, q += out_stride) {
+                        uint32_t word;
+                        memcpy(&word, p, 4);
+                        memcpy(q, &word, 4);
+                    }
                 else
                     for (size_t x = tx; x < x_end; x++, p += c, q += out_stride)
-                        memcpy(q, p, c);
+                        for (size_t ch = 0; ch < c; ch++)
+                            q[ch] = p[ch];
             }
         }
     }
