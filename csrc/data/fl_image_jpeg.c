@@ -209,9 +209,11 @@ static int decode_rows(fl_decoder *d, jpeg_state *s, unsigned denom, const fl_im
     if (r.x1 > width || r.y1 > height)
         return fl_error_set(FL_EINVAL, "rectangle [%zu, %zu) x [%zu, %zu) outside a %zux%zu image",
                             r.x0, r.x1, r.y0, r.y1, width, height);
-    /* A cropped scanline's edge columns are upsampled from replicated chroma, not their
-     * neighbours': a margin of one iMCU (16 pixels at most) keeps them out of the rectangle. */
-    size_t margin = 16, left = r.x0 > margin ? r.x0 - margin : 0;
+    /* A cropped scanline's edge column is upsampled from replicated chroma, not its
+     * neighbour's: a 2-pixel margin keeps it out of the rectangle. Progressive images smooth
+     * blocks from their neighbours' coefficients, which a crop cuts off: a margin of one
+     * iMCU (16 pixels at most) there. */
+    size_t margin = c->progressive_mode ? 16 : 2, left = r.x0 > margin ? r.x0 - margin : 0;
     size_t right = r.x1 + margin < width ? r.x1 + margin : width;
     JDIMENSION x0 = (JDIMENSION)left, cols = (JDIMENSION)(right - left);
     if (cols < width) /* widens to whole iMCUs: x0 moves left, cols grows */
