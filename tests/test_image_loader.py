@@ -259,13 +259,30 @@ def test_on_error_is_checked(tmp_path: Path) -> None:
         fastloop.Loader(source, workers=1, mode="processes", on_error="skip")
 
 
-def test_processes_mode_refuses_a_fused_crop_rather_than_skipping_it(tmp_path: Path) -> None:
-    paths = write_images(tmp_path, 2)
-    for p in paths:
-        Image.fromarray(natural(40, 50)).save(p, quality=95)
-    pipeline = ops.Pipeline([ops.RandomResizedCrop(24), ops.Normalize(MEAN, STD)])
-    with pytest.raises(ValueError, match="RandomResizedCrop runs fused with decoding in C threads: use mode='threads'"):
-        fastloop.Loader(EncodedImages(paths), batch_size=2, workers=1, mode="processes", transform=pipeline)
+@pytest.mark.parametrize("reduced", [False, True])
+def test_draws_depend_only_on_seed_epoch_and_index_in_threads_and_processes(tmp_path: Path, reduced: bool) -> None:
+    paths = write_images(tmp_path, 7, big=reduced)  # big: the threads decode at a DCT scale
+    pipeline = ops.Pipeline([ops.RandomResizedCrop(24, reduced_decode=reduced), ops.RandomHFlip(),
+                             ops.Normalize(MEAN, STD, layout="HWC->CHW")])
+    runs = {}
+    for mode, workers in (("threads", 1), ("threads", 2), ("processes", 2)):
+        with fastloop.Loader(EncodedImages(paths), batch_size=3, workers=workers, mode=mode, shuffle=True,
+                             seed=9, transform=pipeline) as loader:
+            runs[mode, workers] = [all_batches(loader) for _ in range(2)]  # epochs 0 and 1
+    for key in (("threads", 2), ("processes", 2)):
+        for (x0, y0), (x1, y1) in zip(runs["threads", 1], runs[key]):
+            np.testing.assert_array_equal(y0, y1)
+            if key[0] == "threads" or not reduced:
+                np.testing.assert_array_equal(x0, x1)
+            else:  # processes decode whole images (src[i]): no DCT scaling, so close, not equal
+                assert np.abs(x0 - x1).mean() < 3 * TOL
+    assert not np.array_equal(runs["threads", 1][0][0], runs["threads", 1][1][0])
+
+
+def test_processes_mode_needs_a_fixed_size_from_the_first_step(tmp_path: Path) -> None:
+    source = EncodedImages(write_images(tmp_path, 2))
+    with pytest.raises(ValueError, match=r"Resize\(32\) gives images of different sizes"):
+        fastloop.Loader(source, batch_size=2, workers=1, mode="processes", transform=ops.Pipeline([ops.Resize(32)]))
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 5), (30, 20)])

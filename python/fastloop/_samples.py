@@ -77,6 +77,10 @@ class Fetcher:
                  order: "SharedOrder | None") -> None:
         self.dataset, self.transform, self.target_transform, self.order = dataset, transform, target_transform, order
         self.structure: SampleStructure | None = None
+        # a Pipeline's fused crop/resize: (image, epoch seed, id) -> image, run on field 0 here
+        # (before the C pipeline's later steps), drawn from the seed and id the threads use
+        self.geometry: Callable[[Any, int, int], Any] | None = None
+        self._epoch_seed = 0  # the seed comes with a batch's first sample only
 
     def sample(self, position: int) -> Any:
         index = position if self.order is None else int(self.order.indices[position])
@@ -94,9 +98,14 @@ class Fetcher:
     def __call__(self, position: int, epoch_seed: int | None = None) -> tuple:
         if epoch_seed is not None:
             seed_generators(sample_seed(epoch_seed, position))
+            self._epoch_seed = epoch_seed
         if self.order is None and self.transform is None and self.target_transform is None:
-            return self.structure.flatten(self.dataset[position])  # type: ignore[union-attr]
-        return self.structure.flatten(self.sample(position))  # type: ignore[union-attr]
+            fields = self.structure.flatten(self.dataset[position])  # type: ignore[union-attr]
+        else:
+            fields = self.structure.flatten(self.sample(position))  # type: ignore[union-attr]
+        if self.geometry is not None:
+            fields = (self.geometry(fields[0], self._epoch_seed, position), *fields[1:])
+        return fields
 
 
 class SharedOrder:

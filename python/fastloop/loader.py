@@ -27,7 +27,7 @@ from ._samples import Fetcher, SampleStructure, SharedOrder
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, seed_generators,
                              setup_worker_torch, to_tensors, torch_single_threaded)
 from .errors import WorkerError
-from .ops import Pipeline
+from .ops import _GEOMETRY_HINT, Pipeline
 
 _log = logging.getLogger("fastloop")
 
@@ -117,6 +117,15 @@ def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
     paths, file_index, offsets, lengths = source._encoded_spec()
     return ("encoded", [os.fsencode(p) for p in paths], np.ascontiguousarray(file_index, np.int32),
             np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry)
+
+
+def _fused_geometry(pipeline: Pipeline) -> Callable[[Any, int, int], np.ndarray]:
+    """(image, epoch seed, id) -> the image cropped/resized by the pipeline's first step."""
+
+    def apply(image: Any, seed: int, index: int) -> np.ndarray:
+        return pipeline._apply_geometry(np.asarray(image), seed, [index])
+
+    return apply
 
 
 def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: str) -> BaseException:
@@ -396,10 +405,13 @@ class Loader:
 
     def _processes(self, fetch: Fetcher, first: tuple, pipeline: Pipeline | None, workers: int,
                    prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
-        if pipeline is not None and pipeline.geometry is not None:  # its C pipeline runs the later steps only
-            raise ValueError(f"{type(pipeline.steps[0]).__name__} runs fused with decoding in C threads: use "
-                             "mode='threads' for image sources (ImageFolder, Images, TarShards), or crop "
-                             "and resize in the dataset's own transform in processes mode")
+        if pipeline is not None and pipeline.geometry is not None:
+            # the crop/resize runs in the worker on each fetched image, the later steps in C
+            if pipeline.fixed_size() is None:
+                raise ValueError(f"Resize({pipeline.steps[0].size}) gives images of different sizes: "
+                                 f"{_GEOMETRY_HINT}")
+            fetch.geometry = _fused_geometry(pipeline)
+            first = (fetch.geometry(first[0], 0, 0), *first[1:])
         fields = []
         for i, value in enumerate(first):
             array = np.asarray(value)
