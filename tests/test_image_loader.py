@@ -297,3 +297,21 @@ def test_jpegs_smaller_than_the_crop_upscale_as_pillow_does(tmp_path: Path, shap
     top, left, h, w = rrc.params(image.height, image.width, seed=_epoch_seed(2, 0), index=0)
     ref = np.asarray(image.crop((left, top, left + w, top + h)).resize((48, 48), Image.BILINEAR))
     np.testing.assert_allclose(x[0], normalize(ref), atol=TOL)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_a_corrupt_file_fails_at_its_batch_naming_path_index_and_decoder_message(tmp_path: Path, fmt: str) -> None:
+    paths = write_images(tmp_path, 4, fmt=fmt)
+    data = bytearray(Path(paths[3]).read_bytes())
+    if fmt == "JPEG":
+        data[data.index(b"\xff\xc0") + 9] = 7  # 7 components: libjpeg refuses the frame header
+    else:
+        idat = data.index(b"IDAT")
+        data[idat + 10: idat + 30] = bytes(20)  # the IDAT's CRC no longer holds
+    Path(paths[3]).write_bytes(bytes(data))
+    decoder = "libjpeg" if fmt == "JPEG" else "libpng"
+    with fastloop.Loader(EncodedImages(paths), batch_size=3, transform=ops.Pipeline([ops.RandomResizedCrop(16)])) as loader:
+        it = iter(loader)
+        assert next(it)[0].shape == (3, 16, 16, 3)
+        with pytest.raises(ValueError, match=rf"sample 3: .*003\.{'jpg' if fmt == 'JPEG' else 'png'}: {decoder}: "):
+            next(it)
