@@ -180,8 +180,11 @@ def write_shard(path: Path, samples: list[tuple[str, bytes, int]], fmt: int = ta
                 add(tar, key + ".json", json.dumps({"label": target, "caption": "x"}).encode())
 
 
+FORMATS = (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT)  # long names: 'L', 'x', prefix
+
+
 def make_shards(folder: Path, sizes: list[int]) -> list[tuple[bytes, int]]:
-    """Shards shard-000.tar... of the given sample counts: GNU and pax formats, .cls and
+    """Shards shard-000.tar... of the given sample counts: GNU, pax and ustar formats, .cls and
     .json labels, and a long member name (> 100 characters) in each. Returns [(jpeg, label)]."""
     out, seed = [], 0
     for s, count in enumerate(sizes):
@@ -191,7 +194,7 @@ def make_shards(folder: Path, sizes: list[int]) -> list[tuple[bytes, int]]:
             samples.append((key, jpeg_bytes(seed), seed % 7))
             out.append((samples[-1][1], seed % 7))
             seed += 1
-        write_shard(folder / f"shard-{s:03d}.tar", samples, fmt=tarfile.PAX_FORMAT if s % 2 else tarfile.GNU_FORMAT,
+        write_shard(folder / f"shard-{s:03d}.tar", samples, fmt=FORMATS[s % 3],
                     label="json" if s % 3 == 2 else "cls")
     return out
 
@@ -212,6 +215,26 @@ def test_tar_shards_index_members_in_order_with_labels(tmp_path: Path) -> None:
     assert label == expected[4][1]
     assert len(fastloop.TarShards(str(tmp_path / "shard-*.tar"))) == 9
     assert len(fastloop.TarShards([tmp_path / "shard-002.tar", tmp_path / "shard-000.tar"])) == 7
+
+
+def test_the_header_index_agrees_with_pythons_tarfile(tmp_path: Path) -> None:
+    from fastloop import _tar_index
+
+    make_shards(tmp_path, [3, 3, 3])
+    with tarfile.open(tmp_path / "shard-001.tar", "a", format=tarfile.PAX_FORMAT) as tar:
+        add(tar, "\u00e9t\u00e9/" + "x" * 150 + ".jpg", jpeg_bytes(0))  # non-ASCII pax path
+        folder = tarfile.TarInfo("a-folder")
+        folder.type = tarfile.DIRTYPE  # not a regular file: not listed
+        tar.addfile(folder)
+    for s in range(3):
+        path = tmp_path / f"shard-{s:03d}.tar"
+        with tarfile.open(path) as tar:
+            expected = [(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isreg()]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert list(_tar_index.members(fd, os.fstat(fd).st_size)) == expected
+        finally:
+            os.close(fd)
 
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])

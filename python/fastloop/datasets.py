@@ -17,10 +17,11 @@ import glob
 import json
 import os
 import re
-import tarfile
 from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
+
+from . import _tar_index
 
 __all__ = ["ImageFolder", "Images", "TarShards", "IMG_EXTENSIONS"]
 
@@ -262,30 +263,26 @@ def _index_shard(path: str, labels: bool) -> list[tuple[str, int, int, int]]:
     """[(member name, data offset, size, label)] of the samples of one shard, in order, from
     its tar headers (a label member's few bytes are read too)."""
     _refuse_compressed(path)
-    file_size = os.path.getsize(path)
-    groups: list[tuple[str, dict[str, tarfile.TarInfo]]] = []
+    groups: list[tuple[str, dict[str, tuple[str, int, int]]]] = []
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with tarfile.open(path, mode="r:") as tar:
-            for member in iter(tar.next, None):
-                if not member.isreg():
-                    continue
-                if member.offset_data + member.size > file_size:
-                    raise ValueError(f"TarShards: {path} is truncated: member {member.name!r} needs "
-                                     f"{member.offset_data + member.size} bytes, the file has {file_size}")
-                base = member.name.rsplit("/", 1)[-1]
-                if base.startswith(("__", ".")):
-                    continue  # WebDataset's metadata members (__key__...) and hidden files
-                key, ext = split_key(member.name)
-                if not groups or groups[-1][0] != key:  # a sample is a run of members with one key
-                    groups.append((key, {}))
-                groups[-1][1][ext.lower()] = member
-            with open(path, "rb") as f:
-                return [_sample(path, key, members, f, labels) for key, members in groups]
-    except tarfile.TarError as error:
-        raise ValueError(f"TarShards: {path} is not a readable tar file ({error})") from None
+        for name, offset, size in _tar_index.members(fd, os.fstat(fd).st_size):
+            base = name.rsplit("/", 1)[-1]
+            if base.startswith(("__", ".")):
+                continue  # WebDataset's metadata members (__key__...) and hidden files
+            key, ext = split_key(name)
+            if not groups or groups[-1][0] != key:  # a sample is a run of members with one key
+                groups.append((key, {}))
+            groups[-1][1][ext.lower()] = (name, offset, size)
+        return [_sample(path, key, found, fd, labels) for key, found in groups]
+    except _tar_index.TarError as error:
+        what = error if str(error).startswith("truncated") else f"not a readable tar file ({error})"
+        raise ValueError(f"TarShards: {path} is {what}") from None
+    finally:
+        os.close(fd)
 
 
-def _sample(path: str, key: str, members: dict[str, tarfile.TarInfo], f: Any, labels: bool) -> tuple:
+def _sample(path: str, key: str, members: dict[str, tuple[str, int, int]], fd: int, labels: bool) -> tuple:
     images = [ext for ext in members if ext.rsplit(".", 1)[-1] in ("jpg", "jpeg", "png")]
     if len(images) != 1:
         found = ", ".join("." + e for e in members)
@@ -299,9 +296,9 @@ def _sample(path: str, key: str, members: dict[str, tarfile.TarInfo], f: Any, la
         if ext is None:
             raise ValueError(f"TarShards: {path}: sample {key!r} has no label: add a {key}.cls or {key}.json "
                              f"member, or open the shards with TarShards(..., labels=False)")
-        f.seek(members[ext].offset_data)
-        label = _label_of(ext.rsplit(".", 1)[-1], f.read(members[ext].size), f"{path}: member {members[ext].name!r}")
-    return image.name, image.offset_data, image.size, label
+        name, offset, size = members[ext]
+        label = _label_of(ext.rsplit(".", 1)[-1], os.pread(fd, size, offset), f"{path}: member {name!r}")
+    return (*image, label)
 
 
 class TarShards(_EncodedSource):
