@@ -22,6 +22,14 @@ Image = pytest.importorskip("PIL.Image")
 SIZE = (40, 48)  # (h, w) every test image is resized to
 
 
+@pytest.fixture(autouse=True)
+def index_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder of the test's own (TarShards keeps its shard indexes there)."""
+    folder = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("FASTLOOP_CACHE", str(folder))
+    return folder
+
+
 def jpeg_bytes(seed: int, fmt: str = "JPEG") -> bytes:
     h, w = 50 + 7 * (seed % 5), 60 + 11 * (seed % 4)
     out = io.BytesIO()
@@ -305,6 +313,33 @@ def test_labels_missing_or_malformed_are_named(tmp_path: Path) -> None:
         add(tar, "a.cls", b"1")
     with pytest.raises(ValueError, match=r"sample 'a' has no \.jpg/\.jpeg/\.png member \(it has \.txt, \.cls\)"):
         fastloop.TarShards(tmp_path / "noimage.tar")
+
+
+def test_the_index_is_cached_until_the_shard_changes(tmp_path: Path, index_cache: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastloop import _tar_index
+
+    expected = make_shards(tmp_path, [3, 2])
+    first = fastloop.TarShards(str(tmp_path / "*.tar"))
+    assert len(list((index_cache / "tar-index").glob("*.npz"))) == 2
+
+    def unread(*args: object) -> None:
+        raise AssertionError("the headers were read again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_tar_index, "members", unread)
+        again = fastloop.TarShards(str(tmp_path / "*.tar"))
+    assert (again.members, again.targets, again.offsets.tolist(), again.lengths.tolist()) == \
+        (first.members, first.targets, first.offsets.tolist(), first.lengths.tolist())
+    write_shard(tmp_path / "shard-001.tar", [("new", expected[0][0], 6)])  # changed: indexed anew
+    assert fastloop.TarShards(str(tmp_path / "*.tar")).targets == first.targets[:3] + [6]
+    for cached in (index_cache / "tar-index").glob("*.npz"):
+        cached.write_bytes(b"garbage")  # an unreadable cache entry is rebuilt, not an error
+    assert fastloop.TarShards(str(tmp_path / "*.tar")).targets == first.targets[:3] + [6]
+    with monkeypatch.context() as patch:
+        patch.setattr(_tar_index, "members", unread)
+        with pytest.raises(AssertionError, match="read again"):
+            fastloop.TarShards(str(tmp_path / "*.tar"), index_cache=False)
 
 
 def test_webdataset_grouping_keys_and_metadata(tmp_path: Path) -> None:

@@ -14,14 +14,18 @@ every sample): one pread and the fused decode -> crop -> resize per sample in C 
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
+import tempfile
+import zipfile
 from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
 
 from . import _tar_index
+from ._cache import cache_root
 
 __all__ = ["ImageFolder", "Images", "TarShards", "IMG_EXTENSIONS"]
 
@@ -301,6 +305,38 @@ def _sample(path: str, key: str, members: dict[str, tuple[str, int, int]], fd: i
     return (*image, label)
 
 
+_INDEX_VERSION = 1
+
+
+def _shard_index(path: str, labels: bool, use_cache: bool) -> list[tuple[str, int, int, int]]:
+    """_index_shard's result, kept in the cache folder (keyed by the shard's path, size and
+    mtime) so that a shard is read header by header once, not at every start."""
+    if not use_cache:
+        return _index_shard(path, labels)
+    st = os.stat(path)
+    key = f"{_INDEX_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{labels}"
+    file = os.path.join(cache_root(), "tar-index", hashlib.sha1(key.encode()).hexdigest() + ".npz")
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            return list(zip(saved["names"].tolist(), saved["offsets"].tolist(), saved["sizes"].tolist(),
+                            saved["labels"].tolist()))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # absent, or unreadable: index again
+        pass
+    samples = _index_shard(path, labels)
+    try:  # the cache only saves time: a read-only or full cache folder is no error
+        os.makedirs(os.path.dirname(file), exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(file), suffix=".partial")
+        with os.fdopen(fd, "wb") as out:
+            np.savez(out, names=np.array([n for n, _, _, _ in samples], dtype=str),
+                     offsets=np.array([o for _, o, _, _ in samples], np.int64),
+                     sizes=np.array([z for _, _, z, _ in samples], np.int64),
+                     labels=np.array([label for _, _, _, label in samples], np.int64))
+        os.replace(partial, file)
+    except OSError:
+        pass
+    return samples
+
+
 class TarShards(_EncodedSource):
     """WebDataset-style shards: uncompressed POSIX tar files where a sample is the run of
     members sharing a key (the member's path up to the first dot of its file name):
@@ -308,7 +344,9 @@ class TarShards(_EncodedSource):
     integer as text) or ``.json`` (``{"label": n}``, else ``{"cls": n}``). labels=False
     opens unlabelled shards (targets -1).
 
-    The index (member offsets and sizes, labels) is built at open from the tar headers;
+    The index (member offsets and sizes, labels) is built at open from the tar headers and
+    kept in fastloop's cache folder ($FASTLOOP_CACHE, else ~/.cache/fastloop) for the next
+    open of the same unchanged shard (index_cache=False: read the headers every time);
     images are never extracted: the Loader's threads pread each member in place. Long
     member names (pax and GNU) are handled; compressed tars are refused with a ValueError.
     `urls`: a path, a brace/glob pattern (``"train-{0000..0146}.tar"``, ``"shards/*.tar"``)
@@ -323,10 +361,11 @@ class TarShards(_EncodedSource):
     """
 
     def __init__(self, urls: Union[PathLike, Sequence[PathLike]], transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[Any], Any] | None = None, labels: bool = True) -> None:
+                 target_transform: Callable[[Any], Any] | None = None, labels: bool = True,
+                 index_cache: bool = True) -> None:
         self.transform, self.target_transform = transform, target_transform
         self.files = shard_paths(urls)
-        per_shard = [_index_shard(path, labels) for path in self.files]
+        per_shard = [_shard_index(path, labels, index_cache) for path in self.files]
         self.shard_sizes = [len(samples) for samples in per_shard]
         if not sum(self.shard_sizes):
             raise ValueError(f"TarShards: no sample in {', '.join(self.files)}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..demo.data import cache_root
+from .._cache import cache_root
 
 QUALITY = 90
 

@@ -15,6 +15,8 @@ import tempfile
 
 import numpy as np
 
+from .._cache import cache_root
+
 IMAGE_SHAPE = (3, 32, 32)
 CLASSES = 10
 SHARED = 0.85  # how much of every image is the common pattern
@@ -66,15 +68,6 @@ def make_regression(n: int, seed: int = 0, noise: float = 0.1) -> tuple[np.ndarr
     x = rng.standard_normal((n, 10), dtype=np.float32)
     y = (x @ w[:, None] + b + rng.normal(0.0, noise, (n, 1))).astype(np.float32)
     return x, y, w, b
-
-
-def cache_root() -> str:
-    """Where generated data is kept between runs: $FASTLOOP_CACHE, else
-    $XDG_CACHE_HOME/fastloop, else ~/.cache/fastloop."""
-    explicit = os.environ.get("FASTLOOP_CACHE")
-    if explicit:
-        return explicit
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastloop")
 
 
 def image_folder(n_train: int, n_val: int, seed: int = 0) -> tuple[str, bool]:
