@@ -293,9 +293,10 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def test_quick_run_fills_the_table(tmp_path: Any) -> None:
+def test_quick_run_fills_the_table(tmp_path: Any, monkeypatch: Any) -> None:
     import pytest
 
+    monkeypatch.setenv("FASTLOOP_CACHE", str(tmp_path / "cache"))  # TarShards' index cache
     pytest.importorskip("PIL")
     pytest.importorskip("torch")
     from fastloop.bench.image_data import dataset
