@@ -300,7 +300,9 @@ class Loader:
         if split_by not in ("sample", "shard"):
             raise ValueError(f"'split_by' must be 'sample' or 'shard', not {split_by!r}")
         if split_by == "shard":  # this rank reads its own shards whole; samples are not split again
-            if not hasattr(source, "shard"):
+            from .datasets import TarShards
+
+            if not isinstance(source, TarShards):
                 raise TypeError(f"split_by='shard' splits fastloop.TarShards, not {type(source).__name__}")
             source = source.shard(self.rank, self.world_size, drop_last)
             self.rank, self.world_size = 0, 1
@@ -636,10 +638,10 @@ class _InProcess:
 
 def _naming_member(source: Any, error: BaseException) -> BaseException | None:
     """The C loader's error on a tar member names the shard; this adds the member's name."""
-    match = re.match(r"sample (\d+): ", str(error)) if isinstance(error, ValueError) else None
+    match = re.match(r"sample (\d+): ", str(error)) if type(error) is ValueError else None
     if match is None or not hasattr(source, "members") or not int(match.group(1)) < len(source.members):
         return None
-    return type(error)(f"{error} (member {source.members[int(match.group(1))]!r})")
+    return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
 
 
 def _alias_workers(workers: int, num_workers: int | None) -> int:
