@@ -399,3 +399,22 @@ def test_split_by_shard_reads_rank_and_world_size_from_torchrun_variables(tmp_pa
     with fastloop.Loader(shards, batch_size=3, split_by="shard", transform=FUSED) as loader:
         (x, y), = list(loader)
     assert y.tolist() == shards.targets[2:]
+
+
+def test_split_by_shard_in_processes_mode_reads_the_ranks_shards(tmp_path: Path) -> None:
+    expected = make_shards(tmp_path, [2, 3, 2])
+    shards = fastloop.TarShards(str(tmp_path / "*.tar"), transform=resized)
+    with fastloop.Loader(shards, batch_size=2, workers=1, mode="processes", rank=1, world_size=2,
+                         split_by="shard") as loader:
+        labels = [int(v) for _, y in loader for v in np.array(y)]
+    assert labels == [label for _, label in expected[2:5]] + [expected[2][1]]  # shard 1, padded to 4
+
+
+def test_image_folder_is_a_torch_dataset(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "train"
+    make_folder(root)
+    folder = fastloop.ImageFolder(root, transform=lambda image: torch.tensor(resized(image)))
+    x, y = next(iter(torch.utils.data.DataLoader(folder, batch_size=5)))
+    assert x.shape == (5,) + SIZE + (3,) and y.tolist() == folder.targets[:5]
+    np.testing.assert_array_equal(x[1].numpy(), folder[1][0].numpy())
