@@ -16,6 +16,15 @@ import pytest
 import fastloop
 
 
+@pytest.fixture(scope="module", autouse=True)
+def image_cache(tmp_path_factory):
+    """One cache of generated JPEG files for the module's runs (written by the first)."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("cache")
+        patch.setenv("FASTLOOP_CACHE", str(folder))
+        yield folder
+
+
 def demo(tmp_path, *args, check=True):
     result = subprocess.run([sys.executable, "-m", "fastloop", "demo", "--out", str(tmp_path), "--device", "cpu", *args],
                             capture_output=True, text=True, timeout=300)
@@ -47,6 +56,21 @@ def test_quick_classification_run_writes_everything(tmp_path):
     assert len(events.Scalars("val/accuracy")) == 3
     again = demo(tmp_path, "--quick", "--epochs", "1")  # a second run gets a folder of its own
     assert "classification-2" in again.stdout
+
+
+def test_classification_trains_on_jpeg_files_written_once_in_image_folder_layout(tmp_path, image_cache):
+    first = demo(tmp_path, "--quick", "--epochs", "1", "--name", "a")
+    folder = image_cache / "demo-images-v1-seed0-4096+1024"
+    assert "4096 JPEG files" in first.stdout and "fused in Loader threads" in first.stdout
+    train = fastloop.ImageFolder(folder / "train")
+    assert len(train) == 4096 and train.classes == [f"class_{c}" for c in range(10)]
+    assert len(fastloop.ImageFolder(folder / "val")) == 1024
+    assert train[0][0].shape == (32, 32, 3)
+    stamp = os.stat(train.samples[0][0]).st_mtime_ns
+    again = demo(tmp_path, "--quick", "--epochs", "1", "--name", "b")
+    assert f"reused from {folder}" in again.stdout
+    assert os.stat(train.samples[0][0]).st_mtime_ns == stamp
+    assert summary(tmp_path / "a")["val/accuracy"] == summary(tmp_path / "b")["val/accuracy"]
 
 
 def test_interrupted_run_resumes_to_the_same_model(tmp_path):

@@ -139,6 +139,8 @@ def test_quickstart_notebook_runs_and_survives_an_interrupt(kernel_env):
     assert "still alive: []" in later and "after break alive: []" in later, later
     out = "".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     assert "threads + C pipeline:" in out and "processes + Python transform:" in out
+    assert "ImageFolder: 512 files, classes {'blue': 0, 'red': 1}" in out
+    assert re.search(r"JPEG files, decoded in C threads: [\d,]+ samples/s; batches: x \(128, 3, 16, 16\) float32", out), out
     assert re.search(r"step +0  loss", out), out  # the CallbackSink's live lines reach the cell
     assert "validation accuracy:" in out
     assert took < 60, f"the notebook took {took:.1f} s"

@@ -31,6 +31,7 @@ from . import images
 from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
+from .datasets import ImageFolder, Images, TarShards
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,9 @@ __all__ = [
     "images",
     "Loader",
     "Folder",
+    "ImageFolder",
+    "Images",
+    "TarShards",
     "load_npy",
     "get_worker_info",
     "WorkerInfo",

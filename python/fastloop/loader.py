@@ -15,6 +15,7 @@ import glob
 import importlib
 import logging
 import os
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, Union
@@ -207,7 +208,9 @@ class Loader:
     Image sources (ImageFolder, Images, TarShards: anything with ``_encoded_spec``) are read,
     decoded (libjpeg-turbo, libpng) and cropped/resized in C threads when `transform` is a
     Pipeline starting with RandomResizedCrop, Resize((h, w)) or Resize(n) + CenterCrop; they
-    yield (images, labels).
+    yield (images, labels). split_by: "sample" (rank/world_size split the samples, as for any
+    source) or "shard" (TarShards only: each rank reads whole shards, rank, rank + world_size,
+    ...; padded by wrapping, or trimmed with drop_last, to the same step count on every rank).
 
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
     keep so many that the workers would have no free slot, further batches come as copies.
@@ -260,6 +263,7 @@ class Loader:
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int | None = None,
+        split_by: str = "sample",
     ) -> None:
         workers = _alias_workers(workers, num_workers)
         order = _sampler_order(sampler, batch_sampler, shuffle)
@@ -302,6 +306,16 @@ class Loader:
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if order is not None:  # the sampler decides which indices, and shards if it is distributed
             self.rank, self.world_size = 0, 1
+        if split_by not in ("sample", "shard"):
+            raise ValueError(f"'split_by' must be 'sample' or 'shard', not {split_by!r}")
+        if split_by == "shard":  # this rank reads its own shards whole; samples are not split again
+            from .datasets import TarShards
+
+            if not isinstance(source, TarShards):
+                raise TypeError(f"split_by='shard' splits fastloop.TarShards, not {type(source).__name__}")
+            source = source.shard(self.rank, self.world_size, drop_last)
+            self.rank, self.world_size = 0, 1
+        self._source = source
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.timeout, self.persistent_workers = timeout, persistent_workers
         self.metrics = Metrics()
@@ -566,8 +580,11 @@ class _Epoch:
             raise StopIteration
         try:
             batch = self.loader._core.next(self.loader.timeout)
-        except BaseException:
+        except BaseException as error:
             self.abandon()
+            named = _naming_member(self.loader._source, error)
+            if named is not None:
+                raise named from None
             raise
         if batch is None:
             self.done = True
@@ -633,6 +650,14 @@ class _InProcess:
 
     def stop(self) -> None:
         self.position = len(self.order)
+
+
+def _naming_member(source: Any, error: BaseException) -> BaseException | None:
+    """The C loader's error on a tar member names the shard; this adds the member's name."""
+    match = re.match(r"sample (\d+): ", str(error)) if type(error) is ValueError else None
+    if match is None or not hasattr(source, "members") or not int(match.group(1)) < len(source.members):
+        return None
+    return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
 
 
 def _alias_workers(workers: int, num_workers: int | None) -> int:

@@ -1,8 +1,10 @@
 """`python -m fastloop demo`: the main job on an embedded default, end to end.
 
-A generated image-classification dataset (or, with ``--task regression``, the seed's
-Linear(10, 1) problem) goes through fastloop.Loader (C threads running a crop/flip/normalize
-pipeline) into fastloop.nn's train_step (CUDA when available, else the CPU), logged by a
+A generated image-classification dataset, written once as JPEG files in torchvision's
+ImageFolder layout into a cache folder ($FASTLOOP_CACHE, else ~/.cache/fastloop) and reused
+(or, with ``--task regression``, the seed's Linear(10, 1) problem), goes through
+fastloop.ImageFolder and fastloop.Loader (C threads decoding, cropping, resizing, flipping and
+normalizing each image) into fastloop.nn's train_step (CUDA when available, else the CPU), logged by a
 Monitor to metrics.csv and a TensorBoard event file and checkpointed every N steps, all in
 ``runs/<name>/`` with a plot and a summary. Ctrl-C stops it cleanly, keeping a checkpoint;
 ``--resume`` continues from it.

@@ -1,4 +1,5 @@
-"""The demo's embedded datasets, generated in a second from a seed (nothing to download).
+"""The demo's embedded datasets, generated in a second from a seed (nothing to download),
+and written once as JPEG files in ImageFolder layout into a cache folder.
 
 Images: each class is a smooth random colour pattern (a prototype); a sample is its class's
 prototype shifted by a few pixels, with random contrast, brightness and pixel noise, as
@@ -8,7 +9,13 @@ augmentations of the demo's pipeline matter. Regression: the seed's Linear(10, 1
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import numpy as np
+
+from .._cache import cache_root
 
 IMAGE_SHAPE = (3, 32, 32)
 CLASSES = 10
@@ -61,3 +68,34 @@ def make_regression(n: int, seed: int = 0, noise: float = 0.1) -> tuple[np.ndarr
     x = rng.standard_normal((n, 10), dtype=np.float32)
     y = (x @ w[:, None] + b + rng.normal(0.0, noise, (n, 1))).astype(np.float32)
     return x, y, w, b
+
+
+def image_folder(n_train: int, n_val: int, seed: int = 0) -> tuple[str, bool]:
+    """The dataset of make_images as JPEG files (quality 90) in torchvision's ImageFolder
+    layout, <folder>/train/<class>/<i>.jpg and <folder>/val/..., written once into the cache
+    and reused. Returns (folder, reused). Needs Pillow to encode."""
+    from PIL import Image
+
+    folder = os.path.join(cache_root(), f"demo-images-v1-seed{seed}-{n_train}+{n_val}")
+    if os.path.isdir(folder):
+        return folder, True
+    os.makedirs(cache_root(), exist_ok=True)
+    partial = tempfile.mkdtemp(prefix=".partial-", dir=cache_root())  # renamed when complete: never half a set
+    try:
+        images, labels = make_images(n_train + n_val, seed=seed)
+        for split, start, stop in (("train", 0, n_train), ("val", n_train, n_train + n_val)):
+            for c in range(CLASSES):
+                os.makedirs(os.path.join(partial, split, f"class_{c}"))
+            for i in range(start, stop):
+                path = os.path.join(partial, split, f"class_{labels[i]}", f"{i:06d}.jpg")
+                Image.fromarray(images[i].transpose(1, 2, 0)).save(path, "JPEG", quality=90)
+        try:
+            os.rename(partial, folder)
+        except OSError:  # another run wrote it first
+            if not os.path.isdir(folder):
+                raise
+            return folder, True
+    finally:
+        if os.path.isdir(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder, False

@@ -1,7 +1,8 @@
 """The demo's training run: Loader -> fastloop.nn train_step -> Monitor -> Checkpointer.
 
-Two tasks on embedded generated data: "classification" (uint8 images through a C pipeline
-of crop, flip and normalize in Loader threads, an MLP, cross-entropy, Adam) and "regression"
+Two tasks on embedded generated data: "classification" (JPEG files in ImageFolder layout,
+written once into a cache folder, decoded, cropped, resized, flipped and normalized in Loader
+threads; an MLP, cross-entropy, Adam) and "regression"
 (the seed's Linear(10, 1), MSE, SGD lr 0.01). Everything a run writes lands in one folder:
 the TensorBoard event file, metrics.csv, checkpoints/, plot.png and summary.json.
 """
@@ -18,12 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import cuda, nn
+from .. import cuda, images, nn
 from ..checkpoint import Checkpointer
+from ..datasets import ImageFolder
+from ..errors import CodecUnavailable
 from ..loader import Loader
 from ..monitor import CSVSink, Monitor, TensorBoardSink
-from ..ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip
-from .data import CLASSES, IMAGE_SHAPE, make_images, make_regression
+from ..ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop, Resize
+from .data import CLASSES, IMAGE_SHAPE, image_folder, make_images, make_regression
 from .plot import write_plot
 from .progress import Progress
 
@@ -48,29 +51,57 @@ def to_host(array: Any) -> np.ndarray:
 
 
 def classification(args: Any, device: str) -> Task:
-    n_train, n_val = (4096, 1024) if args.quick else (20480, 2048)
-    images, labels = make_images(n_train + n_val, seed=args.seed)
-    train_x, train_y, val_x, val_y = images[:n_train], labels[:n_train], images[n_train:], labels[n_train:]
+    n_train, n_val = (4096, 1024) if args.quick else (10240, 1024)
+    batch_size, target = args.batch_size or 256, None if device == "cpu" else device
+    try:  # JPEG files on disk, decoded and augmented in the Loader's C threads
+        folder, reused = image_folder(n_train, n_val, seed=args.seed)
+        images.ensure_loaded()
+    except (ImportError, CodecUnavailable) as error:
+        return classification_in_memory(args, device, n_train, n_val, why=str(error))
+    augment = Pipeline([RandomResizedCrop(CROP, scale=(0.5, 1.0)), RandomHFlip(), Normalize(0.5, 0.25, layout="HWC->CHW")])
+    loader = Loader(ImageFolder(os.path.join(folder, "train")), batch_size=batch_size, shuffle=True, seed=args.seed,
+                    workers=args.workers, transform=augment, drop_last=True, device=target)
+    center = Pipeline([Resize(IMAGE_SHAPE[1]), CenterCrop(CROP), Normalize(0.5, 0.25, layout="HWC->CHW")])
+    with Loader(ImageFolder(os.path.join(folder, "val")), batch_size=512, workers=args.workers,
+                transform=center) as val_loader:  # decoded once, kept in memory
+        val_x, val_y = (np.concatenate(parts) for parts in zip(*[(x.copy(), y.copy()) for x, y in val_loader]))
+    info = {"data": f"{n_train} JPEG files {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[2]} in ImageFolder layout, {CLASSES} classes "
+                    f"(+{n_val} validation), {'reused from' if reused else 'written to'} {folder}",
+            "pipeline": f"decode + RandomResizedCrop({CROP}) + RandomHFlip + Normalize, fused in Loader threads"}
+    return mlp_task(args, device, loader, val_x, val_y, info)
+
+
+def classification_in_memory(args: Any, device: str, n_train: int, n_val: int, why: str) -> Task:
+    """Without Pillow or a JPEG decoder: the same images as arrays in memory."""
+    data, labels = make_images(n_train + n_val, seed=args.seed)
     augment = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(0.5, 0.25)], layout="CHW")
-    loader = Loader((train_x, train_y), batch_size=args.batch_size or 256, shuffle=True, seed=args.seed,
-                    workers=args.workers, transform=augment, drop_last=True,
+    loader = Loader((data[:n_train], labels[:n_train]), batch_size=args.batch_size or 256, shuffle=True,
+                    seed=args.seed, workers=args.workers, transform=augment, drop_last=True,
                     device=None if device == "cpu" else device)
-    val_inputs = Pipeline([CenterCrop(CROP), Normalize(0.5, 0.25)], layout="CHW")(val_x)
+    val_x = Pipeline([CenterCrop(CROP), Normalize(0.5, 0.25)], layout="CHW")(data[n_train:])
+    info = {"data": f"{n_train} generated images {IMAGE_SHAPE} uint8 in memory, {CLASSES} classes (+{n_val} "
+                    f"validation); JPEG files need Pillow and a decoder ({why})",
+            "pipeline": "RandomCrop(28) + RandomHFlip + Normalize, in Loader threads"}
+    return mlp_task(args, device, loader, val_x, labels[n_train:], info)
+
+
+def mlp_task(args: Any, device: str, loader: Loader, val_x: np.ndarray, val_y: np.ndarray,
+             info: dict[str, Any]) -> Task:
+    """The MLP, its optimizer and its validation on (CROP x CROP) normalized CHW inputs."""
     nn.manual_seed(args.seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SHAPE[0] * CROP * CROP, 512), nn.ReLU(),
                           nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, CLASSES), device=device)
     opt = nn.Adam(model, lr=args.lr or 1e-3)
+    n_val = len(val_y)
 
     def evaluate() -> dict[str, float]:
-        logits = np.concatenate([to_host(model(val_inputs[i:i + 512])) for i in range(0, n_val, 512)])
+        logits = np.concatenate([to_host(model(val_x[i:i + 512])) for i in range(0, n_val, 512)])
         shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         return {"val/accuracy": float((logits.argmax(axis=1) == val_y).mean()),
                 "val/loss": float(-log_probs[np.arange(n_val), val_y].mean())}
 
-    info = {"data": f"{n_train} generated images {IMAGE_SHAPE} uint8, {CLASSES} classes (+{n_val} validation)",
-            "pipeline": "RandomCrop(28) + RandomHFlip + Normalize, in Loader threads",
-            "model": "MLP 2352-512-256-10, cross-entropy, Adam"}
+    info["model"] = "MLP 2352-512-256-10, cross-entropy, Adam"
     return Task(loader, model, opt, "cross_entropy", evaluate, args.epochs or (3 if args.quick else 20), info)
 
 
