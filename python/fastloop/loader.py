@@ -24,8 +24,8 @@ import numpy as np
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._samples import Fetcher, SampleStructure, SharedOrder
-from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, seed_generators,
-                             setup_worker_torch, to_tensors, torch_single_threaded)
+from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
+                             seed_generators, setup_worker_torch, to_tensors, torch_single_threaded)
 from .errors import WorkerError
 from .ops import Pipeline
 
@@ -217,7 +217,9 @@ class Loader:
       ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
       then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device);
       with output="torch" and no device, batches are pinned tensors where torch sees CUDA
-      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True).
+      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True);
+      where torch sees no CUDA, or with NumPy output and no device, a UserWarning says that
+      nothing is pinned (DataLoader too warns and goes on unpinned).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
     process to learn the batch layout (every sample must have the same shapes), with torch
@@ -288,6 +290,7 @@ class Loader:
 
             cuda.require()  # raises CudaUnavailable saying why on a machine without a GPU
         self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
+        self._pin_tensors = self.device is None and pins_tensors(self.pin_memory, output)
         self._feed: Any = None  # the DeviceFeed of a CUDA loader
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
@@ -514,7 +517,7 @@ class Loader:
         if self._feed is not None:  # DeviceFeed takes the fields as they are
             return batch[0] if self._single else batch
         if self.output == "torch":
-            batch = to_tensors(batch, self.pin_memory)
+            batch = to_tensors(batch, self._pin_tensors)
         if self.collate_fn is not None:
             return self.collate_fn(self._structure.unbatch(batch))
         return self._structure.build(batch)
