@@ -449,3 +449,54 @@ class BFloat16Samples:
 def test_a_bfloat16_sample_field_is_refused_naming_the_field_and_dtype(workers):
     with pytest.raises(TypeError, match=r"sample field 1 is a torch.bfloat16 tensor.*\.float\(\)"):
         fastloop.Loader(BFloat16Samples(), batch_size=4, num_workers=workers)
+
+
+class RecordsFetches:
+    """Marks each index it is asked for in memory shared with the worker processes."""
+
+    def __init__(self, n: int) -> None:
+        import mmap
+
+        self._map = mmap.mmap(-1, n)
+        self.fetched = np.frombuffer(self._map, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.fetched)
+
+    def __getitem__(self, i: int):
+        self.fetched[i] = 1
+        return np.float32(i)
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)  # polls a real condition
+    return True
+
+
+def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one():
+    dataset = RecordsFetches(40)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=2, timeout=60)
+    it = iter(loader)
+    held = next(it)  # batch 0, still in use: batches 1 and 2 must be made meanwhile (prefetch 2)
+    assert wait_until(lambda: dataset.fetched[:12].all()), f"fetched {np.flatnonzero(dataset.fetched)}"
+    assert held.tolist() == [0, 1, 2, 3]
+    del held
+    assert [b.tolist() for b in it][-1] == [36, 37, 38, 39]
+    loader.close()
+
+
+def test_a_dropped_batch_frees_its_slot_for_the_next_batch_at_once():
+    dataset = RecordsFetches(40)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=1, timeout=60)
+    it = iter(loader)
+    held = next(it)
+    held = next(it)  # batch 0 dropped now: its slot must go to the worker without waiting for next()
+    assert wait_until(lambda: dataset.fetched[:12].all()), f"fetched {np.flatnonzero(dataset.fetched)}"
+    assert held.tolist() == [4, 5, 6, 7]
+    loader.close()
