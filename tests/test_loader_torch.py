@@ -185,6 +185,8 @@ def test_dataloader_names_refuse_what_would_mean_something_else():
         fastloop.Loader(labels, batch_sampler=[[1, 2], [3, 4, 5]])
     with pytest.raises(ValueError, match="num_workers"):
         fastloop.Loader(labels, workers=2, num_workers=3)
+    with pytest.raises(ValueError, match="'prefetch_factor' is DataLoader's name for 'prefetch'"):
+        fastloop.Loader(labels, prefetch=3, prefetch_factor=4)
     with pytest.raises(ValueError, match="'output'"):
         fastloop.Loader(labels, output="jax")
     with pytest.raises(ValueError, match="target_transform"):
@@ -493,7 +495,7 @@ def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one
 
 def test_a_dropped_batch_frees_its_slot_for_the_next_batch_at_once():
     dataset = RecordsFetches(40)
-    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=1, timeout=60)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch_factor=1, timeout=60)
     it = iter(loader)
     held = next(it)
     held = next(it)  # batch 0 dropped now: its slot must go to the worker without waiting for next()

@@ -207,7 +207,8 @@ class Loader:
     gives them; arrays or tensors) in this process; what it returns is the batch.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
-    collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    prefetch_factor (= prefetch: batches in flight per worker, made while you use the one
+    you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
@@ -253,8 +254,10 @@ class Loader:
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int | None = None,
+        prefetch_factor: int | None = None,
     ) -> None:
-        workers = _alias_workers(workers, num_workers)
+        workers = _alias("workers", workers, 0, "num_workers", num_workers)
+        prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
         order = _sampler_order(sampler, batch_sampler, shuffle)
         if order is not None and batch_sampler is not None:
             batch_size, drop_last = order.batch_size, False
@@ -622,13 +625,13 @@ class _InProcess:
         self.position = len(self.order)
 
 
-def _alias_workers(workers: int, num_workers: int | None) -> int:
-    """DataLoader's num_workers is workers."""
-    if num_workers is None:
-        return workers
-    if workers not in (0, num_workers):
-        raise ValueError(f"'num_workers' is DataLoader's name for 'workers': pass one (got {workers} and {num_workers})")
-    return num_workers
+def _alias(ours: str, value: int, default: int, theirs: str, alias: int | None) -> int:
+    """A DataLoader name for one of ours (num_workers for workers, prefetch_factor for prefetch)."""
+    if alias is None:
+        return value
+    if value not in (default, alias):
+        raise ValueError(f"'{theirs}' is DataLoader's name for '{ours}': pass one (got {value} and {alias})")
+    return alias
 
 
 def _sampler_order(sampler: Any, batch_sampler: Any, shuffle: bool) -> SharedOrder | None:
