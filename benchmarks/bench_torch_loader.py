@@ -2,11 +2,14 @@
 torchvision ImageFolder of JPEG files with RandomResizedCrop + ToTensor + Normalize, the same
 dataset object, batch size, shuffle and worker count on both sides.
 
-Reported per loader and worker count: samples/s over the second epoch (workers already
-running, as in training), the time from constructing the loader to its first batch, and the
-peak PSS of the process tree (shared pages split between processes). Each configuration runs
-in a fresh interpreter that has imported torch and used its thread pool, as a training script
-has (the case that used to hang fastloop's workers).
+Reported per loader and worker count: samples/s over epochs 1-2 (workers already running, as
+in training), the time from constructing the loader to its first batch, the peak PSS of the
+process tree (shared pages split between processes; sampled in epochs 0 and 3, not while
+timing), and the CPU time per sample of the workers and of the main process. Each
+configuration runs in a fresh interpreter that has imported torch and used its thread pool, as
+a training script has (the case that used to hang fastloop's workers). The floor, what the
+dataset itself costs (dataset[i] in a loop, torch on one thread), tells how much any loader
+could gain: with every core busy, samples/s is at most cores / (CPU per sample).
 
     $ python benchmarks/bench_torch_loader.py [--quick] [--images N] [--workers 1,2]
 Under pytest: one quick fastloop configuration is measured (numbers go to BENCHMARKS.md,
@@ -66,8 +69,23 @@ def make_loader(kind: str, dataset, workers: int):
                            output="torch", timeout=120)
 
 
-def measure_one(kind: str, workers: int, root: str) -> dict:
-    """One configuration, in this (fresh) interpreter."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(kind: str, loader) -> list[int]:
+    if kind == "torch DataLoader":
+        return [w.pid for w in loader._iterator._workers]  # private, but the only way to name them
+    return loader.worker_pids
+
+
+def measure_one(kind: str, workers: int, root: str, timed_epochs: int = 2) -> dict:
+    """One configuration, in this (fresh) interpreter: epoch 0 (first batch, peak PSS), then
+    `timed_epochs` epochs timed with no PSS sampler running (its /proc reads take CPU the
+    workers compete for), with the CPU time of the main process and of the workers."""
     import torch
 
     from fastloop.bench.loader import PeakPss
@@ -82,13 +100,37 @@ def measure_one(kind: str, workers: int, root: str) -> dict:
         first = time.perf_counter() - start
         for _ in it:  # the rest of epoch 0
             pass
-        start, seen = time.perf_counter(), 0
-        for x, _ in loader:  # epoch 1: workers running
+    pids = worker_pids(kind, loader)
+    main0, workers0 = cpu_seconds(os.getpid()), [cpu_seconds(p) for p in pids]
+    start, seen = time.perf_counter(), 0
+    for _ in range(timed_epochs):
+        for x, _ in loader:  # workers running, as in training
             seen += len(x)
-        elapsed = time.perf_counter() - start
-        del loader, it
+    elapsed = time.perf_counter() - start
+    main_cpu = cpu_seconds(os.getpid()) - main0
+    worker_cpu = sum(cpu_seconds(p) - c for p, c in zip(pids, workers0))
+    with PeakPss() as later:  # memory after the workers have run a while (copy-on-write grows)
+        for _ in loader:
+            pass
+    del loader, it
     return {"loader": kind, "workers": workers, "samples_per_s": seen / elapsed, "first_batch_s": first,
-            "peak_pss_mib": pss.peak / 2**20}
+            "peak_pss_mib": max(pss.peak, later.peak) / 2**20, "main_cpu_ms": 1e3 * main_cpu / seen,
+            "worker_cpu_ms": 1e3 * worker_cpu / seen}
+
+
+def measure_floor(root: str) -> dict:
+    """The dataset's own cost: dataset[i] over a shuffled epoch in this process, torch on one
+    thread as in a worker; no loader can spend less CPU per sample than this."""
+    import torch
+
+    torch.set_num_threads(1)
+    dataset = make_dataset(root)
+    order = np.random.default_rng(0).permutation(len(dataset))
+    dataset[0]
+    start = time.process_time()
+    for i in order:
+        dataset[int(i)]
+    return {"loader": "dataset[i] alone", "workers": 0, "cpu_ms": 1e3 * (time.process_time() - start) / len(order)}
 
 
 def run(images: int, workers_list: list[int], repeats: int) -> list[dict]:
@@ -96,29 +138,37 @@ def run(images: int, workers_list: list[int], repeats: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as root:
         write_image_folder(root, images)
         for repeat in range(repeats):  # interleaved, so load from other work hits both alike
-            for workers in workers_list:
-                for kind in ("torch DataLoader", "fastloop processes"):
-                    out = subprocess.run([sys.executable, __file__, "--one", kind, str(workers), root],
-                                         capture_output=True, text=True, check=True)
-                    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            configs = [("--floor",)] + [("--one", kind, str(w)) for w in workers_list
+                                        for kind in ("torch DataLoader", "fastloop processes")]
+            for config in configs:
+                out = subprocess.run([sys.executable, __file__, *config, root], capture_output=True, text=True,
+                                     check=True)
+                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return rows
 
 
 def table(rows: list[dict]) -> list[str]:
+    floor = min(r["cpu_ms"] for r in rows if r["loader"] == "dataset[i] alone")
     best: dict[tuple[str, int], dict] = {}
     for r in rows:  # the best of the repeats: the least disturbed by other work on the machine
         key = (r["loader"], r["workers"])
-        if key not in best or r["samples_per_s"] > best[key]["samples_per_s"]:
+        if "samples_per_s" in r and (key not in best or r["samples_per_s"] > best[key]["samples_per_s"]):
             best[key] = r
-    lines = [f"{'loader':<20} {'workers':>7} {'samples/s':>10} {'first batch s':>14} {'peak PSS MiB':>13}"]
+    lines = [f"{'loader':<20} {'workers':>7} {'samples/s':>10} {'first batch s':>14} {'peak PSS MiB':>13} "
+             f"{'CPU ms/sample: workers':>23} {'main':>5}"]
     for (kind, workers), r in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lines.append(f"{kind:<20} {workers:>7} {r['samples_per_s']:>10.0f} {r['first_batch_s']:>14.2f} "
-                     f"{r['peak_pss_mib']:>13.0f}")
+                     f"{r['peak_pss_mib']:>13.0f} {r['worker_cpu_ms']:>23.3f} {r['main_cpu_ms']:>5.3f}")
+    lines.append(f"dataset[i] alone (one process, torch on 1 thread): {floor:.3f} CPU ms/sample (best of repeats)")
     for workers in sorted({w for _, w in best}):
         fl, tv = best.get(("fastloop processes", workers)), best.get(("torch DataLoader", workers))
         if fl and tv:
+            fl_cpu, tv_cpu = (r["worker_cpu_ms"] + r["main_cpu_ms"] for r in (fl, tv))
             lines.append(f"workers={workers}: fastloop / DataLoader = {fl['samples_per_s'] / tv['samples_per_s']:.2f}x "
-                         f"samples/s, peak PSS {fl['peak_pss_mib']:.0f} vs {tv['peak_pss_mib']:.0f} MiB")
+                         f"samples/s, peak PSS {fl['peak_pss_mib']:.0f} vs {tv['peak_pss_mib']:.0f} MiB; "
+                         f"CPU per sample {fl_cpu:.3f} vs {tv_cpu:.3f} ms (DataLoader / fastloop "
+                         f"{tv_cpu / fl_cpu:.2f}x; DataLoader / dataset alone {tv_cpu / floor:.2f}x: the most any "
+                         f"loader could gain with every core busy)")
     return lines
 
 
@@ -128,13 +178,17 @@ def test_fastloop_processes_on_an_image_folder_is_measured(tmp_path):
     pytest.importorskip("torchvision")
     pytest.importorskip("PIL")
     write_image_folder(str(tmp_path), 64)
-    row = measure_one("fastloop processes", 1, str(tmp_path))
+    row = measure_one("fastloop processes", 1, str(tmp_path), timed_epochs=1)
     assert row["samples_per_s"] > 0 and 0 < row["first_batch_s"] < 120 and row["peak_pss_mib"] > 0
+    assert row["worker_cpu_ms"] > 0 and measure_floor(str(tmp_path))["cpu_ms"] > 0
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--one":
         print(json.dumps(measure_one(argv[1], int(argv[2]), argv[3])))
+        return 0
+    if argv and argv[0] == "--floor":
+        print(json.dumps(measure_floor(argv[1])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="192 images, one repeat")

@@ -89,10 +89,33 @@ def test_output_torch_gives_tensors_that_keep_their_slot_alive():
         loader.close()
 
 
-def test_pin_memory_without_cuda_gives_plain_cpu_tensors():
-    loader = fastloop.Loader(np.ones((8, 2), np.float32), batch_size=4, output="torch", pin_memory=True)
-    batch = next(iter(loader))
-    assert batch.device.type == "cpu" and batch.is_pinned() == torch.cuda.is_available()
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA path (a GPU machine pins)")
+def test_pin_memory_without_cuda_warns_and_gives_plain_tensors_as_dataloader_does():
+    data = np.arange(16, dtype=np.float32).reshape(8, 2)
+    with pytest.warns(UserWarning, match="no CUDA device: batches are not pinned"):
+        loader = fastloop.Loader(data, batch_size=4, output="torch", pin_memory=True, num_workers=2)
+    batches = list(loader)
+    assert all(b.device.type == "cpu" and not b.is_pinned() for b in batches)
+    np.testing.assert_array_equal(torch.cat(batches).numpy(), data)
+    with pytest.warns(UserWarning, match="no accelerator"):  # what DataLoader does here
+        next(iter(torch.utils.data.DataLoader(torch.from_numpy(data), batch_size=4, pin_memory=True)))
+
+
+def test_pin_memory_with_numpy_output_and_no_device_warns_that_nothing_is_pinned():
+    with pytest.warns(UserWarning, match="output='torch'.*not pinned"):
+        loader = fastloop.Loader(np.ones((8, 2), np.float32), batch_size=4, pin_memory=True)
+    assert isinstance(next(iter(loader)), np.ndarray)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_with_cuda_gives_pinned_tensors_for_non_blocking_copies():
+    data = np.arange(16, dtype=np.float32).reshape(8, 2)
+    loader = fastloop.Loader(data, batch_size=4, output="torch", pin_memory=True)
+    batches = list(loader)
+    assert all(b.is_pinned() for b in batches)
+    on_gpu = torch.cat([b.to("cuda", non_blocking=True) for b in batches])
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(on_gpu.cpu().numpy(), data)
 
 
 class DictDataset:
@@ -162,6 +185,8 @@ def test_dataloader_names_refuse_what_would_mean_something_else():
         fastloop.Loader(labels, batch_sampler=[[1, 2], [3, 4, 5]])
     with pytest.raises(ValueError, match="num_workers"):
         fastloop.Loader(labels, workers=2, num_workers=3)
+    with pytest.raises(ValueError, match="'prefetch_factor' is DataLoader's name for 'prefetch'"):
+        fastloop.Loader(labels, prefetch=3, prefetch_factor=4)
     with pytest.raises(ValueError, match="'output'"):
         fastloop.Loader(labels, output="jax")
     with pytest.raises(ValueError, match="target_transform"):
@@ -271,3 +296,209 @@ def test_state_dict_after_a_pass_cut_short_still_says_where_it_stopped():
     assert loader.state_dict() == {"epoch": 0, "position": 2, "seed": 5}
     loader.set_epoch(3)
     assert loader.state_dict() == {"epoch": 3, "position": 0, "seed": 5}
+
+
+# ---- the issue's failures, as a user meets them: an ImageFolder-like torch Dataset of JPEGs
+# with torchvision-like transforms written in torch ops (make test has no torchvision)
+
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop with torch ops: a crop of random area and aspect
+    ratio drawn with torch's generator, resized by F.interpolate (big enough to use the pool)."""
+
+    def __init__(self, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> None:
+        self.size, self.scale, self.ratio = size, scale, ratio
+
+    def __call__(self, image):
+        _, h, w = image.shape
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        for _ in range(10):
+            area = h * w * torch.empty(1).uniform_(*self.scale).item()
+            aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+            cw, ch = int(round((area * aspect) ** 0.5)), int(round((area / aspect) ** 0.5))
+            if 0 < cw <= w and 0 < ch <= h:
+                top = int(torch.randint(0, h - ch + 1, (1,)))
+                left = int(torch.randint(0, w - cw + 1, (1,)))
+                break
+        else:
+            top, left, ch, cw = 0, 0, h, w
+        crop = image[None, :, top:top + ch, left:left + cw]
+        return F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True,
+                             align_corners=False)[0]
+
+
+def to_tensor(pil_image):
+    """torchvision's ToTensor: HWC uint8 -> CHW float in [0, 1]."""
+    return torch.from_numpy(np.array(pil_image, np.uint8)).permute(2, 0, 1).float().div(255)
+
+
+class Normalize:
+    def __init__(self, mean, std) -> None:
+        self.mean, self.std = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+
+    def __call__(self, x):
+        return (x - self.mean) / self.std
+
+
+class Compose:
+    def __init__(self, steps) -> None:
+        self.steps = steps
+
+    def __call__(self, x):
+        for step in self.steps:
+            x = step(x)
+        return x
+
+
+class TorchImageFolder(torch.utils.data.Dataset):
+    """torchvision.datasets.ImageFolder's behaviour: root/<class>/<file>.jpg, PIL decode,
+    convert('RGB'), transform on the image, (image, class index) samples."""
+
+    def __init__(self, root, transform=None) -> None:
+        import os
+
+        self.classes = sorted(os.listdir(root))
+        self.samples = [(os.path.join(root, c, f), k) for k, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        path, target = self.samples[i]
+        with open(path, "rb") as f:
+            image = Image.open(f).convert("RGB")
+        return (self.transform(image) if self.transform is not None else image), target
+
+
+TRANSFORM = Compose([to_tensor, RandomResizedCrop(24), Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+
+def write_jpegs(root, n: int, same: bool = False, classes: int = 2) -> str:
+    """n JPEG files 320x240 in root/class_k/ (all of one picture when `same`); big enough that
+    ToTensor's ops run on torch's intra-op pool."""
+    Image = pytest.importorskip("PIL.Image")
+    yy, xx = np.mgrid[0:240, 0:320]
+    for i in range(n):
+        folder = root / f"class_{i % classes}"
+        folder.mkdir(exist_ok=True)
+        k = 0 if same else i
+        pixels = np.stack([(xx * (1 + k % 3) + yy * (1 + c) + 20 * k) % 256 for c in range(3)], axis=-1)
+        noise = np.random.default_rng(k).integers(0, 20, pixels.shape)
+        Image.fromarray((pixels + noise).clip(0, 255).astype(np.uint8)).save(folder / f"{i:03d}.jpg", quality=90)
+    return str(root)
+
+
+def test_image_folder_with_torch_transforms_yields_batches_after_the_parent_used_torchs_pool(tmp_path):
+    use_torch_thread_pool()  # the pool runs in the parent: a worker keeping it hung (the issue's deadlock)
+    dataset = TorchImageFolder(write_jpegs(tmp_path, 40), transform=TRANSFORM)
+    loader = fastloop.Loader(dataset, batch_size=8, shuffle=True, num_workers=2, output="torch", timeout=60)
+    batches = list(loader)
+    loader.close()
+    assert [tuple(x.shape) for x, _ in batches] == [(8, 3, 24, 24)] * 5
+    assert all(x.dtype == torch.float32 and y.dtype == torch.int64 for x, y in batches)
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == [0] * 20 + [1] * 20
+
+
+def test_two_workers_draw_different_augmentations_of_the_same_image(tmp_path):
+    # every file is the same picture: equal crops would mean equal random draws
+    dataset = TorchImageFolder(write_jpegs(tmp_path, 16, same=True), transform=TRANSFORM)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=2, output="torch", timeout=60)
+    images = torch.cat([x for x, _ in loader])  # batches 0, 2 from worker 0; 1, 3 from worker 1
+    loader.close()
+    flat = images.reshape(16, -1)
+    distinct = {tuple(row.tolist()) for row in flat}
+    assert len(distinct) == 16, "two samples were augmented alike (a generator not reseeded per worker)"
+
+
+def train_losses(root, workers: int) -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 24 * 24, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = fastloop.Loader(TorchImageFolder(root, transform=TRANSFORM), batch_size=8, shuffle=True, seed=1,
+                             num_workers=workers, output="torch", timeout=60)
+    losses = []
+    for _ in range(2):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    loader.close()
+    return losses
+
+
+def test_identical_runs_give_identical_losses_whatever_the_worker_count(tmp_path):
+    root = write_jpegs(tmp_path, 24)
+    first = train_losses(root, workers=2)
+    assert len(first) == 6 and len(set(first)) == 6
+    assert train_losses(root, workers=2) == first
+    assert train_losses(root, workers=1) == first  # draws depend on (seed, epoch, sample), not the worker
+
+
+class BFloat16Samples:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.zeros(2), torch.full((3,), float(i), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bfloat16_sample_field_is_refused_naming_the_field_and_dtype(workers):
+    with pytest.raises(TypeError, match=r"sample field 1 is a torch.bfloat16 tensor.*\.float\(\)"):
+        fastloop.Loader(BFloat16Samples(), batch_size=4, num_workers=workers)
+
+
+class RecordsFetches:
+    """Marks each index it is asked for in memory shared with the worker processes."""
+
+    def __init__(self, n: int) -> None:
+        import mmap
+
+        self._map = mmap.mmap(-1, n)
+        self.fetched = np.frombuffer(self._map, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.fetched)
+
+    def __getitem__(self, i: int):
+        self.fetched[i] = 1
+        return np.float32(i)
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)  # polls a real condition
+    return True
+
+
+def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one():
+    dataset = RecordsFetches(40)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=2, timeout=60)
+    it = iter(loader)
+    held = next(it)  # batch 0, still in use: batches 1 and 2 must be made meanwhile (prefetch 2)
+    assert wait_until(lambda: dataset.fetched[:12].all()), f"fetched {np.flatnonzero(dataset.fetched)}"
+    assert held.tolist() == [0, 1, 2, 3]
+    del held
+    assert [b.tolist() for b in it][-1] == [36, 37, 38, 39]
+    loader.close()
+
+
+def test_a_dropped_batch_frees_its_slot_for_the_next_batch_at_once():
+    dataset = RecordsFetches(40)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch_factor=1, timeout=60)
+    it = iter(loader)
+    held = next(it)
+    held = next(it)  # batch 0 dropped now: its slot must go to the worker without waiting for next()
+    assert wait_until(lambda: dataset.fetched[:12].all()), f"fetched {np.flatnonzero(dataset.fetched)}"
+    assert held.tolist() == [4, 5, 6, 7]
+    loader.close()

@@ -345,9 +345,9 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
     if (pool == NULL)
         return FL_ENOMEM;
     pool->config = *config;
-    pool->n_slots = config->workers * config->prefetch;
-    if (pool->n_slots < 2)
-        pool->n_slots = 2;
+    /* + 1: the batch the consumer still holds while it asks for the next one, so that
+     * `prefetch` batches per worker stay in flight meanwhile (as DataLoader's prefetch_factor) */
+    pool->n_slots = config->workers * config->prefetch + 1;
     pool->slot_stride = (config->slot_bytes + ALIGN - 1) / ALIGN * ALIGN;
     pool->region_len = pool->slot_stride * (size_t)pool->n_slots;
     pool->region = mmap(NULL, pool->region_len ? pool->region_len : ALIGN, PROT_READ | PROT_WRITE,
@@ -418,6 +418,8 @@ int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot_out, size_t 
             rc = FL_EEND;
             break;
         }
+        wait_for_results(pool, 0); /* collect finished batches and keep every worker's queue full */
+        dispatch(pool);
         slot *s = ready_slot(pool, pool->next_deliver);
         if (s != NULL) {
             s->state = SLOT_LENT;
@@ -428,7 +430,6 @@ int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot_out, size_t 
             rc = FL_OK;
             break;
         }
-        dispatch(pool);
         double left = deadline < 0 ? 0.05 : deadline - fl_monotonic();
         if (left <= 0) {
             rc = timeout_s == 0 ? FL_EAGAIN : FL_ETIMEDOUT;
@@ -453,6 +454,7 @@ void fl_procpool_release(fl_procpool *pool, int s) {
     if (s >= 0 && s < pool->n_slots && pool->slots[s].state == SLOT_LENT) {
         pool->slots[s].state = SLOT_FREE;
         pool->lent--;
+        dispatch(pool); /* refill it now: a worker idle until the consumer's next call is time lost */
     }
     pthread_mutex_unlock(&pool->lock);
 }

@@ -44,7 +44,7 @@ typedef struct fl_proc_hooks {
 typedef struct fl_procpool_config {
     fl_sampler sampler;
     int workers;      /* >= 1 */
-    int prefetch;     /* batches in flight per worker, >= 1; slots = workers * prefetch */
+    int prefetch;     /* batches in flight per worker, >= 1; slots = workers * prefetch + 1 */
     size_t slot_bytes;
     fl_proc_fill_fn fill;
     void *fill_ctx;
@@ -89,7 +89,8 @@ int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot, size_t *cou
 
 const fl_proc_error *fl_procpool_error(fl_procpool *pool);
 
-/* Gives a lent slot back. Any thread. */
+/* Gives a lent slot back and hands it to a worker at once if the epoch has work left (a
+ * short socket write). Any thread. */
 void fl_procpool_release(fl_procpool *pool, int slot);
 
 /* Ends the workers (their sockets close; after a second, SIGKILL), reaps them, and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -91,11 +92,28 @@ def import_torch_for_output() -> Any:
     return torch
 
 
+def pins_tensors(pin_memory: bool, output: str) -> bool:
+    """Whether a Loader without device= pins its batches: torch tensors only, and only where
+    torch sees CUDA. Otherwise it warns and pins nothing, as DataLoader does without an
+    accelerator (pinned memory exists only for a device to copy from)."""
+    if not pin_memory:
+        return False
+    if output != "torch":
+        warnings.warn("pin_memory=True pins torch tensors (output='torch') or the slots of a Loader with "
+                      "device='cuda'; these NumPy batches are not pinned", UserWarning, stacklevel=3)
+        return False
+    if not import_torch_for_output().cuda.is_available():
+        warnings.warn("pin_memory=True, but torch finds no CUDA device: batches are not pinned (as "
+                      "DataLoader does without an accelerator)", UserWarning, stacklevel=3)
+        return False
+    return True
+
+
 def to_tensors(arrays: tuple, pin: bool) -> tuple:
     """Arrays as torch tensors sharing their memory (each tensor keeps its array, and so the
-    batch slot, alive); pinned copies when `pin` and torch sees CUDA."""
+    batch slot, alive); with `pin` (see pins_tensors), pinned copies, as DataLoader's."""
     torch = import_torch_for_output()
     tensors = tuple(torch.from_numpy(a) for a in arrays)
-    if pin and torch.cuda.is_available():
+    if pin:
         tensors = tuple(t.pin_memory() for t in tensors)
     return tensors

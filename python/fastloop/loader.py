@@ -25,8 +25,8 @@ import numpy as np
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._samples import Fetcher, SampleStructure, SharedOrder
-from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, seed_generators,
-                             setup_worker_torch, to_tensors, torch_single_threaded)
+from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
+                             seed_generators, setup_worker_torch, to_tensors, torch_single_threaded)
 from .errors import WorkerError
 from .ops import _GEOMETRY_HINT, Pipeline
 
@@ -219,7 +219,8 @@ class Loader:
     gives them; arrays or tensors) in this process; what it returns is the batch.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
-    collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    prefetch_factor (= prefetch: batches in flight per worker, made while you use the one
+    you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
@@ -229,7 +230,9 @@ class Loader:
       ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
       then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device);
       with output="torch" and no device, batches are pinned tensors where torch sees CUDA
-      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True).
+      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True);
+      where torch sees no CUDA, or with NumPy output and no device, a UserWarning says that
+      nothing is pinned (DataLoader too warns and goes on unpinned).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
     process to learn the batch layout (every sample must have the same shapes), with torch
@@ -263,9 +266,11 @@ class Loader:
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int | None = None,
+        prefetch_factor: int | None = None,
         split_by: str = "sample",
     ) -> None:
-        workers = _alias_workers(workers, num_workers)
+        workers = _alias("workers", workers, 0, "num_workers", num_workers)
+        prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
         order = _sampler_order(sampler, batch_sampler, shuffle)
         if order is not None and batch_sampler is not None:
             batch_size, drop_last = order.batch_size, False
@@ -301,6 +306,7 @@ class Loader:
 
             cuda.require()  # raises CudaUnavailable saying why on a machine without a GPU
         self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
+        self._pin_tensors = self.device is None and pins_tensors(self.pin_memory, output)
         self._feed: Any = None  # the DeviceFeed of a CUDA loader
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
@@ -544,7 +550,7 @@ class Loader:
         if self._feed is not None:  # DeviceFeed takes the fields as they are
             return batch[0] if self._single else batch
         if self.output == "torch":
-            batch = to_tensors(batch, self.pin_memory)
+            batch = to_tensors(batch, self._pin_tensors)
         if self.collate_fn is not None:
             return self.collate_fn(self._structure.unbatch(batch))
         return self._structure.build(batch)
@@ -660,13 +666,13 @@ def _naming_member(source: Any, error: BaseException) -> BaseException | None:
     return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
 
 
-def _alias_workers(workers: int, num_workers: int | None) -> int:
-    """DataLoader's num_workers is workers."""
-    if num_workers is None:
-        return workers
-    if workers not in (0, num_workers):
-        raise ValueError(f"'num_workers' is DataLoader's name for 'workers': pass one (got {workers} and {num_workers})")
-    return num_workers
+def _alias(ours: str, value: int, default: int, theirs: str, alias: int | None) -> int:
+    """A DataLoader name for one of ours (num_workers for workers, prefetch_factor for prefetch)."""
+    if alias is None:
+        return value
+    if value not in (default, alias):
+        raise ValueError(f"'{theirs}' is DataLoader's name for '{ours}': pass one (got {value} and {alias})")
+    return alias
 
 
 def _sampler_order(sampler: Any, batch_sampler: Any, shuffle: bool) -> SharedOrder | None:
