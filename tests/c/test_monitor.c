@@ -2,6 +2,7 @@
  * threads: exact totals under contention, formats byte by byte, errors reported. */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/fl_buf.h"
 #include "base/fl_crc.h"
 #include "base/fl_error.h"
 #include "base/fl_metrics.h"
@@ -97,7 +99,7 @@ static void test_csv_and_jsonl_format_records(void) {
     snprintf(jsonl, sizeof jsonl, "%s/m.jsonl", tmpdir);
     fl_event events[3];
     fl_event_init(&events[0], FL_EVENT_SCALAR, "loss", 0.1, 7, -1);
-    fl_event_init(&events[1], FL_EVENT_SCALAR, "odd,\"name\"", 0.0 / 0.0, 8, 2);
+    fl_event_init(&events[1], FL_EVENT_SCALAR, "odd,\"name\"", NAN, 8, 2);
     fl_event_init(&events[2], FL_EVENT_MARKER, "epoch_end", 0, 9, -1);
     for (int round = 0; round < 2; round++) { /* the second open appends: no second header */
         fl_sink *c, *j;
@@ -176,6 +178,74 @@ static void test_tensorboard_file_is_framed_with_valid_crcs(void) {
     CHECK(check_tfrecords(bytes, n, "train/loss") == 2);
     CHECK(memmem(bytes, n, "not written", 11) == NULL);
     fl_sink_free(s);
+}
+
+/* NaN, inf and numbers beyond int64 (a NaN loss) format without undefined casts, in every sink. */
+static const double nonfinite[] = {NAN, INFINITY, -INFINITY, 1e300, -1e300, 9007199254740992.0,
+                                   -9223372036854775808.0, 1e19};
+static const char *const nonfinite_csv[] = {"nan", "inf", "-inf", "1e+300", "-1e+300",
+                                            "9007199254740992", "-9.223372036854776e+18", "1e+19"};
+static const char *const nonfinite_json[] = {"NaN", "Infinity", "-Infinity", "1e+300", "-1e+300",
+                                             "9007199254740992", "-9.223372036854776e+18", "1e+19"};
+enum { N_NONFINITE = sizeof nonfinite / sizeof nonfinite[0] };
+
+static void test_buf_formats_nonfinite_and_huge_doubles(void) {
+    for (int i = 0; i < N_NONFINITE; i++) {
+        fl_buf b = {0};
+        fl_buf_double(&b, nonfinite[i]);
+        fl_buf_append(&b, "", 1);
+        CHECK(!b.failed && strcmp((char *)b.data, nonfinite_csv[i]) == 0);
+        fl_buf_free(&b);
+    }
+    const double seconds[] = {NAN, INFINITY, -INFINITY, 1e300, -1};
+    const char *const written[] = {"0.000000", "18446744073709.551615", "0.000000",
+                                   "18446744073709.551615", "0.000000"};
+    for (int i = 0; i < 5; i++) {
+        fl_buf b = {0};
+        fl_buf_seconds(&b, seconds[i]);
+        fl_buf_append(&b, "", 1);
+        CHECK(!b.failed && strcmp((char *)b.data, written[i]) == 0);
+        fl_buf_free(&b);
+    }
+}
+
+static void test_every_sink_writes_nan_inf_and_1e300(void) {
+    char csv[512], jsonl[512], logdir[512], text[8192], want[128];
+    snprintf(csv, sizeof csv, "%s/nonfinite.csv", tmpdir);
+    snprintf(jsonl, sizeof jsonl, "%s/nonfinite.jsonl", tmpdir);
+    snprintf(logdir, sizeof logdir, "%s/tb/nonfinite", tmpdir);
+    fl_event events[N_NONFINITE];
+    for (int i = 0; i < N_NONFINITE; i++)
+        fl_event_init(&events[i], FL_EVENT_SCALAR, "loss", nonfinite[i], i, -1);
+    fl_sink *c, *j, *t;
+    CHECK(fl_sink_open_csv(csv, &c) == FL_OK && fl_sink_open_jsonl(jsonl, &j) == FL_OK);
+    CHECK(fl_sink_open_tensorboard(logdir, &t) == FL_OK);
+    CHECK(fl_sink_write(c, events, N_NONFINITE) == FL_OK);
+    CHECK(fl_sink_write(j, events, N_NONFINITE) == FL_OK);
+    CHECK(fl_sink_write(t, events, N_NONFINITE) == FL_OK && fl_sink_flush(t) == FL_OK);
+    CHECK(fl_sink_close(c) == FL_OK && fl_sink_close(j) == FL_OK);
+    read_file(csv, text, sizeof text);
+    for (int i = 0; i < N_NONFINITE; i++) {
+        snprintf(want, sizeof want, ",%d,loss,%s,scalar,-1", i, nonfinite_csv[i]);
+        CHECK(count_lines(text, want) == 1);
+    }
+    read_file(jsonl, text, sizeof text);
+    for (int i = 0; i < N_NONFINITE; i++) {
+        snprintf(want, sizeof want, "\"step\": %d, \"name\": \"loss\", \"value\": %s,", i,
+                 nonfinite_json[i]);
+        CHECK(count_lines(text, want) == 1);
+    }
+    static unsigned char bytes[8192];
+    FILE *f = fopen(fl_sink_path(t), "rb");
+    size_t n = f ? fread(bytes, 1, sizeof bytes, f) : 0;
+    if (f)
+        fclose(f);
+    CHECK(check_tfrecords(bytes, n, "loss") == 1 + N_NONFINITE); /* file version + scalars */
+    for (int i = 0; i < 2; i++) /* simple_value is field 2, fixed32: key byte 0x15 */
+        CHECK(memmem(bytes, n, (unsigned char[]){0x15, 0, 0, 0x80, (unsigned char)(i ? 0xff : 0x7f)}, 5) != NULL);
+    fl_sink_free(c);
+    fl_sink_free(j);
+    fl_sink_free(t);
 }
 
 /* ---- GPU sources ---- */
@@ -393,6 +463,8 @@ int main(void) {
     RUN(test_csv_and_jsonl_format_records);
     RUN(test_sink_errors_name_the_path);
     RUN(test_tensorboard_file_is_framed_with_valid_crcs);
+    RUN(test_buf_formats_nonfinite_and_huge_doubles);
+    RUN(test_every_sink_writes_nan_inf_and_1e300);
     RUN(test_gpu_falls_back_to_nvidia_smi_then_to_none);
     RUN(test_monitor_writes_every_record_and_samples);
     RUN(test_monitor_reports_a_failing_sink_once);
