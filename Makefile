@@ -18,7 +18,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined,float-cast-overflow,float-divide-
 	-fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
-# test_nn's matrix products use the BLAS fastloop.nn picks (it is skipped, saying so, without one).
+# test_nn's matrix products use the BLAS fastloop.nn picks (it fails, saying so, without one).
 BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.path())' 2>/dev/null)"
 # test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's).
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \

@@ -159,6 +159,32 @@ static int check_tfrecords(const unsigned char *p, size_t n, const char *must_co
     return n == 0 && found ? records : -1;
 }
 
+/* Known answers (the "check" values of the CRC catalogue), then the eight-bytes-at-a-time path
+ * against a bit-at-a-time reference at every length and alignment up to 64 bytes. */
+static uint32_t crc32c_bitwise(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n--) {
+        crc ^= *p++;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+    }
+    return ~crc;
+}
+
+static void test_crc32c_and_crc32_known_answers(void) {
+    CHECK(fl_crc32c(0, "123456789", 9) == 0xE3069283u);
+    CHECK(fl_crc32(0, "123456789", 9) == 0xCBF43926u);
+    CHECK(fl_crc32c(fl_crc32c(0, "1234", 4), "56789", 5) == 0xE3069283u); /* continued */
+    CHECK(fl_crc32c(0, "", 0) == 0);
+    CHECK(fl_crc32c_masked("123456789", 9) == 0xC78AB0E5u); /* rotr 15 + 0xa282ead8 */
+    unsigned char bytes[80];
+    for (int i = 0; i < 80; i++)
+        bytes[i] = (unsigned char)(i * 37 + 11);
+    for (int start = 0; start < 8; start++)
+        for (size_t n = 0; n <= 64; n++)
+            CHECK(fl_crc32c(0, bytes + start, n) == crc32c_bitwise(0, bytes + start, n));
+}
+
 static void test_tensorboard_file_is_framed_with_valid_crcs(void) {
     char logdir[512];
     snprintf(logdir, sizeof logdir, "%s/tb/run1", tmpdir);
@@ -462,6 +488,7 @@ int main(void) {
     RUN(test_metrics_8_threads_1e5_updates_exact);
     RUN(test_csv_and_jsonl_format_records);
     RUN(test_sink_errors_name_the_path);
+    RUN(test_crc32c_and_crc32_known_answers);
     RUN(test_tensorboard_file_is_framed_with_valid_crcs);
     RUN(test_buf_formats_nonfinite_and_huge_doubles);
     RUN(test_every_sink_writes_nan_inf_and_1e300);
