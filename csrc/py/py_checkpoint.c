@@ -192,12 +192,8 @@ static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     if (rc != FL_OK) {
         Py_XDECREF(self);
         Py_DECREF(dir_bytes);
-        if (rc == FL_ESYS) {
-            PyErr_SetString(state->checkpoint_error, fl_error_detail());
-            fl_error_clear();
-            return NULL;
-        }
-        return fl_raise(state, rc, "Checkpointer");
+        return fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "Checkpointer", /* the detail names the path */
+                                                        .overrides = {{FL_ESYS, FL_EXC_CHECKPOINT}}});
     }
     self->directory = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(dir_bytes));
     Py_DECREF(dir_bytes);

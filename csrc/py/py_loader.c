@@ -54,13 +54,12 @@ static int attempt_next(void *ctx, double timeout_s) {
     return fl_loader_next(call->loader, timeout_s, &call->slot, &call->count);
 }
 
-/* Raises the exception for a loader error: OSError for I/O, ValueError for bad data. */
-static PyObject *raise_loader_error(int rc, const char *message) {
-    if (rc == FL_ESYS)
-        return fl_raise_os_error(message);
-    PyErr_SetString(rc == FL_ENOMEM ? PyExc_MemoryError : PyExc_ValueError, message);
-    return NULL;
-}
+/* A loader's override of the error table: OSError for I/O, ValueError for bad data. */
+#define LOADER_DATA(text)                                                                      \
+    (&(fl_raise_opts){.message = (text),                                                       \
+                      .overrides = {{FL_ESYS, FL_EXC_OS}, {FL_ENOMEM, FL_EXC_MEMORY},         \
+                                    {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE}},                   \
+                      .otherwise = FL_EXC_VALUE})
 
 static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     LoaderObject *self = (LoaderObject *)self_obj;
@@ -79,14 +78,9 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         char message[96]; /* PyErr_Format has no %g */
         snprintf(message, sizeof message, "no batch within the timeout of %g s", timeout);
-        PyErr_SetString(PyExc_TimeoutError, message);
-        return NULL;
+        return fl_raise_with(loader_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
     }
-    if (rc == FL_EUNAVAILABLE) {
-        PyErr_SetString(loader_state(self_obj)->codec_unavailable, fl_loader_error(self->loader));
-        return NULL;
-    }
-    return raise_loader_error(rc, fl_loader_error(self->loader));
+    return fl_raise_with(loader_state(self_obj), rc, LOADER_DATA(fl_loader_error(self->loader)));
 }
 
 static PyObject *loader_start_epoch(PyObject *self, PyObject *args) {
@@ -272,7 +266,7 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
             int rc = fl_npy_map_open(PyBytes_AS_STRING(header_path), &map);
             if (rc != FL_OK) {
                 Py_DECREF(bytes_list);
-                raise_loader_error(rc, fl_error_detail());
+                fl_raise_with(loader_state((PyObject *)self), rc, LOADER_DATA(NULL));
                 return -1;
             }
             field->expect = map.header;
@@ -463,22 +457,19 @@ static PyType_Spec loader_spec = {
 /* ---- the sampler, for the in-process path ---- */
 
 static PyObject *epoch_order(PyObject *module, PyObject *args) {
-    (void)module;
     unsigned long long n, seed, epoch;
     int shuffle, rank, world_size;
     if (!PyArg_ParseTuple(args, "KpKKii:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size))
         return NULL;
     fl_sampler s = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = 1};
-    if (fl_sampler_check(&s) != FL_OK) {
-        PyErr_SetString(PyExc_ValueError, fl_error_detail());
-        return NULL;
-    }
+    int rc = fl_sampler_check(&s);
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
     npy_intp size = (npy_intp)fl_sampler_shard_size(&s);
     PyObject *order = PyArray_SimpleNew(1, &size, NPY_INT64);
     if (order == NULL)
         return NULL;
-    int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fl_sampler_epoch(&s, epoch, PyArray_DATA((PyArrayObject *)order));
     Py_END_ALLOW_THREADS

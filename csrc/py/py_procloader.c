@@ -100,8 +100,7 @@ static int pipe_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, uns
                              dst, self->scratch_pipeline, seed, &index);
     if (rc == FL_OK)
         return 0;
-    PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
-    fl_error_clear();
+    fl_raise_with(proc_state((PyObject *)self), rc, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
     return -1;
 }
 
@@ -218,16 +217,12 @@ static int attempt_next(void *ctx, double timeout_s) {
     return fl_procpool_next(call->pool, timeout_s, &call->slot, &call->count);
 }
 
-/* Raises what on_failure makes of the pool's recorded failure. */
-static PyObject *raise_failure(ProcLoaderObject *self) {
+/* The exception on_failure builds from the pool's recorded failure (kind, worker, pid,
+ * signal, index, text), or NULL with on_failure's own exception set. */
+static PyObject *worker_failure(ProcLoaderObject *self) {
     const fl_proc_error *e = fl_procpool_error(self->pool);
-    PyObject *exc = PyObject_CallFunction(self->on_failure, "siiiLs", e->kind == FL_PROC_DIED ? "died" : "failed",
-                                          e->worker, (int)e->pid, e->signal, (long long)e->index, e->text);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return NULL;
+    return PyObject_CallFunction(self->on_failure, "siiiLs", e->kind == FL_PROC_DIED ? "died" : "failed",
+                                 e->worker, (int)e->pid, e->signal, (long long)e->index, e->text);
 }
 
 static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
@@ -254,11 +249,16 @@ static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         char message[96]; /* PyErr_Format has no %g */
         snprintf(message, sizeof message, "no batch from the worker processes within %g s", timeout);
-        PyErr_SetString(PyExc_TimeoutError, message);
+        return fl_raise_with(proc_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
+    }
+    if (rc == FL_EWORKER) {
+        PyObject *failure = worker_failure(self);
+        if (failure == NULL)
+            return NULL;
+        fl_raise_with(proc_state(self_obj), rc, &(fl_raise_opts){.instance = failure});
+        Py_DECREF(failure);
         return NULL;
     }
-    if (rc == FL_EWORKER)
-        return raise_failure(self);
     return fl_raise(proc_state(self_obj), rc, "Loader");
 }
 
@@ -333,7 +333,7 @@ static int plan_pipeline(ProcLoaderObject *self, PyObject *pipeline_obj, PyObjec
     fl_layout out_layout;
     if (fl_pipeline_plan(self->pipeline, self->image, self->image_dtype, &out, &dtype, &out_layout,
                          &self->scratch_per_image) != FL_OK) {
-        PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
+        fl_raise_with(proc_state((PyObject *)self), FL_EINVAL, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
         return -1;
     }
     PyObject *out_shape = out_layout == FL_HWC ? Py_BuildValue("(nnn)", (Py_ssize_t)out.h, (Py_ssize_t)out.w, (Py_ssize_t)out.c)
