@@ -26,6 +26,15 @@ typedef struct {
 
 static fl_module_state *loader_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
+/* True, with fastloop.Closed set, once the collector cleared this loader (loader_clear). */
+static int loader_cleared(PyObject *self) {
+    if (((LoaderObject *)self)->keep_alive != NULL)
+        return 0;
+    fl_raise_with(loader_state(self), FL_ECLOSED,
+                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
+    return 1;
+}
+
 static void release_slot(void *core, int slot) { fl_loader_release(core, slot); }
 
 /* The batch in `slot` as a tuple of arrays: views under a lease, or copies when lending it
@@ -65,7 +74,8 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     LoaderObject *self = (LoaderObject *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
+        loader_cleared(self_obj))
         return NULL;
     next_call call = {self->loader, -1, 0};
     int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
@@ -85,7 +95,7 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
 
 static PyObject *loader_start_epoch(PyObject *self, PyObject *args) {
     unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || loader_cleared(self))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* may join the workers of an abandoned epoch */
@@ -402,9 +412,34 @@ fail:
     return NULL;
 }
 
+/* gc support: the source arrays the loader reads (keep_alive) may be a user's objects that
+ * refer back to it (an ndarray subclass holding the Loader). */
+static int loader_traverse(PyObject *self, visitproc visit, void *arg) {
+    LoaderObject *loader = (LoaderObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(loader->keep_alive);
+    Py_VISIT(loader->out_descrs);
+    Py_VISIT(loader->out_shapes);
+    return 0;
+}
+
+/* Joins the workers before dropping what they read; the loader then refuses further epochs
+ * (loader_cleared). The core loader is freed by dealloc, where no lease is left. */
+static int loader_clear(PyObject *self) {
+    LoaderObject *loader = (LoaderObject *)self;
+    if (loader->loader != NULL && loader->keep_alive != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        fl_loader_stop(loader->loader);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(loader->keep_alive);
+    return 0;
+}
+
 static void loader_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     LoaderObject *loader = (LoaderObject *)self;
+    PyObject_GC_UnTrack(self);
     if (loader->loader != NULL) {
         Py_BEGIN_ALLOW_THREADS /* joins the workers */
         fl_loader_free(loader->loader);
@@ -442,6 +477,8 @@ static PyType_Slot loader_slots[] = {
     {Py_tp_doc, "The C half of fastloop.Loader in threads mode."},
     {Py_tp_new, loader_new},
     {Py_tp_dealloc, loader_dealloc},
+    {Py_tp_traverse, loader_traverse},
+    {Py_tp_clear, loader_clear},
     {Py_tp_methods, loader_methods},
     {Py_tp_getset, loader_getset},
     {0, NULL},
@@ -450,7 +487,7 @@ static PyType_Slot loader_slots[] = {
 static PyType_Spec loader_spec = {
     .name = "fastloop._core._Loader",
     .basicsize = sizeof(LoaderObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = loader_slots,
 };
 

@@ -42,6 +42,15 @@ typedef struct {
 
 static fl_module_state *proc_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
+/* True, with fastloop.Closed set, once the collector cleared this loader (proc_clear). */
+static int proc_cleared(PyObject *self) {
+    if (((ProcLoaderObject *)self)->fetch != NULL)
+        return 0;
+    fl_raise_with(proc_state(self), FL_ECLOSED,
+                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
+    return 1;
+}
+
 /* ---- in the worker process ---- */
 
 /* "module.qualname\x1emessage\x1etraceback" of the pending exception into error; clears it. */
@@ -229,7 +238,8 @@ static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
+        proc_cleared(self_obj))
         return NULL;
     next_call call = {self->pool, -1, 0};
     int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
@@ -273,7 +283,7 @@ static PyObject *proc_stop(PyObject *self, PyObject *unused) {
 static PyObject *proc_start_epoch(PyObject *self_obj, PyObject *args) {
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
     unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || proc_cleared(self_obj))
         return NULL;
     /* forking needs the GIL held (PyOS_BeforeFork); stopping an abandoned epoch's workers
      * can take a second, so that happens first, without it */
@@ -428,9 +438,42 @@ fail:
     return NULL;
 }
 
+/* gc support: a dataset that refers back to its Loader (dataset -> Loader -> _ProcLoader ->
+ * fetch -> dataset) is a cycle only the collector can free, and with it the workers. */
+static int proc_traverse(PyObject *self_obj, visitproc visit, void *arg) {
+    ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    Py_VISIT(Py_TYPE(self_obj));
+    Py_VISIT(self->fetch);
+    Py_VISIT(self->worker_setup);
+    Py_VISIT(self->on_failure);
+    Py_VISIT(self->in_descrs);
+    Py_VISIT(self->in_shapes);
+    Py_VISIT(self->out_descrs);
+    Py_VISIT(self->out_shapes);
+    Py_VISIT(self->keep_alive);
+    return 0;
+}
+
+/* Ends the workers, then drops what can lead back to user objects; the loader refuses
+ * further epochs (proc_cleared). The pool itself is freed by dealloc, where no lease is left. */
+static int proc_clear(PyObject *self_obj) {
+    ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    if (self->pool != NULL && self->fetch != NULL) {
+        Py_BEGIN_ALLOW_THREADS /* up to a second for workers to exit */
+        fl_procpool_stop(self->pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->fetch);
+    Py_CLEAR(self->worker_setup);
+    Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->keep_alive);
+    return 0;
+}
+
 static void proc_dealloc(PyObject *self_obj) {
     PyTypeObject *type = Py_TYPE(self_obj);
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
     if (self->pool != NULL) {
         Py_BEGIN_ALLOW_THREADS /* stops and reaps the workers */
         fl_procpool_free(self->pool);
@@ -465,6 +508,8 @@ static PyType_Slot proc_slots[] = {
     {Py_tp_doc, "The C half of fastloop.Loader in processes mode."},
     {Py_tp_new, proc_new},
     {Py_tp_dealloc, proc_dealloc},
+    {Py_tp_traverse, proc_traverse},
+    {Py_tp_clear, proc_clear},
     {Py_tp_methods, proc_methods},
     {Py_tp_getset, proc_getset},
     {0, NULL},
@@ -473,7 +518,7 @@ static PyType_Slot proc_slots[] = {
 static PyType_Spec proc_spec = {
     .name = "fastloop._core._ProcLoader",
     .basicsize = sizeof(ProcLoaderObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = proc_slots,
 };
 
