@@ -1,6 +1,7 @@
 # fastloop - build, test, demo.
 #   make demo    venv + build + the main job (python -m fastloop demo: train on generated images, log, checkpoint)
-#   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay + pytest
+#   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay +
+#                the C-heavy pytest files against an ASan/UBSan build (pytest-asan) + pytest
 #   make bench   the full benchmark suite (not part of the tests)
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +25,7 @@ BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.p
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest demo bench install-check clean
+.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check clean
 
 all: build
 
@@ -76,7 +77,24 @@ ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 pytest: build
 	$(PY) -m pytest -q
 
-test: build ctest pytest
+# The binding (csrc/py/) and the core built with ASan+UBSan into a temporary copy of the
+# package; the C-heavy pytest files run once against it (ASan preloaded, as the interpreter
+# itself is not instrumented; Python's own allocations are not leaks to report).
+ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_loader.py tests/test_gc_cycles.py \
+	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
+	tests/test_checkpoint.py tests/test_nn.py
+pytest-asan: build
+	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	cp -r python/fastloop "$$dir/fastloop"; rm -f "$$dir"/fastloop/_core.*.so; \
+	inc=$$($(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())'); \
+	so="$$dir/fastloop/_core$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"; \
+	echo "building the ASan+UBSan extension"; \
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -fPIC -shared $$inc -o "$$so" $(CORE_SOURCES) $(wildcard csrc/py/*.c) -lm -ldl; \
+	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
+	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS)
+
+test: build ctest pytest-asan pytest
 
 demo: build
 	$(PY) -m fastloop demo

@@ -14,3 +14,17 @@ def hang_watchdog():
     faulthandler.dump_traceback_later(120, exit=True, file=sys.stderr)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_report_header(config):
+    """Under `make pytest-asan`, proves the sanitized extension is the one imported."""
+    import os
+
+    expected = os.environ.get("FASTLOOP_EXPECT_CORE")
+    if not expected:
+        return None
+    from fastloop import _core
+
+    if os.path.realpath(_core.__file__) != os.path.realpath(expected):
+        raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not the sanitized {expected}")
+    return f"fastloop._core: {_core.__file__} (ASan+UBSan)"

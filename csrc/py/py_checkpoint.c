@@ -115,6 +115,11 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
         return fl_raise(ckpt_state(self), rc, "save");
     }
+    if (raise_write_error(self) < 0) { /* the write this save waited for failed: say so now */
+        fl_checkpointer_abort(call.checkpointer);
+        Py_DECREF(entries);
+        return NULL;
+    }
     size_t offset = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call.entries[i], offset);
