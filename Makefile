@@ -77,19 +77,29 @@ ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 pytest: build
 	$(PY) -m pytest -q
 
-# The binding (csrc/py/) and the core built with ASan+UBSan into a temporary copy of the
-# package; the C-heavy pytest files run once against it (ASan preloaded, as the interpreter
-# itself is not instrumented; Python's own allocations are not leaks to report).
+# The binding (csrc/py/) and the core built with ASan+UBSan (objects kept in build/asan-ext/),
+# then the C-heavy pytest files run once against a temporary copy of the package holding it
+# (ASan preloaded, as the interpreter itself is not instrumented; Python's own allocations are
+# not leaks to report).
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_loader.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_nn.py
-pytest-asan: build
+ASAN_EXT := build/asan-ext
+ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
+PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
+
+$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
+	@mkdir -p $(dir $@)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -fPIC $(PY_INCLUDES) -c $< -o $@
+
+$(ASAN_EXT)/_core.so: $(ASAN_OBJS)
+	$(CC) $(ASAN_FLAGS) -shared -o $@ $^ -lm -ldl -pthread
+
+pytest-asan: build $(ASAN_EXT)/_core.so
 	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
 	cp -r python/fastloop "$$dir/fastloop"; rm -f "$$dir"/fastloop/_core.*.so; \
-	inc=$$($(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())'); \
 	so="$$dir/fastloop/_core$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"; \
-	echo "building the ASan+UBSan extension"; \
-	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -fPIC -shared $$inc -o "$$so" $(CORE_SOURCES) $(wildcard csrc/py/*.c) -lm -ldl; \
+	cp $(ASAN_EXT)/_core.so "$$so"; \
 	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
 	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS)
