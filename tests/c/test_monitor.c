@@ -46,6 +46,21 @@ static size_t count_lines(const char *text, const char *containing) {
     return n;
 }
 
+/* Waits until the monitor has sampled `rounds` more times: polls its count, never a fixed
+ * sleep. Returns 0 after 30 s without. */
+static int wait_for_rounds(fl_monitor *m, uint64_t rounds) {
+    fl_monitor_stats stats;
+    fl_monitor_stats_get(m, &stats);
+    uint64_t target = stats.samples + rounds;
+    for (double deadline = fl_monotonic() + 30; fl_monotonic() < deadline;) {
+        fl_monitor_stats_get(m, &stats);
+        if (stats.samples >= target)
+            return 1;
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL); /* paces the polling */
+    }
+    return 0;
+}
+
 /* ---- metrics ---- */
 
 typedef struct adder {
@@ -306,7 +321,8 @@ static void *put_scalars(void *arg) {
     for (int i = 0; i < 2500; i++) {
         fl_event e;
         fl_event_init(&e, FL_EVENT_SCALAR, "worker/value", i, i, p->index);
-        while (fl_monitor_put(p->monitor, &e, 0.01) != FL_OK)
+        double deadline = fl_monotonic() + 30; /* a full queue drains; a stuck writer fails */
+        while (fl_monitor_put(p->monitor, &e, 0.01) != FL_OK && fl_monotonic() < deadline)
             ;
     }
     return NULL;
@@ -343,7 +359,7 @@ static void test_monitor_writes_every_record_and_samples(void) {
     CHECK(ticket > 0 && fl_monitor_flushed(m, ticket, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
     CHECK(count_lines(text, ",worker/value,") == 10000);
-    nanosleep(&(struct timespec){0, 60 * 1000 * 1000}, NULL); /* a few sampling rounds */
+    CHECK(wait_for_rounds(m, 2)); /* a few sampling rounds */
     fl_monitor_close(m, 0); /* returns at once; the writer finishes on its own */
     CHECK(fl_monitor_wait_closed(m, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
@@ -450,7 +466,7 @@ static void test_sampling_a_table_that_grows_reads_only_real_names(void) {
     pthread_t adder_thread;
     pthread_create(&adder_thread, NULL, add_new_names, metrics);
     pthread_join(adder_thread, NULL);
-    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    CHECK(wait_for_rounds(m, 2)); /* a whole round after the last name was added */
     fl_monitor_close(m, 1);
     read_file(csv, text, sizeof text);
     size_t rates = count_lines(text, "/per_s,"), real = 0;
