@@ -106,6 +106,19 @@ pytest-asan: build $(ASAN_EXT)/_core.so
 
 test: build ctest pytest-asan pytest
 
+# The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
+# background job (`yes`, one per core, ended on every way out); not part of make test.
+STRESS_RUNS ?= 20
+STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_gc_cycles.py tests/test_monitor.py \
+	tests/test_checkpoint.py tests/test_serve.py
+stress: build
+	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
+	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \
+	for run in $$(seq $(STRESS_RUNS)); do \
+	    echo "== stress run $$run of $(STRESS_RUNS), $$(nproc) cores loaded"; \
+	    $(PY) -m pytest -q -x -p no:cacheprovider $(STRESS_TESTS) || { echo "stress: run $$run failed"; exit 1; }; \
+	done; echo "stress: $(STRESS_RUNS) runs passed"
+
 demo: build
 	$(PY) -m fastloop demo
 
