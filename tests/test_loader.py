@@ -320,7 +320,7 @@ def test_leaving_an_epoch_early_ends_the_workers_within_a_second(how):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
-def test_ctrl_c_while_waiting_stops_the_workers():
+def test_ctrl_c_while_waiting_stops_the_workers(sigint_raises):
     # The first sample is fetched in this process to learn the shapes: the dataset is
     # stuck only in the workers.
     class StuckInWorkers(ImageDataset):

@@ -262,7 +262,7 @@ def test_c_threads_4x4_with_close_during_traffic_lose_nothing():
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
 @pytest.mark.parametrize("blocking_call", ["get", "put", "join", "emit"])
-def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call):
+def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call, sigint_raises):
     q = fastloop.Queue(maxsize=1)
     if blocking_call in ("put", "join", "emit"):
         q.put("occupied")
