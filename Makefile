@@ -1,6 +1,7 @@
 # fastloop - build, test, demo.
 #   make demo    venv + build + the main job (python -m fastloop demo: train on generated images, log, checkpoint)
-#   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay + pytest
+#   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay +
+#                the C-heavy pytest files against an ASan/UBSan build (pytest-asan) + pytest
 #   make bench   the full benchmark suite (not part of the tests)
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,16 +14,18 @@ CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
 C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn test_image
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
-ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+# float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.
+ASAN_FLAGS := -O1 -fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero \
+	-fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
-# test_nn's matrix products use the BLAS fastloop.nn picks (it is skipped, saying so, without one).
+# test_nn's matrix products use the BLAS fastloop.nn picks (it fails, saying so, without one).
 BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.path())' 2>/dev/null)"
 # test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's).
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest demo bench install-check clean
+.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check clean
 
 all: build
 
@@ -74,7 +77,47 @@ ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 pytest: build
 	$(PY) -m pytest -q
 
-test: build ctest pytest
+# The binding (csrc/py/) and the core built with ASan+UBSan (objects kept in build/asan-ext/),
+# then the C-heavy pytest files run once against a temporary copy of the package holding it
+# (ASan preloaded, as the interpreter itself is not instrumented; Python's own allocations are
+# not leaks to report).
+ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_loader.py tests/test_gc_cycles.py \
+	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
+	tests/test_checkpoint.py tests/test_nn.py
+ASAN_EXT := build/asan-ext
+ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
+PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
+
+$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
+	@mkdir -p $(dir $@)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -fPIC $(PY_INCLUDES) -c $< -o $@
+
+$(ASAN_EXT)/_core.so: $(ASAN_OBJS)
+	$(CC) $(ASAN_FLAGS) -shared -o $@ $^ -lm -ldl -pthread
+
+pytest-asan: build $(ASAN_EXT)/_core.so
+	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	cp -r python/fastloop "$$dir/fastloop"; rm -f "$$dir"/fastloop/_core.*.so; \
+	so="$$dir/fastloop/_core$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"; \
+	cp $(ASAN_EXT)/_core.so "$$so"; \
+	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
+	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS)
+
+test: build ctest pytest-asan pytest
+
+# The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
+# background job (`yes`, one per core, ended on every way out); not part of make test.
+STRESS_RUNS ?= 20
+STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_gc_cycles.py tests/test_monitor.py \
+	tests/test_checkpoint.py tests/test_serve.py
+stress: build
+	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
+	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \
+	for run in $$(seq $(STRESS_RUNS)); do \
+	    echo "== stress run $$run of $(STRESS_RUNS), $$(nproc) cores loaded"; \
+	    $(PY) -m pytest -q -x -p no:cacheprovider $(STRESS_TESTS) || { echo "stress: run $$run failed"; exit 1; }; \
+	done; echo "stress: $(STRESS_RUNS) runs passed"
 
 demo: build
 	$(PY) -m fastloop demo

@@ -117,8 +117,7 @@ def test_a_background_write_error_is_raised_by_wait_or_the_next_save(tmp_path):
     with pytest.raises(fastloop.CheckpointError, match="checkpoint 3 not written.*vanishing") as raised:
         ckpt.wait()
     assert isinstance(raised.value, OSError)
-    ckpt.save({"a": np.zeros(10)}, 4)  # nobody waits this time: the next save reports it
-    time.sleep(0.2)  # writing 80 bytes into a missing directory fails within microseconds
+    ckpt.save({"a": np.zeros(10)}, 4)  # nobody waits: the next save waits for it, then reports it
     with pytest.raises(fastloop.CheckpointError, match="checkpoint 4 not written"):
         ckpt.save({"a": np.zeros(10)}, 5)
     ckpt.close(wait=False)
@@ -232,8 +231,11 @@ def test_a_process_killed_mid_write_leaves_every_published_checkpoint_readable(t
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "0"  # one checkpoint is published
-        time.sleep(0.15)  # now the next one is part-way through its write
-        temps = [n for n in os.listdir(tmp_path) if n.startswith(".ckpt-")]
+        deadline = time.monotonic() + 30
+        temps = []
+        while not temps and time.monotonic() < deadline:  # until a later one is part-way written
+            temps = [n for n in os.listdir(tmp_path) if n.startswith(".ckpt-")]
+            time.sleep(0.001)  # paces the polling only
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
     finally:

@@ -30,13 +30,23 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def wait_for_rounds(mon, rounds: int, timeout: float = 10.0) -> None:
+    """Waits until the monitor has sampled `rounds` more times (polling its real count, never
+    a fixed sleep: a loaded machine or a sanitizer build only makes it take longer)."""
+    target = mon.stats()["samples"] + rounds
+    deadline = time.monotonic() + timeout
+    while mon.stats()["samples"] < target:
+        assert time.monotonic() < deadline, f"the monitor sampled {rounds} times in no {timeout} s"
+        time.sleep(0.002)
+
+
 def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
     path = tmp_path / "m.csv"
     with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)], gpu=False) as mon:
         for step in range(5):
             mon.scalar("train/loss", 1.0 / (step + 1), step)
         mon.event("epoch_end", step=4)
-        time.sleep(0.1)
+        wait_for_rounds(mon, 2)  # a whole round after step 4 was given
     rows = read_csv(path)
     losses = [r for r in rows if r["name"] == "train/loss"]
     assert [(int(r["step"]), float(r["value"])) for r in losses] == [(s, 1.0 / (s + 1)) for s in range(5)]
@@ -72,7 +82,7 @@ def test_tensorboard_reads_the_event_file(tmp_path):
             mon.scalar("train/loss", 1.0 / (step + 1), step)
             mon.scalar("lr", 0.01, step)
         mon.event("epoch_end", step=99)  # not a scalar: TensorBoard skips it
-        time.sleep(0.05)
+        wait_for_rounds(mon, 1)
     files = os.listdir(logdir)
     assert len(files) == 1 and files[0].startswith("events.out.tfevents.")
     acc = event_accumulator.EventAccumulator(str(logdir))
@@ -180,11 +190,11 @@ def test_a_full_queue_drops_records_and_counts_every_one(tmp_path):
 def test_watched_metrics_are_reported_as_rates_and_means(tmp_path):
     path = tmp_path / "m.csv"
     metrics = fastloop.Metrics()
-    with fastloop.Monitor(interval=0.05, sinks=[fastloop.CSVSink(path)], gpu=False, metrics=metrics):
+    with fastloop.Monitor(interval=0.05, sinks=[fastloop.CSVSink(path)], gpu=False, metrics=metrics) as mon:
         for _ in range(6):
             metrics.add("loader/samples", 256)
             metrics.add("loss", 0.5)
-            time.sleep(0.03)
+            wait_for_rounds(mon, 1)  # each round sees new samples
     rows = read_csv(path)
     rates = [float(r["value"]) for r in rows if r["name"] == "loader/samples/per_s"]
     assert rates and max(rates) > 0
@@ -199,7 +209,7 @@ def test_gpu_metrics_through_nvidia_smi(tmp_path, monkeypatch):
     path = tmp_path / "m.csv"
     with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
         assert mon.gpu_source == "nvidia-smi" and "missing-libnvidia-ml.so" in mon.gpu_reason
-        time.sleep(0.05)
+        wait_for_rounds(mon, 2)  # a whole round, GPUs included
     rows = {(r["name"], r["source"]): float(r["value"]) for r in read_csv(path)}
     assert rows[("gpu0/memory_used_bytes", "0")] == 1024 * 2**20
     assert rows[("gpu1/utilization_percent", "1")] == 3
@@ -227,7 +237,7 @@ def test_gpu_metrics_through_nvml_loaded_at_run_time(tmp_path, monkeypatch):
     path = tmp_path / "m.csv"
     with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
         assert mon.gpu_source == "nvml"
-        time.sleep(0.05)
+        wait_for_rounds(mon, 2)  # a whole round, GPUs included
     rows = {r["name"]: float(r["value"]) for r in read_csv(path)}
     assert rows["gpu0/memory_used_bytes"] == 2**30 and rows["gpu1/memory_used_bytes"] == 2 * 2**30
     assert rows["gpu1/memory_total_bytes"] == 80 * 2**30 and rows["gpu0/utilization_percent"] == 41
@@ -278,7 +288,7 @@ def test_close_without_waiting_returns_at_once_and_still_writes(tmp_path):
         mon.scalar("x", i, i)
     start = time.monotonic()
     mon.close(wait=False)
-    assert time.monotonic() - start < 0.1
+    assert time.monotonic() - start < 1.0  # returns without waiting (a bound with margin, not a speed)
     assert mon._core.wait_closed(10)
     assert len([r for r in read_csv(path) if r["name"] == "x"]) == 10000
 
@@ -306,7 +316,7 @@ def test_exiting_with_a_live_monitor_writes_everything_quickly(tmp_path):
 def test_start_step_stamps_sampled_records_of_a_resumed_run(tmp_path):
     path = tmp_path / "m.csv"
     with fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(path)], gpu=False, start_step=500) as mon:
-        time.sleep(0.1)  # samples before the first scalar
+        wait_for_rounds(mon, 2)  # samples before the first scalar
         mon.scalar("loss", 1.0, 501)
     rows = list(csv.DictReader(open(path)))
     host_steps = {int(r["step"]) for r in rows if r["name"].startswith("host/")}

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import struct
 import zlib
 
@@ -148,3 +150,32 @@ def test_bad_arguments_raise_type_errors_naming_the_argument(tmp_path):
             mon.text("t", "x", step=-2)
     with pytest.raises(fastloop.Closed):
         mon.text("t", "x")
+
+
+NONFINITE = [float("nan"), float("inf"), float("-inf"), 1e300, -1e300]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # TensorBoard's reader on inf
+def test_nan_inf_and_1e300_scalars_reach_every_sink(tmp_path):
+    """A NaN loss (or an overflowed one) is written as itself by every sink: no undefined
+    cast in the formatting (the ASan/UBSan build checks that), nothing dropped."""
+    seen = []
+    sinks = [fastloop.CSVSink(tmp_path / "m.csv"), fastloop.JSONLSink(tmp_path / "m.jsonl"),
+             fastloop.TensorBoardSink(tmp_path / "tb"), fastloop.CallbackSink(seen.append)]
+    with fastloop.Monitor(interval=0, gpu=False, sinks=sinks) as mon:
+        for step, value in enumerate(NONFINITE):
+            mon.scalar("loss", value, step)
+        mon.histogram("weights", [1.0, float("inf"), float("-inf"), float("nan"), 1e300, 2.0], step=9, bins=3)
+    with open(tmp_path / "m.csv", newline="") as f:
+        csv_values = [float(r["value"]) for r in csv.DictReader(f) if r["name"] == "loss"]
+    json_values = [json.loads(line)["value"] for line in open(tmp_path / "m.jsonl")]
+    callback_values = [e.value for e in seen if e.name == "loss"]
+    for values in (csv_values, json_values, callback_values):
+        np.testing.assert_array_equal(values, NONFINITE)  # NaN == NaN here; 1e300 exact
+    acc = read_back(tmp_path / "tb")
+    stored = [e.value for e in acc.Scalars("loss")]  # float32: 1e300 overflows to inf
+    np.testing.assert_array_equal(stored, [float("nan"), float("inf"), float("-inf"), float("inf"), float("-inf")])
+    h = acc.Histograms("weights")[0].histogram_value
+    assert h.num == 5 and sum(h.bucket) == 5  # NaN left out; the infinities in the end buckets
+    assert (h.min, h.max) == (float("-inf"), float("inf"))
+    assert h.bucket == [3.0, 0.0, 2.0]  # -inf, 1, 2 | nothing | 1e300, inf: buckets span 1..1e300

@@ -395,7 +395,9 @@ def test_train_step_releases_the_gil():
 
     counter = threading.Thread(target=count)
     counter.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while counted[0] < 100 and time.monotonic() < deadline:  # the counter is running
+        time.sleep(0.001)
     start = counted[0]
     model.train_step(x, y, loss="cross_entropy", opt=opt)  # ~100+ ms of C
     during = counted[0] - start

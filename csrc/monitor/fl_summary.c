@@ -167,23 +167,39 @@ static void packed_doubles(fl_buf *b, int field, const double *values, size_t n)
     fl_pb_field_bytes(b, field, values, n * sizeof *values); /* little-endian, as wire fixed64 */
 }
 
-/* min, max, num, sum, sum of squares, and `bins` equal-width buckets from min to max
- * (NaNs are left out; the last bucket's limit is DBL_MAX, as TensorFlow writes it). */
+/* The bucket of x: clamped in double before the cast (NaN or +-inf cast to int is undefined). */
+static int bucket_of(double x, double lo, double width, int bins) {
+    double at = width > 0 ? (x - lo) / width : 0;
+    if (!(at >= 0))
+        return x > lo ? bins - 1 : 0; /* below the range, or inf/inf */
+    return at >= bins ? bins - 1 : (int)at;
+}
+
+/* min, max, num, sum, sum of squares, and `bins` equal-width buckets from the finite min to
+ * the finite max (NaNs are left out; +-inf land in the end buckets and in min/max; the last
+ * bucket's limit is DBL_MAX, as TensorFlow writes it). */
 static int encode_histogram(fl_buf *value, const fl_summary *s) {
     const double *x = (const double *)(const void *)s->payload;
-    double lo = INFINITY, hi = -INFINITY, sum = 0, squares = 0;
+    double lo = INFINITY, hi = -INFINITY, finite_lo = INFINITY, finite_hi = -INFINITY;
+    double sum = 0, squares = 0;
     size_t num = 0;
     for (size_t i = 0; i < s->count; i++) {
         if (isnan(x[i]))
             continue;
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
+        if (isfinite(x[i])) {
+            finite_lo = x[i] < finite_lo ? x[i] : finite_lo;
+            finite_hi = x[i] > finite_hi ? x[i] : finite_hi;
+        }
         sum += x[i];
         squares += x[i] * x[i];
         num++;
     }
     if (num == 0)
         lo = hi = 0;
+    if (finite_lo > finite_hi)
+        finite_lo = finite_hi = 0;
     int bins = s->bins < 1 ? 1 : s->bins;
     double *limits = malloc((size_t)bins * sizeof *limits), *counts = calloc((size_t)bins, sizeof *counts);
     if (limits == NULL || counts == NULL) {
@@ -191,15 +207,14 @@ static int encode_histogram(fl_buf *value, const fl_summary *s) {
         free(counts);
         return FL_ENOMEM;
     }
-    double width = (hi - lo) / bins;
+    double width = (finite_hi - finite_lo) / bins;
+    if (isinf(width)) /* -1e308 to 1e308: the span overflows, its bins-th part does not */
+        width = finite_hi / bins - finite_lo / bins;
     for (int b = 0; b < bins; b++)
-        limits[b] = b == bins - 1 ? DBL_MAX : lo + width * (b + 1);
-    for (size_t i = 0; i < s->count; i++) {
-        if (isnan(x[i]))
-            continue;
-        int b = width > 0 ? (int)((x[i] - lo) / width) : 0;
-        counts[b < 0 ? 0 : b >= bins ? bins - 1 : b] += 1;
-    }
+        limits[b] = b == bins - 1 ? DBL_MAX : finite_lo + width * (b + 1);
+    for (size_t i = 0; i < s->count; i++)
+        if (!isnan(x[i]))
+            counts[bucket_of(x[i], finite_lo, width, bins)] += 1;
     fl_buf histo = {0};
     fl_pb_field_double(&histo, HISTO_MIN, lo);
     fl_pb_field_double(&histo, HISTO_MAX, hi);

@@ -51,17 +51,45 @@ static inline fl_module_state *fl_state_from_module(PyObject *module) {
     return (fl_module_state *)PyModule_GetState(module);
 }
 
-/* Sets a Python exception for core error `err` (a negative fl_err) with the core's detail
- * message, prefixed by `what` ("normalize"); FL_EINVAL -> ValueError, FL_ENOMEM ->
- * MemoryError, FL_ECLOSED -> fastloop.Closed, FL_ETIMEDOUT -> TimeoutError,
- * FL_EUNAVAILABLE -> fastloop.CodecUnavailable, others ->
- * fastloop.Error. Returns NULL for `return fl_raise(...)`. */
-PyObject *fl_raise(fl_module_state *state, int err, const char *what);
+/* ---- core error codes to exceptions (py_errors.c) ---- */
 
-/* Raises OSError(errno, message) for an FL_ESYS failure, with the errno the core kept
- * (fl_error_errno()), so Python picks the subclass: FileNotFoundError, PermissionError...
- * Clears the core's detail. Returns NULL. */
-PyObject *fl_raise_os_error(const char *message);
+/* The exception classes a core error can become. */
+typedef enum fl_exc {
+    FL_EXC_DEFAULT = 0, /* the table's class for the code */
+    FL_EXC_ERROR,       /* fastloop.Error */
+    FL_EXC_VALUE,       /* ValueError */
+    FL_EXC_MEMORY,      /* MemoryError */
+    FL_EXC_TIMEOUT,     /* TimeoutError */
+    FL_EXC_OS,          /* OSError(errno, message): FileNotFoundError, PermissionError... */
+    FL_EXC_CLOSED,      /* fastloop.Closed */
+    FL_EXC_UNAVAILABLE, /* fastloop.CodecUnavailable */
+    FL_EXC_SINK,        /* fastloop.SinkError */
+    FL_EXC_CHECKPOINT,  /* fastloop.CheckpointError */
+    FL_EXC_CUDA,        /* fastloop.CudaError */
+} fl_exc;
+
+#define FL_RAISE_OVERRIDES 4
+
+/* How one call raises. Zeroed fields take the defaults: the table (FL_EINVAL -> ValueError,
+ * FL_ENOMEM -> MemoryError, FL_ECLOSED -> Closed, FL_ETIMEDOUT -> TimeoutError,
+ * FL_EUNAVAILABLE -> CodecUnavailable, any other -> fastloop.Error) and the core's detail. */
+typedef struct fl_raise_opts {
+    const char *what;    /* message prefix: "what: message"; NULL: the message alone */
+    const char *message; /* NULL: the core's thread-local detail (fl_strerror() when empty) */
+    struct {
+        int err;
+        fl_exc exc;
+    } overrides[FL_RAISE_OVERRIDES]; /* checked first, up to the first FL_EXC_DEFAULT */
+    fl_exc otherwise;    /* for codes the overrides do not name; FL_EXC_DEFAULT: the table */
+    PyObject *instance;  /* set: raise this exception the caller built (borrowed) */
+} fl_raise_opts;
+
+/* Sets the Python exception for core error `err` (a negative fl_err) as `opts` says, and
+ * clears the core's detail. Returns NULL, for `return fl_raise_with(...)`. */
+PyObject *fl_raise_with(fl_module_state *state, int err, const fl_raise_opts *opts);
+
+/* fl_raise_with() with the table and the core's detail, prefixed by `what` ("normalize"). */
+PyObject *fl_raise(fl_module_state *state, int err, const char *what);
 
 /* ---- blocking waits (py_wait.c) ---- */
 

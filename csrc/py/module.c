@@ -13,46 +13,6 @@ fl_module_state *fl_state_from_type(PyTypeObject *type) {
     return module == NULL ? NULL : fl_state_from_module(module);
 }
 
-PyObject *fl_raise(fl_module_state *state, int err, const char *what) {
-    const char *detail = fl_error_detail();
-    const char *message = detail[0] != '\0' ? detail : fl_strerror(err);
-    PyObject *type;
-    switch (err) {
-    case FL_EINVAL:
-        type = PyExc_ValueError;
-        break;
-    case FL_ENOMEM:
-        fl_error_clear();
-        return PyErr_NoMemory();
-    case FL_ECLOSED:
-        type = state->closed;
-        break;
-    case FL_ETIMEDOUT:
-        type = PyExc_TimeoutError;
-        break;
-    case FL_EUNAVAILABLE:
-        type = state->codec_unavailable;
-        break;
-    default:
-        type = state->error;
-        break;
-    }
-    PyErr_Format(type, "%s: %s", what, message);
-    fl_error_clear();
-    return NULL;
-}
-
-PyObject *fl_raise_os_error(const char *message) {
-    int sys_errno = fl_error_errno();
-    PyObject *args = sys_errno != 0 ? Py_BuildValue("(is)", sys_errno, message) : Py_BuildValue("(s)", message);
-    fl_error_clear();
-    if (args != NULL) {
-        PyErr_SetObject(PyExc_OSError, args); /* OSError(errno, ...) becomes its subclass */
-        Py_DECREF(args);
-    }
-    return NULL;
-}
-
 fl_exec fl_exec_acquire(fl_module_state *state, int threads) {
     fl_exec exec = {NULL, 1};
     if (threads <= 1)

@@ -115,6 +115,11 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
         return fl_raise(ckpt_state(self), rc, "save");
     }
+    if (raise_write_error(self) < 0) { /* the write this save waited for failed: say so now */
+        fl_checkpointer_abort(call.checkpointer);
+        Py_DECREF(entries);
+        return NULL;
+    }
     size_t offset = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call.entries[i], offset);
@@ -192,12 +197,8 @@ static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     if (rc != FL_OK) {
         Py_XDECREF(self);
         Py_DECREF(dir_bytes);
-        if (rc == FL_ESYS) {
-            PyErr_SetString(state->checkpoint_error, fl_error_detail());
-            fl_error_clear();
-            return NULL;
-        }
-        return fl_raise(state, rc, "Checkpointer");
+        return fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "Checkpointer", /* the detail names the path */
+                                                        .overrides = {{FL_ESYS, FL_EXC_CHECKPOINT}}});
     }
     self->directory = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(dir_bytes));
     Py_DECREF(dir_bytes);

@@ -66,7 +66,6 @@ int fl_parse_geometry(PyObject *spec, fl_image_geometry *g) {
 }
 
 static PyObject *load_codec(PyObject *module, PyObject *arg, int jpeg) {
-    (void)module;
     PyObject *path;
     if (!PyUnicode_FSConverter(arg, &path))
         return NULL;
@@ -75,11 +74,8 @@ static PyObject *load_codec(PyObject *module, PyObject *arg, int jpeg) {
     rc = jpeg ? fl_image_load_jpeg(PyBytes_AS_STRING(path)) : fl_image_load_png(PyBytes_AS_STRING(path));
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
-    if (rc != FL_OK) {
-        PyErr_SetString(PyExc_OSError, fl_error_detail());
-        fl_error_clear();
-        return NULL;
-    }
+    if (rc != FL_OK)
+        return fl_raise_with(state_of(module), rc, &(fl_raise_opts){.otherwise = FL_EXC_OS});
     return PyUnicode_FromString(fl_image_codec(jpeg ? FL_IMAGE_JPEG : FL_IMAGE_PNG));
 }
 

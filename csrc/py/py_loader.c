@@ -26,6 +26,15 @@ typedef struct {
 
 static fl_module_state *loader_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
+/* True, with fastloop.Closed set, once the collector cleared this loader (loader_clear). */
+static int loader_cleared(PyObject *self) {
+    if (((LoaderObject *)self)->keep_alive != NULL)
+        return 0;
+    fl_raise_with(loader_state(self), FL_ECLOSED,
+                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
+    return 1;
+}
+
 static void release_slot(void *core, int slot) { fl_loader_release(core, slot); }
 
 /* The batch in `slot` as a tuple of arrays: views under a lease, or copies when lending it
@@ -54,19 +63,19 @@ static int attempt_next(void *ctx, double timeout_s) {
     return fl_loader_next(call->loader, timeout_s, &call->slot, &call->count);
 }
 
-/* Raises the exception for a loader error: OSError for I/O, ValueError for bad data. */
-static PyObject *raise_loader_error(int rc, const char *message) {
-    if (rc == FL_ESYS)
-        return fl_raise_os_error(message);
-    PyErr_SetString(rc == FL_ENOMEM ? PyExc_MemoryError : PyExc_ValueError, message);
-    return NULL;
-}
+/* A loader's override of the error table: OSError for I/O, ValueError for bad data. */
+#define LOADER_DATA(text)                                                                      \
+    (&(fl_raise_opts){.message = (text),                                                       \
+                      .overrides = {{FL_ESYS, FL_EXC_OS}, {FL_ENOMEM, FL_EXC_MEMORY},         \
+                                    {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE}},                   \
+                      .otherwise = FL_EXC_VALUE})
 
 static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     LoaderObject *self = (LoaderObject *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
+        loader_cleared(self_obj))
         return NULL;
     next_call call = {self->loader, -1, 0};
     int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
@@ -79,19 +88,14 @@ static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         char message[96]; /* PyErr_Format has no %g */
         snprintf(message, sizeof message, "no batch within the timeout of %g s", timeout);
-        PyErr_SetString(PyExc_TimeoutError, message);
-        return NULL;
+        return fl_raise_with(loader_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
     }
-    if (rc == FL_EUNAVAILABLE) {
-        PyErr_SetString(loader_state(self_obj)->codec_unavailable, fl_loader_error(self->loader));
-        return NULL;
-    }
-    return raise_loader_error(rc, fl_loader_error(self->loader));
+    return fl_raise_with(loader_state(self_obj), rc, LOADER_DATA(fl_loader_error(self->loader)));
 }
 
 static PyObject *loader_start_epoch(PyObject *self, PyObject *args) {
     unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || loader_cleared(self))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* may join the workers of an abandoned epoch */
@@ -272,7 +276,7 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
             int rc = fl_npy_map_open(PyBytes_AS_STRING(header_path), &map);
             if (rc != FL_OK) {
                 Py_DECREF(bytes_list);
-                raise_loader_error(rc, fl_error_detail());
+                fl_raise_with(loader_state((PyObject *)self), rc, LOADER_DATA(NULL));
                 return -1;
             }
             field->expect = map.header;
@@ -408,9 +412,34 @@ fail:
     return NULL;
 }
 
+/* gc support: the source arrays the loader reads (keep_alive) may be a user's objects that
+ * refer back to it (an ndarray subclass holding the Loader). */
+static int loader_traverse(PyObject *self, visitproc visit, void *arg) {
+    LoaderObject *loader = (LoaderObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(loader->keep_alive);
+    Py_VISIT(loader->out_descrs);
+    Py_VISIT(loader->out_shapes);
+    return 0;
+}
+
+/* Joins the workers before dropping what they read; the loader then refuses further epochs
+ * (loader_cleared). The core loader is freed by dealloc, where no lease is left. */
+static int loader_clear(PyObject *self) {
+    LoaderObject *loader = (LoaderObject *)self;
+    if (loader->loader != NULL && loader->keep_alive != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        fl_loader_stop(loader->loader);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(loader->keep_alive);
+    return 0;
+}
+
 static void loader_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     LoaderObject *loader = (LoaderObject *)self;
+    PyObject_GC_UnTrack(self);
     if (loader->loader != NULL) {
         Py_BEGIN_ALLOW_THREADS /* joins the workers */
         fl_loader_free(loader->loader);
@@ -448,6 +477,8 @@ static PyType_Slot loader_slots[] = {
     {Py_tp_doc, "The C half of fastloop.Loader in threads mode."},
     {Py_tp_new, loader_new},
     {Py_tp_dealloc, loader_dealloc},
+    {Py_tp_traverse, loader_traverse},
+    {Py_tp_clear, loader_clear},
     {Py_tp_methods, loader_methods},
     {Py_tp_getset, loader_getset},
     {0, NULL},
@@ -456,29 +487,26 @@ static PyType_Slot loader_slots[] = {
 static PyType_Spec loader_spec = {
     .name = "fastloop._core._Loader",
     .basicsize = sizeof(LoaderObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = loader_slots,
 };
 
 /* ---- the sampler, for the in-process path ---- */
 
 static PyObject *epoch_order(PyObject *module, PyObject *args) {
-    (void)module;
     unsigned long long n, seed, epoch;
     int shuffle, rank, world_size;
     if (!PyArg_ParseTuple(args, "KpKKii:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size))
         return NULL;
     fl_sampler s = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = 1};
-    if (fl_sampler_check(&s) != FL_OK) {
-        PyErr_SetString(PyExc_ValueError, fl_error_detail());
-        return NULL;
-    }
+    int rc = fl_sampler_check(&s);
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
     npy_intp size = (npy_intp)fl_sampler_shard_size(&s);
     PyObject *order = PyArray_SimpleNew(1, &size, NPY_INT64);
     if (order == NULL)
         return NULL;
-    int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fl_sampler_epoch(&s, epoch, PyArray_DATA((PyArrayObject *)order));
     Py_END_ALLOW_THREADS

@@ -394,13 +394,9 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
             rc = fl_error_set(FL_EINVAL, "unknown sink kind '%s'", kind);
         Py_DECREF(path_bytes);
     }
-    if (rc == FL_ESYS) {
-        PyErr_SetString(state->sink_error, fl_error_detail());
-        fl_error_clear();
-        return NULL;
-    }
-    if (rc != FL_OK)
-        return (fl_sink *)fl_raise(state, rc, "sink");
+    if (rc != FL_OK) /* a failed open raises SinkError with the detail, which names the path */
+        return (fl_sink *)fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "sink",
+                                                                    .overrides = {{FL_ESYS, FL_EXC_SINK}}});
     return sink;
 }
 

@@ -23,22 +23,9 @@ typedef struct {
 
 static fl_module_state *nn_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
-/* Raises the core error of a model call: a failed CUDA or cuBLAS call (FL_ESYS from a
- * device backend) as fastloop.CudaError, the rest as fl_raise() maps them. */
-static PyObject *nn_raise(PyObject *self, int rc, const char *what) {
-    if (rc != FL_ESYS)
-        return fl_raise(nn_state(self), rc, what);
-    PyObject *message = PyUnicode_FromFormat("%s: %s", what, fl_error_detail());
-    fl_error_clear();
-    PyObject *errors = message ? PyImport_ImportModule("fastloop.errors") : NULL;
-    PyObject *type = errors ? PyObject_GetAttrString(errors, "CudaError") : NULL;
-    if (type != NULL)
-        PyErr_SetObject(type, message);
-    Py_XDECREF(type);
-    Py_XDECREF(errors);
-    Py_XDECREF(message);
-    return NULL;
-}
+/* A model call's override of the error table: FL_ESYS from a device backend is a failed
+ * CUDA or cuBLAS call, raised as fastloop.CudaError. */
+#define MODEL_CALL(call) (&(fl_raise_opts){.what = (call), .overrides = {{FL_ESYS, FL_EXC_CUDA}}})
 
 /* ---- arrays: NumPy (host) or __cuda_array_interface__ (device) ---- */
 
@@ -132,7 +119,7 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
             rc = fl_nn_wait_stream(self->model, handle);
         Py_END_ALLOW_THREADS
         if (rc != FL_OK) {
-            nn_raise((PyObject *)self, rc, arg);
+            fl_raise_with(nn_state((PyObject *)self), rc, MODEL_CALL(arg));
             return -1;
         }
     }
@@ -276,7 +263,7 @@ static PyObject *get_tensor(PyObject *self, PyObject *arg, param_get_fn get) {
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         Py_DECREF(array);
-        return nn_raise(self, rc, "reading a parameter");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("reading a parameter"));
     }
     return array;
 }
@@ -302,7 +289,7 @@ static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, co
         rc = set(m->model, index, array.data);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return nn_raise(self, rc, "writing a parameter");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("writing a parameter"));
     Py_RETURN_NONE;
 }
 
@@ -333,7 +320,7 @@ static PyObject *model_get_all(PyObject *self, PyObject *arg) {
         Py_END_ALLOW_THREADS
         if (rc != FL_OK) {
             Py_CLEAR(result);
-            nn_raise(self, rc, "reading the parameters");
+            fl_raise_with(nn_state(self), rc, MODEL_CALL("reading the parameters"));
         }
     } else if (dsts == NULL) {
         Py_CLEAR(result);
@@ -367,7 +354,7 @@ static PyObject *model_forward(PyObject *self, PyObject *args) {
         rc = fl_nn_forward(m->model, x, rows, out);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return nn_raise(self, rc, "forward");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("forward"));
     return Py_NewRef(out_obj);
 }
 
@@ -402,7 +389,7 @@ static PyObject *model_backward(PyObject *self, PyObject *args) {
         rc = fl_nn_backward(m->model, x, y, rows, (fl_nn_loss)kind, &loss);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return nn_raise(self, rc, "backward");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("backward"));
     return PyFloat_FromDouble(loss);
 }
 
@@ -432,7 +419,7 @@ static PyObject *model_train_step(PyObject *self, PyObject *args) {
         rc = fl_nn_train_step(m->model, opt->opt, x, y, rows, (fl_nn_loss)kind, &loss);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return nn_raise(self, rc, "train_step");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("train_step"));
     return PyFloat_FromDouble(loss);
 }
 
@@ -533,7 +520,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *unused) {
     Py_BEGIN_ALLOW_THREADS
         rc = fl_nn_optimizer_step(((OptimizerObject *)self)->opt);
     Py_END_ALLOW_THREADS
-    return rc == FL_OK ? Py_NewRef(Py_None) : nn_raise(self, rc, "step");
+    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise_with(nn_state(self), rc, MODEL_CALL("step"));
 }
 
 /* The optimizer's hyper-parameters and step count sit under the model's lock, which a
@@ -621,7 +608,7 @@ static PyObject *optimizer_get_state(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         Py_DECREF(array);
-        return nn_raise(self, rc, "optimizer state");
+        return fl_raise_with(nn_state(self), rc, MODEL_CALL("optimizer state"));
     }
     return array;
 }
@@ -645,7 +632,7 @@ static PyObject *optimizer_set_state(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
         rc = fl_nn_optimizer_set_state(o->opt, index, which, array.data);
     Py_END_ALLOW_THREADS
-    return rc == FL_OK ? Py_NewRef(Py_None) : nn_raise(self, rc, "optimizer state");
+    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise_with(nn_state(self), rc, MODEL_CALL("optimizer state"));
 }
 
 static PyMethodDef optimizer_methods[] = {
@@ -682,7 +669,6 @@ static PyType_Spec optimizer_spec = {
 /* ---- BLAS ---- */
 
 static PyObject *blas_load(PyObject *module, PyObject *path_obj) {
-    (void)module;
     PyObject *bytes;
     if (!PyUnicode_FSConverter(path_obj, &bytes))
         return NULL;
@@ -692,11 +678,8 @@ static PyObject *blas_load(PyObject *module, PyObject *path_obj) {
         rc = fl_blas_load(path);
     Py_END_ALLOW_THREADS
     Py_DECREF(bytes);
-    if (rc != FL_OK) {
-        PyErr_Format(PyExc_OSError, "%s", fl_error_detail());
-        fl_error_clear();
-        return NULL;
-    }
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){.otherwise = FL_EXC_OS});
     return PyUnicode_FromString(fl_blas_describe());
 }
 

@@ -32,16 +32,12 @@ static PyType_Spec mapping_spec = {
 };
 
 /* Raises the error of a failed fl_npy call on `path`: ValueError for a bad file, OSError
- * (with errno's class, e.g. FileNotFoundError) for a failed system call. */
-static PyObject *raise_npy(int rc) {
-    if (rc == FL_ESYS)
-        return fl_raise_os_error(fl_error_detail());
-    if (rc == FL_ENOMEM)
-        PyErr_NoMemory();
-    else
-        PyErr_SetString(PyExc_ValueError, fl_error_detail()); /* the detail names the file */
-    fl_error_clear();
-    return NULL;
+ * (with errno's class, e.g. FileNotFoundError) for a failed system call; the detail names
+ * the file. */
+static PyObject *raise_npy(PyObject *module, int rc) {
+    return fl_raise_with(fl_state_from_module(module), rc,
+                         &(fl_raise_opts){.overrides = {{FL_ESYS, FL_EXC_OS}, {FL_ENOMEM, FL_EXC_MEMORY}},
+                                          .otherwise = FL_EXC_VALUE});
 }
 
 static PyObject *header_tuple(const fl_npy_header *h) {
@@ -65,7 +61,7 @@ static PyObject *npy_header(PyObject *module, PyObject *path_obj) {
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     if (rc != FL_OK)
-        return raise_npy(rc);
+        return raise_npy(module, rc);
     PyObject *result = header_tuple(&map.header);
     fl_npy_map_close(&map);
     return result;
@@ -89,7 +85,7 @@ static PyObject *load_npy(PyObject *module, PyObject *path_obj) {
     Py_DECREF(path);
     if (rc != FL_OK) {
         Py_DECREF(mapping);
-        return raise_npy(rc);
+        return raise_npy(module, rc);
     }
     const fl_npy_header *h = &mapping->map.header;
     PyObject *descr_text = PyUnicode_FromString(h->descr);

@@ -108,11 +108,9 @@ static PyObject *planned_output(PipelineObject *self, PyObject *x, fl_images *di
     fl_dtype out_dtype;
     fl_layout out_layout;
     int rc = fl_pipeline_plan(self->pipeline, *dims, *dtype, &out, &out_dtype, &out_layout, scratch_per_image);
-    if (rc != FL_OK) {
-        PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
-        fl_error_clear();
-        return NULL;
-    }
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_type(Py_TYPE(self)), rc,
+                             &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
     out.n = dims->n;
     Py_ssize_t shape[4];
     fl_image_shape(x, out_layout, out, shape);

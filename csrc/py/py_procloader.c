@@ -42,6 +42,15 @@ typedef struct {
 
 static fl_module_state *proc_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
+/* True, with fastloop.Closed set, once the collector cleared this loader (proc_clear). */
+static int proc_cleared(PyObject *self) {
+    if (((ProcLoaderObject *)self)->fetch != NULL)
+        return 0;
+    fl_raise_with(proc_state(self), FL_ECLOSED,
+                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
+    return 1;
+}
+
 /* ---- in the worker process ---- */
 
 /* "module.qualname\x1emessage\x1etraceback" of the pending exception into error; clears it. */
@@ -100,8 +109,7 @@ static int pipe_sample(ProcLoaderObject *self, int64_t index, uint64_t seed, uns
                              dst, self->scratch_pipeline, seed, &index);
     if (rc == FL_OK)
         return 0;
-    PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
-    fl_error_clear();
+    fl_raise_with(proc_state((PyObject *)self), rc, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
     return -1;
 }
 
@@ -218,23 +226,20 @@ static int attempt_next(void *ctx, double timeout_s) {
     return fl_procpool_next(call->pool, timeout_s, &call->slot, &call->count);
 }
 
-/* Raises what on_failure makes of the pool's recorded failure. */
-static PyObject *raise_failure(ProcLoaderObject *self) {
+/* The exception on_failure builds from the pool's recorded failure (kind, worker, pid,
+ * signal, index, text), or NULL with on_failure's own exception set. */
+static PyObject *worker_failure(ProcLoaderObject *self) {
     const fl_proc_error *e = fl_procpool_error(self->pool);
-    PyObject *exc = PyObject_CallFunction(self->on_failure, "siiiLs", e->kind == FL_PROC_DIED ? "died" : "failed",
-                                          e->worker, (int)e->pid, e->signal, (long long)e->index, e->text);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-    return NULL;
+    return PyObject_CallFunction(self->on_failure, "siiiLs", e->kind == FL_PROC_DIED ? "died" : "failed",
+                                 e->worker, (int)e->pid, e->signal, (long long)e->index, e->text);
 }
 
 static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
+        proc_cleared(self_obj))
         return NULL;
     next_call call = {self->pool, -1, 0};
     int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
@@ -254,11 +259,16 @@ static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         char message[96]; /* PyErr_Format has no %g */
         snprintf(message, sizeof message, "no batch from the worker processes within %g s", timeout);
-        PyErr_SetString(PyExc_TimeoutError, message);
+        return fl_raise_with(proc_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
+    }
+    if (rc == FL_EWORKER) {
+        PyObject *failure = worker_failure(self);
+        if (failure == NULL)
+            return NULL;
+        fl_raise_with(proc_state(self_obj), rc, &(fl_raise_opts){.instance = failure});
+        Py_DECREF(failure);
         return NULL;
     }
-    if (rc == FL_EWORKER)
-        return raise_failure(self);
     return fl_raise(proc_state(self_obj), rc, "Loader");
 }
 
@@ -273,7 +283,7 @@ static PyObject *proc_stop(PyObject *self, PyObject *unused) {
 static PyObject *proc_start_epoch(PyObject *self_obj, PyObject *args) {
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
     unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch))
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || proc_cleared(self_obj))
         return NULL;
     /* forking needs the GIL held (PyOS_BeforeFork); stopping an abandoned epoch's workers
      * can take a second, so that happens first, without it */
@@ -333,7 +343,7 @@ static int plan_pipeline(ProcLoaderObject *self, PyObject *pipeline_obj, PyObjec
     fl_layout out_layout;
     if (fl_pipeline_plan(self->pipeline, self->image, self->image_dtype, &out, &dtype, &out_layout,
                          &self->scratch_per_image) != FL_OK) {
-        PyErr_Format(PyExc_ValueError, "Pipeline: %s", fl_error_detail());
+        fl_raise_with(proc_state((PyObject *)self), FL_EINVAL, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
         return -1;
     }
     PyObject *out_shape = out_layout == FL_HWC ? Py_BuildValue("(nnn)", (Py_ssize_t)out.h, (Py_ssize_t)out.w, (Py_ssize_t)out.c)
@@ -428,9 +438,42 @@ fail:
     return NULL;
 }
 
+/* gc support: a dataset that refers back to its Loader (dataset -> Loader -> _ProcLoader ->
+ * fetch -> dataset) is a cycle only the collector can free, and with it the workers. */
+static int proc_traverse(PyObject *self_obj, visitproc visit, void *arg) {
+    ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    Py_VISIT(Py_TYPE(self_obj));
+    Py_VISIT(self->fetch);
+    Py_VISIT(self->worker_setup);
+    Py_VISIT(self->on_failure);
+    Py_VISIT(self->in_descrs);
+    Py_VISIT(self->in_shapes);
+    Py_VISIT(self->out_descrs);
+    Py_VISIT(self->out_shapes);
+    Py_VISIT(self->keep_alive);
+    return 0;
+}
+
+/* Ends the workers, then drops what can lead back to user objects; the loader refuses
+ * further epochs (proc_cleared). The pool itself is freed by dealloc, where no lease is left. */
+static int proc_clear(PyObject *self_obj) {
+    ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    if (self->pool != NULL && self->fetch != NULL) {
+        Py_BEGIN_ALLOW_THREADS /* up to a second for workers to exit */
+        fl_procpool_stop(self->pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->fetch);
+    Py_CLEAR(self->worker_setup);
+    Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->keep_alive);
+    return 0;
+}
+
 static void proc_dealloc(PyObject *self_obj) {
     PyTypeObject *type = Py_TYPE(self_obj);
     ProcLoaderObject *self = (ProcLoaderObject *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
     if (self->pool != NULL) {
         Py_BEGIN_ALLOW_THREADS /* stops and reaps the workers */
         fl_procpool_free(self->pool);
@@ -465,6 +508,8 @@ static PyType_Slot proc_slots[] = {
     {Py_tp_doc, "The C half of fastloop.Loader in processes mode."},
     {Py_tp_new, proc_new},
     {Py_tp_dealloc, proc_dealloc},
+    {Py_tp_traverse, proc_traverse},
+    {Py_tp_clear, proc_clear},
     {Py_tp_methods, proc_methods},
     {Py_tp_getset, proc_getset},
     {0, NULL},
@@ -473,7 +518,7 @@ static PyType_Slot proc_slots[] = {
 static PyType_Spec proc_spec = {
     .name = "fastloop._core._ProcLoader",
     .basicsize = sizeof(ProcLoaderObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = proc_slots,
 };
 

@@ -1,5 +1,6 @@
 /* check.h - the smallest test harness: CHECK(cond) records a failure with file:line and
- * carries on; RUN(test) runs one test function; main returns the failure count. */
+ * carries on; RUN(test) runs one test function; main returns check_failures != 0 (never the
+ * count itself: an exit status keeps only its low 8 bits). */
 #ifndef FL_TEST_CHECK_H
 #define FL_TEST_CHECK_H
 

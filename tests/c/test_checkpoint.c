@@ -120,7 +120,6 @@ int main(void) {
     RUN(test_checkpoints_are_published_and_pruned);
     RUN(test_concurrent_savers_take_turns);
     RUN(test_write_errors_are_kept_for_the_owner);
-    usleep(100 * 1000); /* let the detached writer of the last test exit */
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

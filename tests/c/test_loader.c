@@ -361,7 +361,7 @@ static void test_stop_from_another_thread_while_the_consumer_fills_chunks(void) 
             consumer_arg arg = {l, FL_OK};
             pthread_t consumer;
             pthread_create(&consumer, NULL, consume_all, &arg);
-            usleep((useconds_t)(round * 50));
+            usleep((useconds_t)(round * 50)); /* paces: stop lands at a different point each round */
             fl_loader_stop(l); /* waits for a chunk the consumer is filling, if any */
             pthread_join(consumer, NULL);
             CHECK(arg.rc == FL_EEND);

@@ -2,6 +2,7 @@
  * threads: exact totals under contention, formats byte by byte, errors reported. */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "base/fl_buf.h"
 #include "base/fl_crc.h"
 #include "base/fl_error.h"
 #include "base/fl_metrics.h"
@@ -42,6 +44,21 @@ static size_t count_lines(const char *text, const char *containing) {
         line += len + (end != NULL);
     }
     return n;
+}
+
+/* Waits until the monitor has sampled `rounds` more times: polls its count, never a fixed
+ * sleep. Returns 0 after 30 s without. */
+static int wait_for_rounds(fl_monitor *m, uint64_t rounds) {
+    fl_monitor_stats stats;
+    fl_monitor_stats_get(m, &stats);
+    uint64_t target = stats.samples + rounds;
+    for (double deadline = fl_monotonic() + 30; fl_monotonic() < deadline;) {
+        fl_monitor_stats_get(m, &stats);
+        if (stats.samples >= target)
+            return 1;
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL); /* paces the polling */
+    }
+    return 0;
 }
 
 /* ---- metrics ---- */
@@ -97,7 +114,7 @@ static void test_csv_and_jsonl_format_records(void) {
     snprintf(jsonl, sizeof jsonl, "%s/m.jsonl", tmpdir);
     fl_event events[3];
     fl_event_init(&events[0], FL_EVENT_SCALAR, "loss", 0.1, 7, -1);
-    fl_event_init(&events[1], FL_EVENT_SCALAR, "odd,\"name\"", 0.0 / 0.0, 8, 2);
+    fl_event_init(&events[1], FL_EVENT_SCALAR, "odd,\"name\"", NAN, 8, 2);
     fl_event_init(&events[2], FL_EVENT_MARKER, "epoch_end", 0, 9, -1);
     for (int round = 0; round < 2; round++) { /* the second open appends: no second header */
         fl_sink *c, *j;
@@ -157,6 +174,32 @@ static int check_tfrecords(const unsigned char *p, size_t n, const char *must_co
     return n == 0 && found ? records : -1;
 }
 
+/* Known answers (the "check" values of the CRC catalogue), then the eight-bytes-at-a-time path
+ * against a bit-at-a-time reference at every length and alignment up to 64 bytes. */
+static uint32_t crc32c_bitwise(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n--) {
+        crc ^= *p++;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+    }
+    return ~crc;
+}
+
+static void test_crc32c_and_crc32_known_answers(void) {
+    CHECK(fl_crc32c(0, "123456789", 9) == 0xE3069283u);
+    CHECK(fl_crc32(0, "123456789", 9) == 0xCBF43926u);
+    CHECK(fl_crc32c(fl_crc32c(0, "1234", 4), "56789", 5) == 0xE3069283u); /* continued */
+    CHECK(fl_crc32c(0, "", 0) == 0);
+    CHECK(fl_crc32c_masked("123456789", 9) == 0xC78AB0E5u); /* rotr 15 + 0xa282ead8 */
+    unsigned char bytes[80];
+    for (int i = 0; i < 80; i++)
+        bytes[i] = (unsigned char)(i * 37 + 11);
+    for (int start = 0; start < 8; start++)
+        for (size_t n = 0; n <= 64; n++)
+            CHECK(fl_crc32c(0, bytes + start, n) == crc32c_bitwise(0, bytes + start, n));
+}
+
 static void test_tensorboard_file_is_framed_with_valid_crcs(void) {
     char logdir[512];
     snprintf(logdir, sizeof logdir, "%s/tb/run1", tmpdir);
@@ -176,6 +219,74 @@ static void test_tensorboard_file_is_framed_with_valid_crcs(void) {
     CHECK(check_tfrecords(bytes, n, "train/loss") == 2);
     CHECK(memmem(bytes, n, "not written", 11) == NULL);
     fl_sink_free(s);
+}
+
+/* NaN, inf and numbers beyond int64 (a NaN loss) format without undefined casts, in every sink. */
+static const double nonfinite[] = {NAN, INFINITY, -INFINITY, 1e300, -1e300, 9007199254740992.0,
+                                   -9223372036854775808.0, 1e19};
+static const char *const nonfinite_csv[] = {"nan", "inf", "-inf", "1e+300", "-1e+300",
+                                            "9007199254740992", "-9.223372036854776e+18", "1e+19"};
+static const char *const nonfinite_json[] = {"NaN", "Infinity", "-Infinity", "1e+300", "-1e+300",
+                                             "9007199254740992", "-9.223372036854776e+18", "1e+19"};
+enum { N_NONFINITE = sizeof nonfinite / sizeof nonfinite[0] };
+
+static void test_buf_formats_nonfinite_and_huge_doubles(void) {
+    for (int i = 0; i < N_NONFINITE; i++) {
+        fl_buf b = {0};
+        fl_buf_double(&b, nonfinite[i]);
+        fl_buf_append(&b, "", 1);
+        CHECK(!b.failed && strcmp((char *)b.data, nonfinite_csv[i]) == 0);
+        fl_buf_free(&b);
+    }
+    const double seconds[] = {NAN, INFINITY, -INFINITY, 1e300, -1};
+    const char *const written[] = {"0.000000", "18446744073709.551615", "0.000000",
+                                   "18446744073709.551615", "0.000000"};
+    for (int i = 0; i < 5; i++) {
+        fl_buf b = {0};
+        fl_buf_seconds(&b, seconds[i]);
+        fl_buf_append(&b, "", 1);
+        CHECK(!b.failed && strcmp((char *)b.data, written[i]) == 0);
+        fl_buf_free(&b);
+    }
+}
+
+static void test_every_sink_writes_nan_inf_and_1e300(void) {
+    char csv[512], jsonl[512], logdir[512], text[8192], want[128];
+    snprintf(csv, sizeof csv, "%s/nonfinite.csv", tmpdir);
+    snprintf(jsonl, sizeof jsonl, "%s/nonfinite.jsonl", tmpdir);
+    snprintf(logdir, sizeof logdir, "%s/tb/nonfinite", tmpdir);
+    fl_event events[N_NONFINITE];
+    for (int i = 0; i < N_NONFINITE; i++)
+        fl_event_init(&events[i], FL_EVENT_SCALAR, "loss", nonfinite[i], i, -1);
+    fl_sink *c, *j, *t;
+    CHECK(fl_sink_open_csv(csv, &c) == FL_OK && fl_sink_open_jsonl(jsonl, &j) == FL_OK);
+    CHECK(fl_sink_open_tensorboard(logdir, &t) == FL_OK);
+    CHECK(fl_sink_write(c, events, N_NONFINITE) == FL_OK);
+    CHECK(fl_sink_write(j, events, N_NONFINITE) == FL_OK);
+    CHECK(fl_sink_write(t, events, N_NONFINITE) == FL_OK && fl_sink_flush(t) == FL_OK);
+    CHECK(fl_sink_close(c) == FL_OK && fl_sink_close(j) == FL_OK);
+    read_file(csv, text, sizeof text);
+    for (int i = 0; i < N_NONFINITE; i++) {
+        snprintf(want, sizeof want, ",%d,loss,%s,scalar,-1", i, nonfinite_csv[i]);
+        CHECK(count_lines(text, want) == 1);
+    }
+    read_file(jsonl, text, sizeof text);
+    for (int i = 0; i < N_NONFINITE; i++) {
+        snprintf(want, sizeof want, "\"step\": %d, \"name\": \"loss\", \"value\": %s,", i,
+                 nonfinite_json[i]);
+        CHECK(count_lines(text, want) == 1);
+    }
+    static unsigned char bytes[8192];
+    FILE *f = fopen(fl_sink_path(t), "rb");
+    size_t n = f ? fread(bytes, 1, sizeof bytes, f) : 0;
+    if (f)
+        fclose(f);
+    CHECK(check_tfrecords(bytes, n, "loss") == 1 + N_NONFINITE); /* file version + scalars */
+    for (int i = 0; i < 2; i++) /* simple_value is field 2, fixed32: key byte 0x15 */
+        CHECK(memmem(bytes, n, (unsigned char[]){0x15, 0, 0, 0x80, (unsigned char)(i ? 0xff : 0x7f)}, 5) != NULL);
+    fl_sink_free(c);
+    fl_sink_free(j);
+    fl_sink_free(t);
 }
 
 /* ---- GPU sources ---- */
@@ -210,7 +321,8 @@ static void *put_scalars(void *arg) {
     for (int i = 0; i < 2500; i++) {
         fl_event e;
         fl_event_init(&e, FL_EVENT_SCALAR, "worker/value", i, i, p->index);
-        while (fl_monitor_put(p->monitor, &e, 0.01) != FL_OK)
+        double deadline = fl_monotonic() + 30; /* a full queue drains; a stuck writer fails */
+        while (fl_monitor_put(p->monitor, &e, 0.01) != FL_OK && fl_monotonic() < deadline)
             ;
     }
     return NULL;
@@ -247,7 +359,7 @@ static void test_monitor_writes_every_record_and_samples(void) {
     CHECK(ticket > 0 && fl_monitor_flushed(m, ticket, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
     CHECK(count_lines(text, ",worker/value,") == 10000);
-    nanosleep(&(struct timespec){0, 60 * 1000 * 1000}, NULL); /* a few sampling rounds */
+    CHECK(wait_for_rounds(m, 2)); /* a few sampling rounds */
     fl_monitor_close(m, 0); /* returns at once; the writer finishes on its own */
     CHECK(fl_monitor_wait_closed(m, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
@@ -354,7 +466,7 @@ static void test_sampling_a_table_that_grows_reads_only_real_names(void) {
     pthread_t adder_thread;
     pthread_create(&adder_thread, NULL, add_new_names, metrics);
     pthread_join(adder_thread, NULL);
-    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    CHECK(wait_for_rounds(m, 2)); /* a whole round after the last name was added */
     fl_monitor_close(m, 1);
     read_file(csv, text, sizeof text);
     size_t rates = count_lines(text, "/per_s,"), real = 0;
@@ -392,7 +504,10 @@ int main(void) {
     RUN(test_metrics_8_threads_1e5_updates_exact);
     RUN(test_csv_and_jsonl_format_records);
     RUN(test_sink_errors_name_the_path);
+    RUN(test_crc32c_and_crc32_known_answers);
     RUN(test_tensorboard_file_is_framed_with_valid_crcs);
+    RUN(test_buf_formats_nonfinite_and_huge_doubles);
+    RUN(test_every_sink_writes_nan_inf_and_1e300);
     RUN(test_gpu_falls_back_to_nvidia_smi_then_to_none);
     RUN(test_monitor_writes_every_record_and_samples);
     RUN(test_monitor_reports_a_failing_sink_once);

