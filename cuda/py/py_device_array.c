@@ -568,5 +568,6 @@ int fl_py_device_array_init(PyObject *module, cuda_state *state) {
     if (state->device_array_type == NULL ||
         PyModule_AddObjectRef(module, "DeviceArray", (PyObject *)state->device_array_type) < 0)
         return -1;
+    FL_DISALLOW_INSTANTIATION(state->device_array_type);
     return PyModule_AddFunctions(module, array_functions);
 }
