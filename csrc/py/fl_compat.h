@@ -64,8 +64,16 @@ static inline PyObject *PyType_GetModuleByDef(PyTypeObject *type, PyModuleDef *d
 }
 #endif
 
-#if PY_VERSION_HEX < 0x030D0000 /* 3.13 made Py_IsFinalizing public */
+#if PY_VERSION_HEX < 0x030D0000 /* 3.13 made Py_IsFinalizing public and added the *Ref getters */
 #define Py_IsFinalizing() _Py_IsFinalizing()
+/* A strong reference to dict[key] in *result: 1 found, 0 missing (*result NULL), -1 error.
+ * (With a GIL the borrowed item cannot vanish before the INCREF.) */
+static inline int PyDict_GetItemStringRef(PyObject *dict, const char *key, PyObject **result) {
+    PyObject *value = PyDict_GetItemString(dict, key);
+    *result = value;
+    Py_XINCREF(value);
+    return value != NULL;
+}
 #endif
 
 /* Py_BEGIN_CRITICAL_SECTION exists from 3.13 (a no-op with the GIL there too). */
