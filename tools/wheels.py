@@ -135,7 +135,7 @@ def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
                     env[var] = os.environ[var]
             run([python, "-m", "venv", os.path.join(tmp, "venv")], env=env)
             exe = os.path.join(tmp, "venv", "bin", "python")
-            probe = "import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; sys.exit(found and f'compiler on PATH: {found}')"
+            probe = "import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; sys.exit(f'compiler on PATH: {found}' if found else 0)"
             try:
                 run([exe, "-c", probe, *COMPILERS], env=env)
                 run([exe, "-m", "pip", "install", "-q", f"{wheels[0]}[images]", "tensorboard"], env=env)
