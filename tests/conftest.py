@@ -20,7 +20,7 @@ def hang_watchdog():
 # pytest-run-parallel's --parallel-threads): they signal the main thread, count references
 # or collect garbage process-wide, fork, or watch the whole process exit.
 THREAD_UNSAFE_WORDS = ("ctrl_c", "sigint", "signal", "killed", "leak", "collected", "refcount", "fork",
-                       "at_exit", "atexit", "exit", "interrupt", "subprocess")
+                       "at_exit", "atexit", "exit", "interrupt", "subprocess", "frozen")
 
 
 THREAD_UNSAFE_TESTS = {  # and these, whose names do not say so
