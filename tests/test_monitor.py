@@ -207,9 +207,12 @@ def test_gpu_metrics_through_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(tmp_path / "missing-libnvidia-ml.so"))
     monkeypatch.setenv("FASTLOOP_NVIDIA_SMI", "printf '1024, 81559, 37\\n512, 81559, 3\\n'; true")
     path = tmp_path / "m.csv"
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
+    sampled = threading.Event()  # a whole sample written: both GPUs' rows
+    watch = fastloop.CallbackSink(lambda e: e.name == "gpu1/utilization_percent" and sampled.set())
+    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path), watch]) as mon:
         assert mon.gpu_source == "nvidia-smi" and "missing-libnvidia-ml.so" in mon.gpu_reason
         wait_for_rounds(mon, 2)  # a whole round, GPUs included
+        assert sampled.wait(10), "no GPU sample within 10 s"
     rows = {(r["name"], r["source"]): float(r["value"]) for r in read_csv(path)}
     assert rows[("gpu0/memory_used_bytes", "0")] == 1024 * 2**20
     assert rows[("gpu1/utilization_percent", "1")] == 3

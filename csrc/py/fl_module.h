@@ -10,6 +10,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "fl_compat.h"
 #include <pthread.h>
 #include <sys/types.h>
 

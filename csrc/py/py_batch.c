@@ -110,5 +110,6 @@ int fl_batch_module_init(PyObject *module, fl_module_state *state) {
     state->lease_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &lease_spec, NULL);
     if (state->lease_type == NULL)
         return -1;
+    FL_DISALLOW_INSTANTIATION(state->lease_type);
     return PyModule_AddType(module, state->lease_type); /* for isinstance checks on batch.base */
 }

@@ -152,7 +152,9 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "no BLAS is loaded (fastloop.nn loads one on import)");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(layers_obj, "layers must be a sequence");
+    PyObject *listed = PySequence_Fast(layers_obj, "layers must be a sequence");
+    PyObject *seq = listed != NULL ? PySequence_Tuple(listed) : NULL; /* a snapshot: another thread may change a list */
+    Py_XDECREF(listed);
     if (seq == NULL)
         return NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
@@ -467,16 +469,24 @@ static PyType_Spec model_spec = {
 static int parse_hyper(PyObject *dict, fl_nn_hyper *h) {
     static const char *names[] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps"};
     double *fields[] = {&h->lr, &h->momentum, &h->weight_decay, &h->beta1, &h->beta2, &h->eps};
-    for (size_t i = 0; i < 6; i++) {
-        PyObject *v = PyDict_GetItemString(dict, names[i]);
-        if (v != NULL && ((*fields[i] = PyFloat_AsDouble(v)) == -1.0 && PyErr_Occurred()))
+    for (size_t i = 0; i < 6; i++) { /* strong references: another thread may change the dict */
+        PyObject *v;
+        if (PyDict_GetItemStringRef(dict, names[i], &v) < 0)
+            return -1;
+        int bad = v != NULL && (*fields[i] = PyFloat_AsDouble(v)) == -1.0 && PyErr_Occurred();
+        Py_XDECREF(v);
+        if (bad)
             return -1;
     }
     static const char *flags[] = {"nesterov", "decoupled"};
     int *flag_fields[] = {&h->nesterov, &h->decoupled};
     for (size_t i = 0; i < 2; i++) {
-        PyObject *v = PyDict_GetItemString(dict, flags[i]);
-        if (v != NULL && (*flag_fields[i] = PyObject_IsTrue(v)) < 0)
+        PyObject *v;
+        if (PyDict_GetItemStringRef(dict, flags[i], &v) < 0)
+            return -1;
+        int bad = v != NULL && (*flag_fields[i] = PyObject_IsTrue(v)) < 0;
+        Py_XDECREF(v);
+        if (bad)
             return -1;
     }
     return 0;

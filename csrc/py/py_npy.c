@@ -128,5 +128,6 @@ int fl_npy_module_init(PyObject *module, fl_module_state *state) {
     state->npy_mapping_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &mapping_spec, NULL);
     if (state->npy_mapping_type == NULL)
         return -1;
+    FL_DISALLOW_INSTANTIATION(state->npy_mapping_type);
     return PyModule_AddFunctions(module, npy_functions);
 }

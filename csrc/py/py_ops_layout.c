@@ -154,7 +154,9 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
                                      &flip_obj, &layout_text, &out_obj, &threads))
         return NULL;
     if (!(p >= 0.0 && p <= 1.0)) {
-        PyErr_Format(PyExc_ValueError, "'p' must be a probability in [0, 1], not %g", p);
+        char message[80]; /* PyErr_Format has no %g: 3.12+ raise SystemError for it */
+        snprintf(message, sizeof message, "'p' must be a probability in [0, 1], not %g", p);
+        PyErr_SetString(PyExc_ValueError, message);
         return NULL;
     }
     if (fl_check_threads(threads) < 0 || fl_parse_layout(layout_text, "layout", &layout) < 0 ||

@@ -10,6 +10,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "py/fl_compat.h"
 #include <stdint.h>
 
 #include "py_numpy.h"

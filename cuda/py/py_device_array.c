@@ -93,7 +93,9 @@ static int parse_shape(PyObject *obj, Py_ssize_t *shape, int *ndim) {
         *ndim = 1;
         shape[0] = PyLong_AsSsize_t(obj);
     } else {
-        PyObject *seq = PySequence_Fast(obj, "'shape' must be an int or a sequence of ints");
+        PyObject *listed = PySequence_Fast(obj, "'shape' must be an int or a sequence of ints");
+        PyObject *seq = listed != NULL ? PySequence_Tuple(listed) : NULL; /* a snapshot: another thread may change a list */
+        Py_XDECREF(listed);
         if (seq == NULL)
             return -1;
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -568,5 +570,6 @@ int fl_py_device_array_init(PyObject *module, cuda_state *state) {
     if (state->device_array_type == NULL ||
         PyModule_AddObjectRef(module, "DeviceArray", (PyObject *)state->device_array_type) < 0)
         return -1;
+    FL_DISALLOW_INSTANTIATION(state->device_array_type);
     return PyModule_AddFunctions(module, array_functions);
 }

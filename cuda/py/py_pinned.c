@@ -160,5 +160,6 @@ int fl_py_pinned_init(PyObject *module, cuda_state *state) {
     if (state->pinned_type == NULL ||
         PyModule_AddObjectRef(module, "PinnedRegion", (PyObject *)state->pinned_type) < 0)
         return -1;
+    FL_DISALLOW_INSTANTIATION(state->pinned_type);
     return PyModule_AddFunctions(module, pinned_functions);
 }
