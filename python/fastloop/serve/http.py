@@ -28,7 +28,8 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from ..errors import Closed, QueueFull
-from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
+from .http_inputs import (NPY_TYPE, BadInput, TooLarge, json_safe, load_npy_under, npy_bytes, parse_body,
+                          parse_npy)
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
 from .metrics_text import CONTENT_TYPE, render
 from .service import InferenceService
@@ -64,9 +65,9 @@ def _submit_reply(error: Exception, retry_after_s: float) -> Exception:
     (store trouble becomes a 503 in App._call)."""
     if isinstance(error, QueueFull):
         return _Reply(429, {"error": str(error)}, [("retry-after", str(retry_after_s))], rejection="queue_full")
-    if isinstance(error, TooLarge):
-        return _Reply(413, {"error": str(error)}, rejection="too_large")
-    if isinstance(error, (BadInput, TypeError, ValueError)):
+    if isinstance(error, (TooLarge, MemoryError)):  # MemoryError: an input no check above caught
+        return _Reply(413, {"error": str(error) or "the input is too large to hold in memory"}, rejection="too_large")
+    if isinstance(error, (BadInput, TypeError, ValueError, OverflowError)):
         return _Reply(400, {"error": str(error)}, rejection="bad_input")
     return error
 
@@ -185,7 +186,7 @@ class App:
         elif isinstance(body, bytes):  # a result asked for as .npy
             payload, kind = body, NPY_TYPE
         else:
-            payload, kind = json.dumps(body).encode(), "application/json"
+            payload, kind = json.dumps(body, allow_nan=False).encode(), "application/json"
         self._count(self._responses, status)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(payload)).encode())]
@@ -320,7 +321,7 @@ class App:
         if as_npy:
             return 200, npy_bytes(row), [("x-job-id", job_id)]
         return 200, {"id": job_id, "status": DONE, "dtype": row.dtype.name, "shape": list(row.shape),
-                     "result": row.tolist()}, []
+                     "result": json_safe(row)}, []
 
     def _cancel(self, job_id: str) -> tuple[int, Any, list[tuple[str, str]]]:
         self._record(job_id)  # 404 for an unknown id
