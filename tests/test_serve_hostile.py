@@ -154,3 +154,91 @@ def test_nan_and_inf_in_a_result_are_sent_as_null_in_strict_json():
         got = Client(base).result(body["id"])  # asks for .npy: the exact values, inf kept
         assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf and got[3] == 4.0
     service.close()
+
+
+# ---------------------------------------------------------------- connection abuse
+
+
+def connect(base: str) -> socket.socket:
+    host, port = base.rsplit("/", 1)[-1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def closed_by_server(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Reads until the server closes the connection; returns what it sent."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.fixture()
+def limited():
+    service = InferenceService(lambda b: b, workers=1, store=MemoryStore())
+    with serving(App(service), header_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5,
+                 max_header_bytes=8 << 10) as base:
+        yield base
+    service.close()
+
+
+def test_slowloris_connections_are_closed_and_healthz_keeps_answering(limited):
+    silent = [connect(limited) for _ in range(10)]  # connect and send nothing
+    partial = [connect(limited) for _ in range(10)]  # stop in the middle of the headers
+    for sock in partial:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    assert call(limited, "GET", "/healthz")[0] == 200
+    started = time.monotonic()
+    for sock in silent + partial:
+        assert closed_by_server(sock) == b""  # closed without an answer
+        sock.close()
+    assert time.monotonic() - started < 5  # by the 0.5 s deadline, not a client's patience
+    assert call(limited, "GET", "/healthz")[0] == 200
+
+
+def test_a_body_that_stops_midway_is_answered_408(limited):
+    sock = connect(limited)
+    sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: 100\r\n\r\n{\"inputs\": [1")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+
+
+def test_a_64_mib_header_is_refused_with_431_without_reading_it_all(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 64 << 20:
+            sock.sendall(b"a" * (1 << 20))
+            sent += 1 << 20
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed the connection: what it answered is still readable
+    assert sent < 64 << 20, "the server read a 64 MiB header whole"
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply[:80]
+    assert call(limited, "GET", "/healthz")[0] == 200
+
+
+def test_a_header_over_the_limit_in_one_piece_is_431(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 10) + b"\r\n\r\n")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
+
+
+def test_an_idle_keep_alive_connection_is_closed(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200")
