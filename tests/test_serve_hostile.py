@@ -242,3 +242,109 @@ def test_an_idle_keep_alive_connection_is_closed(limited):
     reply = closed_by_server(sock)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 200")
+
+
+# ---------------------------------------------------------------- deadlines and stuck models
+
+
+def test_a_queued_job_past_its_deadline_fails_without_running():
+    release = threading.Event()
+    ran = []
+
+    def model(batch):
+        ran.extend(batch[:, 0].tolist())
+        assert release.wait(20)
+        return batch
+
+    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    try:
+        blocker = service.submit([1.0, 0.0])
+        late = service.submit([2.0, 0.0], timeout_s=0.2)
+        with pytest.raises(fl.serve.JobFailed, match="deadline exceeded: still queued"):
+            service.result(late, timeout=10)
+        release.set()
+        assert service.result(blocker, timeout=10).tolist() == [1.0, 0.0]
+        assert 2.0 not in ran
+        assert service.stats()["deadline_exceeded"] == 1
+    finally:
+        release.set()
+        service.close()
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_it():
+    hang = threading.Event()
+    release = threading.Event()
+
+    def model(batch):
+        if (batch[:, 0] == 666).any():
+            hang.set()
+            assert release.wait(30)
+        return batch * 2
+
+    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore(), timeout_s=0.3)
+    try:
+        with serving(App(service)) as base:
+            stuck = service.submit([666.0, 0.0])
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded: the model call was still running"):
+                service.result(stuck, timeout=10)
+            assert hang.is_set()
+            # the replacement worker serves the next job while the stuck one still hangs
+            assert service.result(service.submit([1.0, 2.0]), timeout=10).tolist() == [2.0, 4.0]
+            status, _, body = call(base, "GET", "/healthz")
+            assert status == 200 and body["stuck_workers"] == 1 and body["workers"] == 1
+            # a second hang: the cap (workers=1 stuck at once) is reached, no replacement
+            second = service.submit([666.0, 1.0])
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
+                service.result(second, timeout=10)
+            status, _, body = call(base, "GET", "/healthz")
+            assert status == 503 and body["status"] == "degraded" and body["workers"] == 0, body
+            release.set()
+            deadline = time.monotonic() + 10
+            while service.health()["stuck_workers"] and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the real condition: the stuck threads end
+            assert service.health()["stuck_workers"] == 0
+    finally:
+        release.set()
+        service.close()
+
+
+def test_timeout_s_over_http_is_taken_from_the_body_and_checked(server):
+    base, _ = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(3).tolist(), "timeout_s": 30})
+    assert status == 202 and poll(base, body["id"])["status"] == "done"
+    for bad in ("10", -1, 0):
+        status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(3).tolist(), "timeout_s": bad})
+        assert status == 400 and "timeout_s" in body["error"], body
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_base_exception_fails_only_the_input_that_raised_it(error):
+    def model(batch):
+        if (batch[:, 0] == 13).any():
+            raise error("unlucky")
+        return batch + 1
+
+    gate = threading.Event()
+    first = threading.Event()
+
+    def gated(batch):
+        first.set()
+        assert gate.wait(20)
+        return model(batch)
+
+    service = InferenceService(gated, workers=1, max_batch=8, max_delay_ms=50, store=MemoryStore())
+    try:
+        warm = service.submit([0.0, 0.0])
+        assert first.wait(10)
+        ids = [service.submit([float(v), 0.0]) for v in (1, 13, 2)]  # queued together: one batch
+        gate.set()
+        service.result(warm, timeout=10)
+        assert service.result(ids[0], timeout=10).tolist() == [2.0, 1.0]
+        assert service.result(ids[2], timeout=10).tolist() == [3.0, 1.0]
+        with pytest.raises(fl.serve.JobFailed, match=error.__name__):
+            service.result(ids[1], timeout=10)
+        assert service.stats()["workers"] == 1
+    finally:
+        gate.set()
+        service.close()

@@ -54,10 +54,19 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-def _query_id(scope: Scope) -> str | None:
-    """The ``id`` query parameter (a .npy body's job id), or None."""
-    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get("id")
+def _query(scope: Scope, name: str) -> str | None:
+    """A query parameter (a .npy body's ``id`` or ``timeout_s``), or None."""
+    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
     return values[0] if values else None
+
+
+def _query_timeout(scope: Scope) -> float | None:
+    text = _query(scope, "timeout_s")
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        raise _Reply(400, {"error": f"timeout_s must be a number of seconds, not {text!r}"},
+                     rejection="bad_input") from None
 
 
 def _submit_reply(error: Exception, retry_after_s: float) -> Exception:
@@ -196,9 +205,8 @@ class App:
     async def _route(self, method: str, path: str, scope: Scope,
                      receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         if path == "/healthz" and method in ("GET", "HEAD"):
-            if self.service.closed:
-                return 503, {"status": "closed"}, []
-            return 200, {"status": "ok"}, []
+            health = self.service.health()
+            return (200 if health["status"] == "ok" else 503), health, []
         if path == "/metrics" and method == "GET":
             return 200, await self._call(self._metrics), []
         if path == "/v1/jobs":
@@ -206,7 +214,7 @@ class App:
                 raise _Reply(405, {"error": f"{method} {path}: use POST"}, [("allow", "POST")])
             body = await self._read_body(scope, receive)
             npy = _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
-            given_id = _query_id(scope) if npy else None
+            given_id = _query(scope, "id") if npy else None
             # A full queue is answered here, on the loop, before any parsing: a 429 must be
             # fast when the service is busiest. (A request naming its own id goes the long way,
             # so resubmitting a known job stays idempotent.)
@@ -216,7 +224,7 @@ class App:
                                             "waiting): retry later"},
                              [("retry-after", str(self.retry_after_s))], rejection="queue_full")
             if npy:
-                job_id = await self._call(self._submit_npy, body, given_id)
+                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope))
             else:
                 job_id = await self._call(self._submit, body)
             return 202, {"id": job_id}, [("location", f"/v1/jobs/{job_id}")]
@@ -274,13 +282,13 @@ class App:
                 inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
-            return self.service.submit(inputs, job_id=data.get("id"))
+            return self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s"))
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
-    def _submit_npy(self, body: bytes, job_id: str | None) -> str:
+    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None) -> str:
         try:
-            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id)
+            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 

@@ -24,7 +24,7 @@ __all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_b
 
 NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
-_KEYS = {"inputs", "path", "id"}
+_KEYS = {"inputs", "path", "id", "timeout_s"}
 
 
 class BadInput(ValueError):
@@ -49,7 +49,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput(f"the body must be a JSON object, not {type(data).__name__}")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id'")
+        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id' "
+                       "and 'timeout_s'")
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
     if "inputs" in data:
@@ -58,6 +59,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput(f"'path' must be a string, not {type(data['path']).__name__}")
     if "id" in data and not isinstance(data["id"], str):
         raise BadInput(f"'id' must be a string, not {type(data['id']).__name__}")
+    if "timeout_s" in data and (isinstance(data["timeout_s"], bool) or not isinstance(data["timeout_s"], (int, float))):
+        raise BadInput(f"'timeout_s' must be a number of seconds, not {type(data['timeout_s']).__name__}")
     return data
 
 
