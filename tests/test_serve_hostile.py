@@ -348,3 +348,73 @@ def test_a_base_exception_fails_only_the_input_that_raised_it(error):
     finally:
         gate.set()
         service.close()
+
+
+# ---------------------------------------------------------------- in-doubt submits
+
+
+class LostReplyStore(MemoryStore):
+    """A MemoryStore whose next create is written but answered with a ConnectionError, as a
+    Redis that stops after taking a command and before replying."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_next = False
+        self.down = threading.Event()  # get() fails while set: the store is unreachable
+
+    def create(self, record, inputs):
+        created = super().create(record, inputs)
+        if self.lose_next:
+            self.lose_next = False
+            self.down.set()
+            raise ConnectionError("the connection dropped before the reply")
+        return created
+
+    def get(self, job_id):
+        if self.down.is_set():
+            raise ConnectionError("unreachable")
+        return super().get(job_id)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_back():
+    store = LostReplyStore()
+    ran = []
+    service = InferenceService(lambda b: ran.append(b.copy()) or b, workers=1, store=store)
+    try:
+        store.lose_next = True
+        with pytest.raises(ConnectionError):
+            service.submit([1.0, 2.0], job_id="ghost")
+        assert service.stats()["in_doubt"] == 1
+        assert MemoryStore.get(store, "ghost").status == "queued"  # written, and nobody holds it
+        store.down.clear()  # the store is back
+        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        with pytest.raises(KeyError):
+            service.status("ghost")  # an error meant: not accepted
+        assert service.stats()["in_doubt_removed"] == 1 and ran == []
+        assert store.recover() == []  # a restart would find no ghost to run
+    finally:
+        service.close()
+
+
+def test_an_in_doubt_submit_retried_with_its_id_runs_exactly_once():
+    store = LostReplyStore()
+    ran = []
+    service = InferenceService(lambda b: ran.append(b[:, 0].tolist()) or b, workers=1, store=store)
+    try:
+        store.lose_next = True
+        with pytest.raises(ConnectionError):
+            service.submit([5.0, 0.0], job_id="retry-me")
+        store.down.clear()
+        assert service.submit([5.0, 0.0], job_id="retry-me") == "retry-me"  # adopted or created again
+        assert service.result("retry-me", timeout=10).tolist() == [5.0, 0.0]
+        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        assert ran == [[5.0]] and service.status("retry-me") == "done"
+    finally:
+        service.close()

@@ -117,6 +117,8 @@ class InferenceService:
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
         self._recover()
+        self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
+        self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
         self._any_deadline = False  # a submit gave a timeout_s: the janitor looks for late jobs
         self._busy: dict[threading.Thread, list[_Job]] = {}  # a worker -> the group in its model call
         self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
@@ -158,10 +160,20 @@ class InferenceService:
             self._jobs[job_id] = job
             self._queued += 1
         try:
-            created = self.store.create(job.record, x if self.store.keeps_inputs else None) \
-                or self._adopt_lost_create(job)
+            if job_id in self._in_doubt:  # the janitor must not remove it while this submit decides
+                with self._doubt_lock:
+                    self._in_doubt.pop(job_id, None)
+                    created = self._create(job, x)
+            else:
+                created = self._create(job, x)
         except BaseException:
+            # In doubt: the store may have taken the create and lost its answer. The caller
+            # was told "not accepted", so the janitor removes it once the store answers
+            # (unless a retry of this id adopts it first).
+            with self._doubt_lock:
+                self._in_doubt[job_id] = time.monotonic()
             self._unreserve(job)
+            self._wake.set()
             raise
         if not created:  # the store knows this id: a finished job (or one recover() failed)
             self._unreserve(job)
@@ -274,6 +286,7 @@ class InferenceService:
             running = sum(1 for j in self._jobs.values() if j.record.status == RUNNING)
             snap["queue_depth"] = self._queued
             snap["unsaved"] = len(self._unsaved)
+        snap["in_doubt"] = len(self._in_doubt)
         snap["running"] = running
         snap["workers"] = sum(t.is_alive() for t in self._threads if t not in self._stuck)
         snap["stuck_workers"] = sum(t.is_alive() for t in list(self._stuck))
@@ -333,6 +346,12 @@ class InferenceService:
             warnings.warn(f"InferenceService.close(): the store did not take the final records of "
                           f"{len(self._unsaved)} jobs; it keeps them as it last had them (a restart "
                           "requeues or fails them)", RuntimeWarning, stacklevel=2)
+        if self._in_doubt:
+            self._resolve_in_doubt()
+            if self._in_doubt:
+                warnings.warn(f"InferenceService.close(): {len(self._in_doubt)} submits that raised may still be "
+                              "queued in the store (it did not answer); a restart runs them", RuntimeWarning,
+                              stacklevel=2)
         self.store.close()
 
     @property
@@ -366,6 +385,30 @@ class InferenceService:
             if self._jobs.get(job.record.id) is job:
                 del self._jobs[job.record.id]
             self._queued -= 1
+
+    def _create(self, job: _Job, x: np.ndarray) -> bool:
+        return self.store.create(job.record, x if self.store.keeps_inputs else None) or self._adopt_lost_create(job)
+
+    def _resolve_in_doubt(self) -> None:
+        """The janitor's: removes from the store each in-doubt create (a submit that raised)
+        still queued there and not adopted by a retry, keeping "an error means not
+        accepted" true; ids the store cannot answer for yet stay for the next round."""
+        for job_id in list(self._in_doubt):
+            with self._doubt_lock:
+                if job_id not in self._in_doubt:
+                    continue
+                with self._lock:
+                    retried = job_id in self._jobs  # a retry reserved it: it decides
+                if not retried:
+                    try:
+                        if self.store.get(job_id).status == QUEUED:
+                            self.store.delete(job_id)
+                            self._stats.count("in_doubt_removed")
+                    except KeyError:  # the create never reached the store
+                        pass
+                    except Exception:  # still unreachable: try again later
+                        continue
+                del self._in_doubt[job_id]
 
     def _adopt_lost_create(self, job: _Job) -> bool:
         """For a submit whose id the store knows: True when the store holds it queued, which
@@ -599,7 +642,7 @@ class InferenceService:
         interval = min(max(self.result_ttl_s / 4, 0.05), 5.0)
         next_sweep = time.monotonic() + interval
         while not self._stop.is_set():
-            wait = _RESAVE_S if self._unsaved else max(0.0, next_sweep - time.monotonic())
+            wait = _RESAVE_S if self._unsaved or self._in_doubt else max(0.0, next_sweep - time.monotonic())
             self._wake.wait(min(wait, _DEADLINE_TICK_S) if self._deadlines_used() else wait)
             self._wake.clear()
             if self._stop.is_set():
@@ -608,6 +651,8 @@ class InferenceService:
                 self._enforce_deadlines()
             if self._unsaved:
                 self._save_unsaved()
+            if self._in_doubt:
+                self._resolve_in_doubt()
             if time.monotonic() < next_sweep:
                 continue
             next_sweep = time.monotonic() + interval
