@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import concurrent.futures
 import json
-import re
 import threading
 import urllib.parse
 from typing import Any, Awaitable, Callable
@@ -40,7 +40,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-_JOB = re.compile(r"^/v1/jobs/([^/]+)(/result|/events)?$")
 _TERMINAL = (DONE, FAILED, EXPIRED)
 _ORDER = {QUEUED: 0, RUNNING: 1, DONE: 2, FAILED: 2, EXPIRED: 3}
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
@@ -144,26 +143,48 @@ class App:
         self._responses: dict[int, int] = {}
         self._rejections: dict[str, int] = {}
         self._ws_dropped = 0
+        self._metrics_type = CONTENT_TYPE
+        self._router = self._build_router()
 
     # ------------------------------------------------------------ ASGI entry
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-        elif scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "websocket":
-            await self._websocket(scope, receive, send)
+    def _build_router(self) -> Any:
+        """The Starlette app that routes requests to the handlers below."""
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.routing import Route, WebSocketRoute
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self._attach()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                self.detach()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        async def not_routed(request: Any, error: HTTPException) -> Any:  # 404/405 as JSON, like the rest
+            path = request.url.path
+            if error.status_code == 405:
+                allow = (error.headers or {}).get("Allow", "")
+                use = " or ".join(m for m in allow.split(", ") if m != "HEAD") or "a WebSocket"
+                return self._respond(405, {"error": f"{request.method} {path}: use {use}"}, [("allow", allow)])
+            return self._respond(error.status_code, {"error": f"no such endpoint: {path}"})
+
+        routes = [
+            Route("/healthz", self._ep_healthz, methods=["GET", "HEAD"]),
+            Route("/metrics", self._ep_metrics, methods=["GET"]),
+            Route("/v1/jobs", self._ep_submit, methods=["POST"]),
+            Route("/v1/jobs/{job_id}", self._ep_job, methods=["GET", "DELETE"]),
+            Route("/v1/jobs/{job_id}/result", self._ep_result, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/events", self._ep_events_http, methods=["GET"]),
+            WebSocketRoute("/v1/events", self._ep_websocket),
+            WebSocketRoute("/v1/jobs/{job_id}/events", self._ep_websocket),
+        ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: not_routed}, lifespan=self._lifespan)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            self._attach()  # mounted in another app, no lifespan reaches this one
+        await self._router(scope, receive, send)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Any) -> Any:
+        self._attach()
+        try:
+            yield
+        finally:
+            self.detach()
 
     def _attach(self) -> None:
         if self._unsubscribe is None:
@@ -172,75 +193,80 @@ class App:
 
     def detach(self) -> None:
         """Unsubscribes from the service and stops the thread pool (the server's shutdown
-        does it; the service itself is the caller's to close)."""
+        does it; an app that mounts this one calls it from its own shutdown; the service
+        itself is the caller's to close)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
         self._pool.shutdown(wait=False)
 
     # ------------------------------------------------------------ HTTP
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._attach()
-        method, path = scope["method"], scope["path"]
+    def _respond(self, status: int, body: Any, headers: list[tuple[str, str]] | None = None) -> Any:
+        from starlette.responses import Response
+
+        if isinstance(body, str):
+            payload, kind = body.encode(), self._metrics_type
+        elif isinstance(body, bytes):  # a result asked for as .npy
+            payload, kind = body, NPY_TYPE
+        else:
+            payload, kind = json.dumps(body, allow_nan=False).encode(), "application/json"
+        self._count(self._responses, status)
+        return Response(payload, status, headers=dict(headers or []), media_type=kind)
+
+    async def _answer(self, handler: Callable[[], Awaitable[tuple[int, Any, list[tuple[str, str]]]]]) -> Any:
         try:
-            status, body, headers = await self._route(method, path, scope, receive)
+            status, body, headers = await handler()
         except _Reply as reply:
             status, body, headers = reply.status, reply.body, reply.headers
             if reply.rejection:
                 self._count(self._rejections, reply.rejection)
         except Exception as error:  # a bug here: answer it as JSON rather than drop the client
             status, body, headers = 500, {"error": f"{type(error).__name__}: {error}"}, []
-        if isinstance(body, str):
-            payload, kind = body.encode(), CONTENT_TYPE
-        elif isinstance(body, bytes):  # a result asked for as .npy
-            payload, kind = body, NPY_TYPE
-        else:
-            payload, kind = json.dumps(body, allow_nan=False).encode(), "application/json"
-        self._count(self._responses, status)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(payload)).encode())]
-                    + [(k.encode(), v.encode()) for k, v in headers]})
-        await send({"type": "http.response.body", "body": payload})
+        return self._respond(status, body, headers)
 
-    async def _route(self, method: str, path: str, scope: Scope,
-                     receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
-        if path == "/healthz" and method in ("GET", "HEAD"):
+    async def _ep_healthz(self, request: Any) -> Any:
+        async def handle() -> tuple[int, Any, list[tuple[str, str]]]:
             health = self.service.health()
             return (200 if health["status"] == "ok" else 503), health, []
-        if path == "/metrics" and method == "GET":
+        return await self._answer(handle)
+
+    async def _ep_metrics(self, request: Any) -> Any:
+        async def handle() -> tuple[int, Any, list[tuple[str, str]]]:
             return 200, await self._call(self._metrics), []
-        if path == "/v1/jobs":
-            if method != "POST":
-                raise _Reply(405, {"error": f"{method} {path}: use POST"}, [("allow", "POST")])
-            body = await self._read_body(scope, receive)
-            npy = _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
-            given_id = _query(scope, "id") if npy else None
-            # A full queue is answered here, on the loop, before any parsing: a 429 must be
-            # fast when the service is busiest. (A request naming its own id goes the long way,
-            # so resubmitting a known job stays idempotent.)
-            named = given_id is not None if npy else b'"id"' in body
-            if not named and self.service.reject_if_full():
-                raise _Reply(429, {"error": f"the service's queue is full ({self.service.max_queue} jobs "
-                                            "waiting): retry later"},
-                             [("retry-after", str(self.retry_after_s))], rejection="queue_full")
-            if npy:
-                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope))
-            else:
-                job_id = await self._call(self._submit, body)
-            return 202, {"id": job_id}, [("location", f"/v1/jobs/{job_id}")]
-        match = _JOB.match(path)
-        if match is None:
-            raise _Reply(404, {"error": f"no such endpoint: {path}"})
-        job_id, tail = match.group(1), match.group(2)
-        allowed = {None: ("GET", "DELETE"), "/result": ("GET",), "/events": ()}[tail]
-        if method not in allowed:
-            raise _Reply(405, {"error": f"{method} {path}: use {' or '.join(allowed) or 'a WebSocket'}"},
-                         [("allow", ", ".join(allowed))])
-        if tail == "/result":
-            return await self._call(self._result, job_id, NPY_TYPE in _header(scope, b"accept").lower())
-        if method == "DELETE":
-            return await self._call(self._cancel, job_id)
-        return await self._call(self._status, job_id)
+        return await self._answer(handle)
+
+    async def _ep_submit(self, request: Any) -> Any:
+        return await self._answer(lambda: self._submit_request(request.scope, request.receive))
+
+    async def _submit_request(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
+        body = await self._read_body(scope, receive)
+        npy = _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
+        given_id = _query(scope, "id") if npy else None
+        # A full queue is answered here, on the loop, before any parsing: a 429 must be
+        # fast when the service is busiest. (A request naming its own id goes the long way,
+        # so resubmitting a known job stays idempotent.)
+        named = given_id is not None if npy else b'"id"' in body
+        if not named and self.service.reject_if_full():
+            raise _Reply(429, {"error": f"the service's queue is full ({self.service.max_queue} jobs "
+                                        "waiting): retry later"},
+                         [("retry-after", str(self.retry_after_s))], rejection="queue_full")
+        if npy:
+            job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope))
+        else:
+            job_id = await self._call(self._submit, body)
+        return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}/v1/jobs/{job_id}")]
+
+    async def _ep_job(self, request: Any) -> Any:
+        job_id = request.path_params["job_id"]
+        handler = self._cancel if request.method == "DELETE" else self._status
+        return await self._answer(lambda: self._call(handler, job_id))
+
+    async def _ep_result(self, request: Any) -> Any:
+        as_npy = NPY_TYPE in request.headers.get("accept", "").lower()
+        return await self._answer(lambda: self._call(self._result, request.path_params["job_id"], as_npy))
+
+    async def _ep_events_http(self, request: Any) -> Any:
+        return self._respond(405, {"error": f"{request.method} {request.url.path}: use a WebSocket"}, [("allow", "")])
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         for name, value in scope.get("headers", []):
@@ -375,18 +401,9 @@ class App:
             if not group:
                 del self._watchers[watcher.job_id]
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._attach()
-        path = scope["path"]
-        match = _JOB.match(path)
-        if path == "/v1/events":
-            job_id = None
-        elif match is not None and match.group(2) == "/events":
-            job_id = match.group(1)
-        else:
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
-            return
+    async def _ep_websocket(self, websocket: Any) -> None:
+        job_id = websocket.path_params.get("job_id")  # None: /v1/events, every job
+        receive, send = websocket.receive, websocket.send
         if (await receive())["type"] != "websocket.connect":
             return
         watcher = _Watcher(job_id, self.ws_buffer)
