@@ -418,3 +418,17 @@ def test_an_in_doubt_submit_retried_with_its_id_runs_exactly_once():
         assert ran == [[5.0]] and service.status("retry-me") == "done"
     finally:
         service.close()
+
+
+def test_metrics_label_values_are_escaped_newlines_included():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fastloop.serve.metrics import render, service_registry
+
+    odd = 'a\nb"c\\d'
+    text = render(service_registry(lambda: {}, lambda: {"responses": {odd: 3}}, max_batch=4))
+    assert 'code="a\\nb\\"c\\\\d"' in text  # one line, escaped
+    samples = {s.labels.get("code"): s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "fastloop_http_responses_total"}
+    assert samples == {odd: 3.0}  # a Prometheus parser reads the value back whole

@@ -31,7 +31,6 @@ from ..errors import Closed, QueueFull
 from .http_inputs import (NPY_TYPE, BadInput, TooLarge, json_safe, load_npy_under, npy_bytes, parse_body,
                           parse_npy)
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
-from .metrics_text import CONTENT_TYPE, render
 from .service import InferenceService
 
 __all__ = ["App"]
@@ -143,7 +142,10 @@ class App:
         self._responses: dict[int, int] = {}
         self._rejections: dict[str, int] = {}
         self._ws_dropped = 0
+        from .metrics import CONTENT_TYPE, service_registry  # prometheus_client: the serve extra
+
         self._metrics_type = CONTENT_TYPE
+        self._registry = service_registry(self.service.stats, self._http_counts, self.service.max_batch)
         self._router = self._build_router()
 
     # ------------------------------------------------------------ ASGI entry
@@ -365,12 +367,17 @@ class App:
             raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
         return 200, {"id": job_id, "cancelled": cancelled, "status": self.service.status(job_id)}, []
 
-    def _metrics(self) -> str:
+    def _http_counts(self) -> dict[str, Any]:
         with self._counts_lock:
             http = {"responses": dict(self._responses), "rejections": dict(self._rejections),
                     "ws_dropped": self._ws_dropped}
         http["ws_open"] = sum(len(group) for group in list(self._watchers.values()))
-        return render(self.service.stats(), http, self.service.max_batch)
+        return http
+
+    def _metrics(self) -> str:
+        from .metrics import render
+
+        return render(self._registry)
 
     def _count(self, table: dict[Any, int], key: Any) -> None:
         with self._counts_lock:
