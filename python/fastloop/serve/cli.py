@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a request body not complete this long after its headers is answered 408")
     parser.add_argument("--keep-alive-s", type=float, default=LIMITS["keep_alive_s"],
                         help="an idle keep-alive connection is closed after this")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="default job deadline from submit: a job not ended by then fails (default: none)")
     parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
     parser.add_argument("--blas-threads", type=int, default=1,
                         help="CPU BLAS threads per matrix product (the workers already run in parallel)")
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
                                max_delay_ms=args.max_delay_ms, store=_store(args.store),
-                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority)
+                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
+                               timeout_s=args.timeout_s)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,

@@ -79,7 +79,10 @@ class InferenceService:
     ``worker_priority``: "normal", or "idle" to run the worker threads under Linux's
     SCHED_IDLE policy, so that a front in the same process (429s, /healthz) preempts them at
     once under overload; on a shared machine other busy processes preempt them too
-    (fastloop.serve.priority says more).
+    (fastloop.serve.priority says more). ``timeout_s``: the default deadline of a job,
+    from submit (None: none): a job still queued then fails without running; one still in
+    a model call fails, and its worker, stuck, is replaced by a new thread (at most
+    ``workers`` stuck at once; beyond that health() reports "degraded").
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
