@@ -30,7 +30,7 @@ import fastloop as fl  # noqa: E402
 from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
 from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
-from fastloop.bench.redis_server import RedisServer  # noqa: E402
+from redis_launcher import RedisServer  # noqa: E402
 
 IN = 16
 
