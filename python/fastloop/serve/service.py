@@ -30,6 +30,7 @@ from .inputs import InputSpec
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
                    JobRecord, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
+from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
 
@@ -41,6 +42,7 @@ _WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at o
 _CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
 _RESAVE_S = 0.25  # while the store holds back final records, how often the janitor retries them
 _DEADLINE_TICK_S = 0.02  # while jobs have deadlines, how often the janitor looks for late ones
+_IN_DOUBT = (StoreUnavailable, ConnectionError, TimeoutError)  # a create that may have been applied
 RESTARTED_RUNNING = "server restarted while the job was running"
 RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
 
@@ -169,14 +171,15 @@ class InferenceService:
                     created = self._create(job, x)
             else:
                 created = self._create(job, x)
-        except BaseException:
-            # In doubt: the store may have taken the create and lost its answer. The caller
-            # was told "not accepted", so the janitor removes it once the store answers
-            # (unless a retry of this id adopts it first).
-            with self._doubt_lock:
-                self._in_doubt[job_id] = time.monotonic()
+        except BaseException as error:
+            if isinstance(error, _IN_DOUBT):
+                # The store may have taken the create and lost its answer. The caller is told
+                # "not accepted", so the janitor removes it once the store answers (unless a
+                # retry of this id adopts it first). Other errors are the store's refusal.
+                with self._doubt_lock:
+                    self._in_doubt[job_id] = time.monotonic()
+                self._wake.set()
             self._unreserve(job)
-            self._wake.set()
             raise
         if not created:  # the store knows this id: a finished job (or one recover() failed)
             self._unreserve(job)
@@ -409,8 +412,10 @@ class InferenceService:
                             self._stats.count("in_doubt_removed")
                     except KeyError:  # the create never reached the store
                         pass
-                    except Exception:  # still unreachable: try again later
+                    except _IN_DOUBT:  # still unreachable: try again later
                         continue
+                    except Exception:  # the store refuses to read that id: not this submit's job
+                        pass
                 del self._in_doubt[job_id]
 
     def _adopt_lost_create(self, job: _Job) -> bool:
