@@ -119,3 +119,11 @@ def test_the_documented_flask_pattern_serves_jobs(service):
     assert body["status"] == "done" and body["result"] == [3.0, 5.0]
     assert client.post("/predict", json={"inputs": [[1.0], [2.0, 3.0]]}).status_code == 400
     assert client.get("/jobs/nope").status_code == 404
+
+
+def test_a_websocket_to_an_unknown_path_is_refused(service):
+    with serving(App(service)) as base:
+        with pytest.raises(Exception) as refused:
+            with ws_client.connect(ws_url(base, "/v1/nowhere")) as ws:
+                ws.recv(timeout=5)
+        assert "403" in str(refused.value) or "1008" in str(refused.value), refused.value

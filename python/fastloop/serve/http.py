@@ -187,6 +187,7 @@ class App:
             Route("/v1/jobs/{job_id}/events", raw(self._ep_events_http), methods=["GET"]),
             WebSocketRoute("/v1/events", self._ep_websocket),
             WebSocketRoute("/v1/jobs/{job_id}/events", self._ep_websocket),
+            WebSocketRoute("/{path:path}", self._ep_no_websocket),  # refused as before: 1008, not 1000
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: not_routed}, lifespan=self._lifespan)
 
@@ -422,6 +423,10 @@ class App:
             group.discard(watcher)
             if not group:
                 del self._watchers[watcher.job_id]
+
+    async def _ep_no_websocket(self, websocket: Any) -> None:
+        await websocket.receive()  # websocket.connect
+        await websocket.send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
 
     async def _ep_websocket(self, websocket: Any) -> None:
         job_id = websocket.path_params.get("job_id")  # None: /v1/events, every job
