@@ -30,7 +30,7 @@ import fastloop as fl  # noqa: E402
 from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
 from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
-from fastloop.bench.redis_server import RedisServer  # noqa: E402
+from redis_launcher import RedisServer  # noqa: E402
 
 IN = 16
 
@@ -84,6 +84,14 @@ def finished(store, job_id: str, status: str, result=None, at: float | None = No
         record.error = "ValueError: no"
     store.finish(record, result)
     return record
+
+
+def _answers(store, job_id: str) -> bool:
+    try:
+        store.get(job_id)
+        return True
+    except StoreUnavailable:
+        return False
 
 
 def wait_for(predicate, timeout: float = 5.0) -> None:
@@ -225,7 +233,8 @@ def test_keys_carry_ttls_that_follow_the_job(server, prefix):
 def test_redis_itself_drops_an_unfinished_job_after_ttl_s(server, prefix):
     store = RedisStore(server.url, prefix=prefix, ttl_s=1)
     store.create(rec("a"), np.ones(3, np.float32))
-    time.sleep(2.1)
+    client = server.client()
+    wait_for(lambda: not client.exists(store.key("a")), timeout=10)  # Redis's own TTL ran out
     with pytest.raises(KeyError):
         store.get("a")
     assert store.recover() == []
@@ -306,7 +315,7 @@ def test_a_redis_that_stops_answering_times_out_within_socket_timeout(server, pr
         assert time.monotonic() - start < 1.0
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
-    time.sleep(0.15)
+    wait_for(lambda: _answers(store, "a"))  # once the cooldown ends, the next call tries again
     assert store.get("a").status == "queued"
     store.close()
 
@@ -405,14 +414,18 @@ def test_redis_stopped_and_restarted_mid_run(server, prefix):
             with pytest.raises(StoreError):
                 svc.status("never-submitted")
             assert time.monotonic() - t0 < 2.0
-            time.sleep(0.5)
+            time.sleep(0.5)  # Redis stays down a while (not a synchronization)
             server.start()
             wait_for(lambda: _submits(svc), timeout=5)
-            time.sleep(0.2)
+            before = len(accepted)
+            wait_for(lambda: len(accepted) > before + 20)  # the clients are accepted again
         finally:
             stop.set()
             for t in threads:
                 t.join()
+        # a submit that raised while its create reached Redis (the reply lost) is removed
+        # by the janitor: an error means not accepted, and no ghost job stays queued
+        wait_for(lambda: svc.stats()["in_doubt"] == 0)
         assert refused and max(refused) < 2.0
         finals = {job: _final(svc, job) for job in accepted}
         assert set(finals.values()) == {"done"}

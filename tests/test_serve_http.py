@@ -32,6 +32,7 @@ from fastloop.serve.cli import arch_of  # noqa: E402
 from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402
+from fastloop.serve.http_limits import uvicorn_config  # noqa: E402
 
 IN, OUT = 16, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,14 +66,15 @@ class Gate:
 
 
 @contextlib.contextmanager
-def serving(app: App, sndbuf: int | None = None):
-    """Runs `app` under uvicorn in a thread on a free loopback port; yields the base URL."""
+def serving(app: App, sndbuf: int | None = None, **limits):
+    """Runs `app` under uvicorn (with the front's connection limits, as the CLI does) in a
+    thread on a free loopback port; yields the base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if sndbuf is not None:  # accepted sockets inherit it: a slow reader fills it sooner
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio")
+    config = uvicorn_config(app, log_level="warning", ws="websockets-sansio", **limits)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -278,7 +280,8 @@ def test_unknown_job_is_404_and_healthz_is_ok(mlp_server):
     assert call(base, "GET", "/v1/jobs/nope/result")[0] == 404
     assert call(base, "DELETE", "/v1/jobs/nope")[0] == 404
     assert call(base, "GET", "/v1/nothing")[0] == 404
-    assert call(base, "GET", "/healthz")[:3:2] == (200, {"status": "ok"})
+    status, _, body = call(base, "GET", "/healthz")
+    assert status == 200 and body["status"] == "ok" and body["stuck_workers"] == 0
 
 
 # ---------------------------------------------------------------- queue full, failures, cancel, expiry

@@ -82,13 +82,13 @@ def run_group(model: Callable[[np.ndarray], Any], inputs: Sequence[np.ndarray]) 
     try:
         out = _call(model, np.stack(inputs))
         return [(np.array(out[i]), None) for i in range(len(inputs))]  # copies: rows outlive the batch
-    except Exception as error:
+    except BaseException as error:  # SystemExit too: one bad input must not fail its neighbours
         if len(inputs) == 1:
             return [(None, _describe(error))]
     outcomes: list[tuple[np.ndarray | None, str | None]] = []
     for x in inputs:
         try:
             outcomes.append((np.array(_call(model, x[np.newaxis])[0]), None))
-        except Exception as error:
+        except BaseException as error:
             outcomes.append((None, _describe(error)))
     return outcomes

@@ -104,6 +104,13 @@ def _store(spec: str | None) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        import uvicorn  # noqa: F401 (the limits below are its protocol's)
+    except ImportError:
+        print("python -m fastloop serve needs uvicorn: pip install 'fastloop[serve]'", file=sys.stderr)
+        return 2
+    from .http_limits import LIMITS, uvicorn_config
+
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a checkpointed fastloop.nn model over HTTP")
     parser.add_argument("--model", required=True, help="a fastloop.Checkpointer directory or a .npz file")
@@ -118,6 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
     parser.add_argument("--result-ttl-s", type=float, default=600.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    parser.add_argument("--max-header-bytes", type=int, default=LIMITS["max_header_bytes"],
+                        help="a request's headers over this are answered 431")
+    parser.add_argument("--header-timeout-s", type=float, default=LIMITS["header_timeout_s"],
+                        help="a connection whose request headers are not complete by then is closed")
+    parser.add_argument("--body-timeout-s", type=float, default=LIMITS["body_timeout_s"],
+                        help="a request body not complete this long after its headers is answered 408")
+    parser.add_argument("--keep-alive-s", type=float, default=LIMITS["keep_alive_s"],
+                        help="an idle keep-alive connection is closed after this")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="default job deadline from submit: a job not ended by then fails (default: none)")
     parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
     parser.add_argument("--blas-threads", type=int, default=1,
                         help="CPU BLAS threads per matrix product (the workers already run in parallel)")
@@ -126,11 +143,6 @@ def main(argv: list[str] | None = None) -> int:
                              "at once under load; for a machine that serves and does little else")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    try:
-        import uvicorn
-    except ImportError:
-        print("python -m fastloop serve needs uvicorn: pip install 'fastloop[serve]'", file=sys.stderr)
-        return 2
     from .http import App
     from .service import InferenceService
 
@@ -143,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
                                max_delay_ms=args.max_delay_ms, store=_store(args.store),
-                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority)
+                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
+                               timeout_s=args.timeout_s)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
+                            body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s)
     # What exists now (modules, the model) lives as long as the server: frozen, the garbage
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_bytes", "load_npy_under"]
+__all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_bytes", "load_npy_under",
+           "check_numbers", "check_npy_header", "json_safe"]
 
 NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
-_KEYS = {"inputs", "path", "id"}
+_KEYS = {"inputs", "path", "id", "timeout_s"}
 
 
 class BadInput(ValueError):
@@ -34,32 +35,85 @@ class TooLarge(ValueError):
     """An input over the size limit (HTTP 413)."""
 
 
+def _refuse_constant(token: str) -> Any:
+    raise json.JSONDecodeError(f"{token} is not JSON (send a finite number)", token, 0)
+
+
 def parse_body(body: bytes) -> dict[str, Any]:
     """The JSON object of a POST /v1/jobs: exactly one of "inputs" and "path", optionally "id"."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise BadInput(f"the body is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise BadInput(f"the body must be a JSON object, not {type(data).__name__}")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id'")
+        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id' "
+                       "and 'timeout_s'")
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
-    if "inputs" in data and not isinstance(data["inputs"], (list, int, float)):
-        raise BadInput(f"'inputs' must be a (nested) list of numbers, not {type(data['inputs']).__name__}")
+    if "inputs" in data:
+        check_numbers(data["inputs"])
     if "path" in data and not isinstance(data["path"], str):
         raise BadInput(f"'path' must be a string, not {type(data['path']).__name__}")
     if "id" in data and not isinstance(data["id"], str):
         raise BadInput(f"'id' must be a string, not {type(data['id']).__name__}")
+    if "timeout_s" in data and (isinstance(data["timeout_s"], bool) or not isinstance(data["timeout_s"], (int, float))):
+        raise BadInput(f"'timeout_s' must be a number of seconds, not {type(data['timeout_s']).__name__}")
     return data
+
+
+def check_numbers(inputs: Any) -> None:
+    """BadInput unless `inputs` is a number or a nested list of numbers: a null would become
+    NaN and a string "1" a 1.0 (a plausible wrong answer), so both are refused, as are
+    booleans and integers no float can hold."""
+    stack, seen = [inputs], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        seen += 1
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            kind = "null" if item is None else type(item).__name__
+            raise BadInput(f"'inputs' must be a (nested) list of numbers; it holds {kind} {item!r:.40}")
+        if isinstance(item, int) and item.bit_length() > 1024:  # past float64's range
+            raise BadInput(f"'inputs' holds an integer of {len(str(abs(item)))} digits, too large for any float")
+
+
+_HEADER_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
+
+
+def check_npy_header(stream: Any, available: int) -> None:
+    """Reads a .npy header from `stream` and puts the stream back where it was; BadInput when
+    its array needs more bytes than the `available` ones (a header claiming terabytes must be
+    refused before anything is allocated) or holds objects."""
+    start = stream.tell()
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version not in _HEADER_READERS:
+            raise ValueError(f".npy format version {version} is not supported (1.0 and 2.0 are)")
+        shape, _, dtype = getattr(np.lib.format, _HEADER_READERS[version])(stream)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as error:
+        raise BadInput(f"not a .npy array of numbers: {error}") from None
+    if dtype.hasobject:
+        raise BadInput("not a .npy array of numbers: it holds Python objects (pickles are refused)")
+    need = dtype.itemsize
+    for n in shape:
+        need *= n
+    left = available - (stream.tell() - start)
+    stream.seek(start)
+    if need > left:
+        raise BadInput(f"not a .npy array it can hold: its header claims shape {tuple(shape)} of {dtype} ({need} bytes) "
+                       f"but only {max(left, 0)} bytes follow it")
 
 
 def parse_npy(body: bytes) -> np.ndarray:
     """The array of a .npy body; BadInput for anything else: another format, a pickled or
     object array, a truncated one, or bytes after the array."""
     stream = io.BytesIO(body)
+    check_npy_header(stream, len(body))
     try:
         array = np.lib.format.read_array(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
@@ -76,13 +130,19 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return stream.getvalue()
 
 
+MAX_PATH_CHARS = 1024  # longer 'path' inputs are refused before any lookup
+MAX_PATH_PARTS = 32  # and deeper ones too: realpath's cost grows with the component count
+
+
 def resolve_under(root: str | None, path: str) -> str:
     """The real path of `path` (relative to `root`, or absolute), if it lies inside `root`
     once every symlink and '..' is resolved; BadInput otherwise."""
     if root is None:
         raise BadInput("this server takes no 'path' inputs (it was started without an input root)")
     if "\0" in path or not path.endswith(".npy"):
-        raise BadInput(f"'path' must name a .npy file, not {path!r}")
+        raise BadInput(f"'path' must name a .npy file, not {path!r:.200}")
+    if len(path) > MAX_PATH_CHARS or path.count("/") >= MAX_PATH_PARTS:
+        raise BadInput(f"'path' is too long: at most {MAX_PATH_CHARS} characters and {MAX_PATH_PARTS} components")
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, path))  # an absolute path replaces the root
     if os.path.commonpath([real_root, real]) != real_root or real == real_root:
@@ -94,21 +154,36 @@ def load_npy_under(root: str | None, path: str, max_bytes: int) -> np.ndarray:
     """Loads the .npy file `path` names under `root`: no pickles (object arrays are refused),
     no symlink or '..' escape, at most `max_bytes` on disk."""
     real = resolve_under(root, path)
+    # O_NOFOLLOW: the resolved path has no symlink left; one appearing now is refused.
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (fstat then refuses it).
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        # O_NOFOLLOW: the resolved path has no symlink left; one appearing now is refused
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(real, flags)
     except OSError as error:
         raise BadInput(f"cannot open {path!r}: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise BadInput(f"{path!r} is not a regular file")
         if info.st_size > max_bytes:
             raise TooLarge(f"{path!r} has {info.st_size} bytes, over the limit of {max_bytes}")
-        try:
-            array = np.load(f, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as error:  # pickled data, object arrays, not a .npy
-            raise BadInput(f"{path!r} is not a .npy file of numbers: {error}") from None
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            check_npy_header(f, info.st_size)
+            try:
+                array = np.load(f, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as error:  # pickled data, object arrays, not a .npy
+                raise BadInput(f"{path!r} is not a .npy file of numbers: {error}") from None
+    finally:
+        os.close(fd)
     if not isinstance(array, np.ndarray):  # np.load of an .npz returns an NpzFile
         raise BadInput(f"{path!r} is not a single .npy array")
     return array
+
+
+def json_safe(array: np.ndarray) -> Any:
+    """`array` as nested lists for a JSON body: NaN and +-inf become null, since strict JSON
+    has no token for them (Python's bare NaN is refused by other parsers)."""
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        return np.where(np.isfinite(array), array, None).tolist()
+    return array.tolist()

@@ -49,12 +49,17 @@ class InputSpec:
         typed = isinstance(inputs, np.ndarray)
         if not typed and self.dtype is not None:
             try:
-                array = np.array(inputs, dtype=self.dtype)
+                with np.errstate(over="raise"):  # 1e300 as float32 would silently be inf
+                    array = np.array(inputs, dtype=self.dtype)
+            except (OverflowError, FloatingPointError) as error:
+                raise ValueError(f"inputs hold a number too large for {self.dtype}: {error}") from None
             except (TypeError, ValueError) as error:
                 raise TypeError(f"inputs cannot be read as {self.dtype} numbers: {error}") from None
         else:
             try:
                 array = np.array(inputs)
+            except OverflowError as error:  # an int past float64's range
+                raise ValueError(f"inputs hold a number too large for any NumPy dtype: {error}") from None
             except (TypeError, ValueError) as error:  # ragged lists and the like
                 raise TypeError(f"inputs cannot be read as a NumPy array: {error}") from None
         if array.dtype.kind not in _NUMERIC_KINDS:

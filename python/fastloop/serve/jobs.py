@@ -42,7 +42,7 @@ STATUSES = (QUEUED, RUNNING, DONE, FAILED, EXPIRED)
 FINISHED = (DONE, FAILED)  # the states a result (or an error) is kept in until it expires
 
 # Ids become file and key names: letters, digits, '_', '-', '.', not starting with '.'.
-_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
+_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" would let a final "\n" in
 
 
 def new_job_id() -> str:
@@ -54,7 +54,7 @@ def check_job_id(job_id: Any) -> str:
     """Returns job_id if it is a valid id; raises TypeError/ValueError naming the rule."""
     if not isinstance(job_id, str):
         raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
-    if not _ID.match(job_id):
+    if not _ID.fullmatch(job_id):
         raise ValueError(f"job_id {job_id!r} is not valid: use 1-128 letters, digits, '_', '-' or '.', "
                          "not starting with '.'")
     return job_id

@@ -30,6 +30,7 @@ from .inputs import InputSpec
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
                    JobRecord, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
+from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
 
@@ -40,6 +41,8 @@ Listener = Callable[[str, str], None]
 _WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at once
 _CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
 _RESAVE_S = 0.25  # while the store holds back final records, how often the janitor retries them
+_DEADLINE_TICK_S = 0.02  # while jobs have deadlines, how often the janitor looks for late ones
+_IN_DOUBT = (StoreUnavailable, ConnectionError, TimeoutError)  # a create that may have been applied
 RESTARTED_RUNNING = "server restarted while the job was running"
 RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
 
@@ -48,7 +51,7 @@ class _Job:
     """An unfinished job: its record (the truth while it is in memory), input, and an event
     set when it finishes."""
 
-    __slots__ = ("record", "inputs", "result", "lock", "finished", "visible", "t0")
+    __slots__ = ("record", "inputs", "result", "lock", "finished", "visible", "t0", "deadline")
 
     def __init__(self, record: JobRecord, inputs: np.ndarray) -> None:
         self.record, self.inputs = record, inputs
@@ -57,6 +60,7 @@ class _Job:
         self.finished = threading.Event()
         self.visible = False  # recorded in the store (status() answers for it)
         self.t0 = time.monotonic()
+        self.deadline: float | None = None  # time.monotonic() by which it must have ended
 
     @property
     def key(self) -> tuple[tuple[int, ...], str]:
@@ -77,7 +81,10 @@ class InferenceService:
     ``worker_priority``: "normal", or "idle" to run the worker threads under Linux's
     SCHED_IDLE policy, so that a front in the same process (429s, /healthz) preempts them at
     once under overload; on a shared machine other busy processes preempt them too
-    (fastloop.serve.priority says more).
+    (fastloop.serve.priority says more). ``timeout_s``: the default deadline of a job,
+    from submit (None: none): a job still queued then fails without running; one still in
+    a model call fails, and its worker, stuck, is replaced by a new thread (at most
+    ``workers`` stuck at once; beyond that health() reports "degraded").
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
@@ -86,7 +93,7 @@ class InferenceService:
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
-                 worker_priority: str = "normal") -> None:
+                 worker_priority: str = "normal", timeout_s: float | None = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
@@ -95,6 +102,7 @@ class InferenceService:
         if store is not None and not isinstance(store, Store):
             raise TypeError(f"store must be a fastloop.serve store (FileStore, MemoryStore), not {type(store).__name__}")
         self.worker_priority = check_priority(worker_priority)
+        self.timeout_s = _check_timeout(timeout_s)
         self._spec = InputSpec.for_model(model)
         self.model = model
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
@@ -114,24 +122,38 @@ class InferenceService:
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
         self._recover()
-        self._threads = [threading.Thread(target=self._work, name=f"fastloop-serve-worker-{i}", daemon=True)
-                         for i in range(workers)]
+        self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
+        self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
+        self._any_deadline = False  # a submit gave a timeout_s: the janitor looks for late jobs
+        self._busy: dict[threading.Thread, list[_Job]] = {}  # a worker -> the group in its model call
+        self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
+        self._threads = [self._worker(i) for i in range(workers)]
         self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
         for thread in self._threads + [self._janitor]:
             thread.start()
         _lifecycle.register(self)
 
     # ------------------------------------------------------------ the public calls
-    def submit(self, inputs: Any, job_id: str | None = None) -> str:
+    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None) -> str:
         """Queues one input; returns the job id (a new one, or `job_id`).
+
+        ``timeout_s`` (default: the service's): the job fails ("deadline exceeded ...")
+        unless it has ended that many seconds after submit, whether it is still queued or
+        running then (see the class docstring for what happens to the worker).
 
         Raises QueueFull at once when max_queue jobs wait, fastloop.Closed after close(),
         TypeError/ValueError for an input the model cannot take. Submitting a `job_id` that
         exists (queued, running or finished) returns it and queues nothing.
         """
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         x = self._spec.check(inputs)
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
+        if timeout_s is not None:
+            job.deadline = job.t0 + timeout_s
+            if not self._any_deadline:
+                self._any_deadline = True
+                self._wake.set()  # the janitor starts looking for late jobs
         with self._lock:
             if self._closed:
                 raise Closed("submit() on a closed InferenceService")
@@ -143,9 +165,20 @@ class InferenceService:
             self._jobs[job_id] = job
             self._queued += 1
         try:
-            created = self.store.create(job.record, x if self.store.keeps_inputs else None) \
-                or self._adopt_lost_create(job)
-        except BaseException:
+            if job_id in self._in_doubt:  # the janitor must not remove it while this submit decides
+                with self._doubt_lock:
+                    self._in_doubt.pop(job_id, None)
+                    created = self._create(job, x)
+            else:
+                created = self._create(job, x)
+        except BaseException as error:
+            if isinstance(error, _IN_DOUBT):
+                # The store may have taken the create and lost its answer. The caller is told
+                # "not accepted", so the janitor removes it once the store answers (unless a
+                # retry of this id adopts it first). Other errors are the store's refusal.
+                with self._doubt_lock:
+                    self._in_doubt[job_id] = time.monotonic()
+                self._wake.set()
             self._unreserve(job)
             raise
         if not created:  # the store knows this id: a finished job (or one recover() failed)
@@ -259,9 +292,23 @@ class InferenceService:
             running = sum(1 for j in self._jobs.values() if j.record.status == RUNNING)
             snap["queue_depth"] = self._queued
             snap["unsaved"] = len(self._unsaved)
+        snap["in_doubt"] = len(self._in_doubt)
         snap["running"] = running
-        snap["workers"] = sum(t.is_alive() for t in self._threads)
+        snap["workers"] = sum(t.is_alive() for t in self._threads if t not in self._stuck)
+        snap["stuck_workers"] = sum(t.is_alive() for t in list(self._stuck))
         return snap
+
+    def health(self) -> dict[str, Any]:
+        """{"status": "ok" | "degraded" | "closed", "workers", "stuck_workers"}: degraded when
+        fewer than ``workers`` workers serve: one stuck in a model call past a job's deadline
+        could not be replaced (``workers`` of them are stuck already). /healthz answers 503
+        then, so an orchestrator restarts the process."""
+        snap = {"workers": sum(t.is_alive() for t in self._threads if t not in self._stuck),
+                "stuck_workers": sum(t.is_alive() for t in list(self._stuck))}
+        if self._closed:
+            return {"status": "closed", **snap}
+        healthy = snap["workers"] >= self.workers  # a stuck worker not replaced leaves fewer
+        return {"status": "ok" if healthy else "degraded", **snap}
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Calls listener(job_id, status) after every status change of every job (queued,
@@ -305,6 +352,12 @@ class InferenceService:
             warnings.warn(f"InferenceService.close(): the store did not take the final records of "
                           f"{len(self._unsaved)} jobs; it keeps them as it last had them (a restart "
                           "requeues or fails them)", RuntimeWarning, stacklevel=2)
+        if self._in_doubt:
+            self._resolve_in_doubt()
+            if self._in_doubt:
+                warnings.warn(f"InferenceService.close(): {len(self._in_doubt)} submits that raised may still be "
+                              "queued in the store (it did not answer); a restart runs them", RuntimeWarning,
+                              stacklevel=2)
         self.store.close()
 
     @property
@@ -338,6 +391,32 @@ class InferenceService:
             if self._jobs.get(job.record.id) is job:
                 del self._jobs[job.record.id]
             self._queued -= 1
+
+    def _create(self, job: _Job, x: np.ndarray) -> bool:
+        return self.store.create(job.record, x if self.store.keeps_inputs else None) or self._adopt_lost_create(job)
+
+    def _resolve_in_doubt(self) -> None:
+        """The janitor's: removes from the store each in-doubt create (a submit that raised)
+        still queued there and not adopted by a retry, keeping "an error means not
+        accepted" true; ids the store cannot answer for yet stay for the next round."""
+        for job_id in list(self._in_doubt):
+            with self._doubt_lock:
+                if job_id not in self._in_doubt:
+                    continue
+                with self._lock:
+                    retried = job_id in self._jobs  # a retry reserved it: it decides
+                if not retried:
+                    try:
+                        if self.store.get(job_id).status == QUEUED:
+                            self.store.delete(job_id)
+                            self._stats.count("in_doubt_removed")
+                    except KeyError:  # the create never reached the store
+                        pass
+                    except _IN_DOUBT:  # still unreachable: try again later
+                        continue
+                    except Exception:  # the store refuses to read that id: not this submit's job
+                        pass
+                del self._in_doubt[job_id]
 
     def _adopt_lost_create(self, job: _Job) -> bool:
         """For a submit whose id the store knows: True when the store holds it queued, which
@@ -461,8 +540,12 @@ class InferenceService:
                 self._stats.count("listener_errors")
 
     # ------------------------------------------------------------ threads
+    def _worker(self, number: int) -> threading.Thread:
+        return threading.Thread(target=self._work, name=f"fastloop-serve-worker-{number}", daemon=True)
+
     def _work(self) -> None:
-        """A worker: collect a batch, start its jobs, run each same-shape group, store rows."""
+        """A worker: collect a batch, start its jobs, run each same-shape group, store rows.
+        A worker replaced while stuck past a deadline ends once its model call returns."""
         try:
             apply_to_this_thread(self.worker_priority)
         except OSError as error:  # e.g. a sandbox that forbids it: serve at normal priority
@@ -480,14 +563,48 @@ class InferenceService:
             started = self._start_all(jobs)
             for group in group_by_input(started, lambda job: job.key):
                 self._run(group)
+            if threading.current_thread() in self._stuck:
+                return
 
     def _run(self, group: list[_Job]) -> None:
+        me = threading.current_thread()
+        self._busy[me] = group
         try:
             outcomes = run_group(self.model, [job.inputs for job in group])
-        except BaseException as error:  # not an Exception from the model (run_group catches those)
+        except BaseException as error:  # np.stack and the like; the model's own are caught in run_group
             outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
+        finally:
+            self._busy.pop(me, None)
         self._stats.batch(len(group))
         self._end_all(group, outcomes)
+
+    def _enforce_deadlines(self) -> None:
+        """The janitor's: fails queued and running jobs past their deadline; a worker whose
+        model call holds such a job is replaced by a new one (Python cannot stop a thread:
+        the stuck one ends when its call returns), up to `workers` stuck at once."""
+        now = time.monotonic()
+        with self._lock:
+            late = [job for job in self._jobs.values()
+                    if job.deadline is not None and job.deadline <= now and job.visible]
+        for job in late:
+            waited = now - job.t0
+            if self._end(job, QUEUED, FAILED, error=f"deadline exceeded: still queued after {waited:.3g} s"):
+                self._stats.count("deadline_exceeded")
+            elif self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
+                                                        f"{waited:.3g} s after submit"):
+                self._stats.count("deadline_exceeded")
+        for thread, group in list(self._busy.items()):
+            if thread in self._stuck or not any(job.deadline is not None and job.deadline <= now for job in group):
+                continue
+            self._stuck.add(thread)
+            self._stats.count("workers_stuck")
+            alive_stuck = sum(t.is_alive() for t in list(self._stuck))
+            if alive_stuck <= self.workers and not self._closed:
+                replacement = self._worker(len(self._threads))
+                self._threads.append(replacement)
+                replacement.start()
+                warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
+                              f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
 
     def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
         """Stores a finished job: the record stored (failed "could not store the result"
@@ -533,12 +650,17 @@ class InferenceService:
         interval = min(max(self.result_ttl_s / 4, 0.05), 5.0)
         next_sweep = time.monotonic() + interval
         while not self._stop.is_set():
-            self._wake.wait(_RESAVE_S if self._unsaved else max(0.0, next_sweep - time.monotonic()))
+            wait = _RESAVE_S if self._unsaved or self._in_doubt else max(0.0, next_sweep - time.monotonic())
+            self._wake.wait(min(wait, _DEADLINE_TICK_S) if self._deadlines_used() else wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self._deadlines_used():
+                self._enforce_deadlines()
             if self._unsaved:
                 self._save_unsaved()
+            if self._in_doubt:
+                self._resolve_in_doubt()
             if time.monotonic() < next_sweep:
                 continue
             next_sweep = time.monotonic() + interval
@@ -551,6 +673,9 @@ class InferenceService:
             self._stats.count("expired", len(expired))
             for job_id in expired:
                 self._notify(job_id, EXPIRED)
+
+    def _deadlines_used(self) -> bool:
+        return self.timeout_s is not None or self._any_deadline
 
     # ------------------------------------------------------------ restart
     def _recover(self) -> None:
@@ -581,6 +706,14 @@ class InferenceService:
             self._queued += 1
             self._queue.put_nowait(job)
             self._stats.count("requeued_at_start")
+
+
+def _check_timeout(timeout_s: float | None) -> float | None:
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0 (or None), not {timeout_s!r}")
+    return float(timeout_s)
 
 
 def _slice(deadline: float | None) -> float:

@@ -16,7 +16,8 @@ import numpy as np
 __all__ = ["ServiceStats"]
 
 COUNTERS = ("submitted", "done", "failed", "cancelled", "rejected", "expired", "requeued_at_start",
-            "failed_at_start", "submits_adopted", "listener_errors", "store_errors")
+            "failed_at_start", "submits_adopted", "listener_errors", "store_errors", "deadline_exceeded",
+            "workers_stuck", "in_doubt_removed")
 
 
 class ServiceStats:

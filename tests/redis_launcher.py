@@ -1,4 +1,5 @@
-"""A throwaway redis-server on a free loopback port, for the RedisStore tests and benchmarks.
+"""A throwaway redis-server on a free loopback port: a fixture of the RedisStore tests, which
+fastloop.bench.serve also uses when it runs from a source checkout.
 
 Needs the redis-server binary (Debian: apt-get install redis-server) and redis-py.
 

@@ -1,0 +1,434 @@
+"""fastloop.serve against hostile clients: odd ids, special files named as inputs, numbers
+no float holds, non-numbers in inputs, NaN in results, and connection abuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+uvicorn = pytest.importorskip("uvicorn")
+
+import fastloop as fl  # noqa: E402
+from fastloop.serve import InferenceService, MemoryStore  # noqa: E402
+from fastloop.serve.http import App  # noqa: E402
+from fastloop.serve.http_inputs import npy_bytes  # noqa: E402
+from fastloop.serve.jobs import check_job_id  # noqa: E402
+from test_serve_http import IN, call, poll, sample, serving  # noqa: E402
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN/Infinity, as JavaScript's JSON.parse and Go's decoder do."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hostile")
+    (base / "dir.npy").mkdir()
+    os.mkfifo(base / "fifo.npy")
+    np.save(base / "ok.npy", sample(1))
+    header = npy_bytes(np.zeros(IN, np.float32)).replace(f"({IN},)".encode(), b"(1099511627776,)")
+    (base / "huge.npy").write_bytes(header)
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    fl.nn.manual_seed(0)
+    model = fl.nn.Sequential(fl.nn.Linear(IN, 4))
+    service = InferenceService(model, workers=1, store=MemoryStore())
+    with serving(App(service, input_root=str(root), threads=4)) as base:
+        yield base, service
+    service.close()
+
+
+def test_a_job_id_ending_in_a_newline_is_refused():
+    with pytest.raises(ValueError, match="not valid"):
+        check_job_id("job-1\n")
+    assert check_job_id("job-1") == "job-1"
+
+
+def test_a_newline_id_over_http_is_400_and_nothing_is_stored(server):
+    base, service = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(0).tolist(), "id": "abc\n"})
+    assert status == 400 and "not valid" in body["error"]
+    with pytest.raises(KeyError):
+        service.status("abc\n")
+
+
+def test_special_files_named_as_inputs_are_400_without_leaking_fds_or_blocking(server):
+    base, _ = server
+    fds_before = len(os.listdir("/proc/self/fd"))
+    done = threading.Event()
+
+    def flood():
+        for _ in range(12):  # more than the pool's 4 threads: a blocking FIFO would freeze it
+            status, _, body = call(base, "POST", "/v1/jobs", {"path": "fifo.npy"})
+            assert status == 400 and "not a regular file" in body["error"], body
+        done.set()
+
+    thread = threading.Thread(target=flood)
+    thread.start()
+    thread.join(20)
+    assert done.is_set(), "FIFO inputs blocked the server"
+    for _ in range(20):
+        status, _, body = call(base, "POST", "/v1/jobs", {"path": "dir.npy"})
+        assert status == 400 and "not a regular file" in body["error"], body
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2  # the client's own socket may linger
+    status, _, body = call(base, "POST", "/v1/jobs", {"path": "ok.npy"})
+    assert status == 202 and poll(base, body["id"])["status"] == "done"
+
+
+def test_a_path_of_many_components_is_refused_quickly(server):
+    base, _ = server
+    started = time.monotonic()
+    status, _, body = call(base, "POST", "/v1/jobs", raw=json.dumps({"path": "a/" * 250_000 + "x.npy"}).encode())
+    # the body limit (4 MiB) lets 500 kB through: the path bound must answer, not realpath
+    assert status == 400 and "too long" in body["error"], body
+    assert time.monotonic() - started < 5
+
+
+def test_a_400_digit_integer_is_400_not_500(server):
+    base, _ = server
+    raw = b'{"inputs": [' + b"9" * 400 + b"]}"
+    status, _, body = call(base, "POST", "/v1/jobs", raw=raw)
+    assert status == 400 and "too large" in body["error"], body
+    raw = json.dumps({"inputs": [1e300] + [0.0] * (IN - 1)}).encode()  # past float32's range
+    status, _, body = call(base, "POST", "/v1/jobs", raw=raw)
+    assert status == 400 and "too large" in body["error"], body
+
+
+def test_a_npy_claiming_terabytes_is_400_not_500(server, root):
+    base, _ = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"path": "huge.npy"})
+    assert status == 400 and "claims shape" in body["error"], body
+    status, _, body = call(base, "POST", "/v1/jobs", raw=(root / "huge.npy").read_bytes(),
+                           headers={"content-type": "application/x-npy"})
+    assert status == 400 and "claims shape" in body["error"], body
+
+
+@pytest.mark.parametrize("bad", [None, "1", True, {"a": 1}])
+def test_null_strings_and_booleans_inside_inputs_are_400(server, bad):
+    base, _ = server
+    inputs = sample(2).tolist()
+    inputs[3] = bad
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": inputs})
+    assert status == 400 and "numbers" in body["error"], body
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_standard_json_tokens_in_inputs_are_400(server, token):
+    base, _ = server
+    raw = b'{"inputs": [' + token + b"" + b", 0.0" * (IN - 1) + b"]}"
+    status, _, body = call(base, "POST", "/v1/jobs", raw=raw)
+    assert status == 400 and "not JSON" in body["error"], body
+
+
+def test_nan_and_inf_in_a_result_are_sent_as_null_in_strict_json():
+    def model(batch):
+        out = batch.copy()
+        out[:, 0], out[:, 1], out[:, 2] = np.nan, np.inf, -np.inf
+        return out
+
+    service = InferenceService(model, workers=1, store=MemoryStore())
+    with serving(App(service)) as base:
+        status, _, body = call(base, "POST", "/v1/jobs", {"inputs": [1.0, 2.0, 3.0, 4.0]})
+        assert status == 202 and poll(base, body["id"])["status"] == "done"
+        import http.client
+        import urllib.parse
+        url = urllib.parse.urlsplit(base)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        conn.request("GET", f"/v1/jobs/{body['id']}/result")
+        answer = strict_json(conn.getresponse().read().decode())
+        conn.close()
+        assert answer["result"] == [None, None, None, 4.0]
+        from fastloop.serve.client import Client
+        got = Client(base).result(body["id"])  # asks for .npy: the exact values, inf kept
+        assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf and got[3] == 4.0
+    service.close()
+
+
+# ---------------------------------------------------------------- connection abuse
+
+
+def connect(base: str) -> socket.socket:
+    host, port = base.rsplit("/", 1)[-1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def closed_by_server(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Reads until the server closes the connection; returns what it sent."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.fixture()
+def limited():
+    service = InferenceService(lambda b: b, workers=1, store=MemoryStore())
+    with serving(App(service), header_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5,
+                 max_header_bytes=8 << 10) as base:
+        yield base
+    service.close()
+
+
+def test_slowloris_connections_are_closed_and_healthz_keeps_answering(limited):
+    silent = [connect(limited) for _ in range(10)]  # connect and send nothing
+    partial = [connect(limited) for _ in range(10)]  # stop in the middle of the headers
+    for sock in partial:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    assert call(limited, "GET", "/healthz")[0] == 200
+    started = time.monotonic()
+    for sock in silent + partial:
+        assert closed_by_server(sock) == b""  # closed without an answer
+        sock.close()
+    assert time.monotonic() - started < 5  # by the 0.5 s deadline, not a client's patience
+    assert call(limited, "GET", "/healthz")[0] == 200
+
+
+def test_a_body_that_stops_midway_is_answered_408(limited):
+    sock = connect(limited)
+    sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: 100\r\n\r\n{\"inputs\": [1")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+
+
+def test_a_64_mib_header_is_refused_with_431_without_reading_it_all(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 64 << 20:
+            sock.sendall(b"a" * (1 << 20))
+            sent += 1 << 20
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed the connection: what it answered is still readable
+    assert sent < 64 << 20, "the server read a 64 MiB header whole"
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply[:80]
+    assert call(limited, "GET", "/healthz")[0] == 200
+
+
+def test_a_header_over_the_limit_in_one_piece_is_431(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 10) + b"\r\n\r\n")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
+
+
+def test_an_idle_keep_alive_connection_is_closed(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = closed_by_server(sock)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200")
+
+
+# ---------------------------------------------------------------- deadlines and stuck models
+
+
+def test_a_queued_job_past_its_deadline_fails_without_running():
+    release = threading.Event()
+    ran = []
+
+    def model(batch):
+        ran.extend(batch[:, 0].tolist())
+        assert release.wait(20)
+        return batch
+
+    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    try:
+        blocker = service.submit([1.0, 0.0])
+        late = service.submit([2.0, 0.0], timeout_s=0.2)
+        with pytest.raises(fl.serve.JobFailed, match="deadline exceeded: still queued"):
+            service.result(late, timeout=10)
+        release.set()
+        assert service.result(blocker, timeout=10).tolist() == [1.0, 0.0]
+        assert 2.0 not in ran
+        assert service.stats()["deadline_exceeded"] == 1
+    finally:
+        release.set()
+        service.close()
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_it():
+    hang = threading.Event()
+    release = threading.Event()
+
+    def model(batch):
+        if (batch[:, 0] == 666).any():
+            hang.set()
+            assert release.wait(30)
+        return batch * 2
+
+    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore(), timeout_s=0.3)
+    try:
+        with serving(App(service)) as base:
+            stuck = service.submit([666.0, 0.0])
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded: the model call was still running"):
+                service.result(stuck, timeout=10)
+            assert hang.is_set()
+            # the replacement worker serves the next job while the stuck one still hangs
+            assert service.result(service.submit([1.0, 2.0]), timeout=10).tolist() == [2.0, 4.0]
+            status, _, body = call(base, "GET", "/healthz")
+            assert status == 200 and body["stuck_workers"] == 1 and body["workers"] == 1
+            # a second hang: the cap (workers=1 stuck at once) is reached, no replacement
+            second = service.submit([666.0, 1.0])
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
+                service.result(second, timeout=10)
+            status, _, body = call(base, "GET", "/healthz")
+            assert status == 503 and body["status"] == "degraded" and body["workers"] == 0, body
+            release.set()
+            deadline = time.monotonic() + 10
+            while service.health()["stuck_workers"] and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the real condition: the stuck threads end
+            assert service.health()["stuck_workers"] == 0
+    finally:
+        release.set()
+        service.close()
+
+
+def test_timeout_s_over_http_is_taken_from_the_body_and_checked(server):
+    base, _ = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(3).tolist(), "timeout_s": 30})
+    assert status == 202 and poll(base, body["id"])["status"] == "done"
+    for bad in ("10", -1, 0):
+        status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(3).tolist(), "timeout_s": bad})
+        assert status == 400 and "timeout_s" in body["error"], body
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_base_exception_fails_only_the_input_that_raised_it(error):
+    def model(batch):
+        if (batch[:, 0] == 13).any():
+            raise error("unlucky")
+        return batch + 1
+
+    gate = threading.Event()
+    first = threading.Event()
+
+    def gated(batch):
+        first.set()
+        assert gate.wait(20)
+        return model(batch)
+
+    service = InferenceService(gated, workers=1, max_batch=8, max_delay_ms=50, store=MemoryStore())
+    try:
+        warm = service.submit([0.0, 0.0])
+        assert first.wait(10)
+        ids = [service.submit([float(v), 0.0]) for v in (1, 13, 2)]  # queued together: one batch
+        gate.set()
+        service.result(warm, timeout=10)
+        assert service.result(ids[0], timeout=10).tolist() == [2.0, 1.0]
+        assert service.result(ids[2], timeout=10).tolist() == [3.0, 1.0]
+        with pytest.raises(fl.serve.JobFailed, match=error.__name__):
+            service.result(ids[1], timeout=10)
+        assert service.stats()["workers"] == 1
+    finally:
+        gate.set()
+        service.close()
+
+
+# ---------------------------------------------------------------- in-doubt submits
+
+
+class LostReplyStore(MemoryStore):
+    """A MemoryStore whose next create is written but answered with a ConnectionError, as a
+    Redis that stops after taking a command and before replying."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_next = False
+        self.down = threading.Event()  # get() fails while set: the store is unreachable
+
+    def create(self, record, inputs):
+        created = super().create(record, inputs)
+        if self.lose_next:
+            self.lose_next = False
+            self.down.set()
+            raise ConnectionError("the connection dropped before the reply")
+        return created
+
+    def get(self, job_id):
+        if self.down.is_set():
+            raise ConnectionError("unreachable")
+        return super().get(job_id)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_back():
+    store = LostReplyStore()
+    ran = []
+    service = InferenceService(lambda b: ran.append(b.copy()) or b, workers=1, store=store)
+    try:
+        store.lose_next = True
+        with pytest.raises(ConnectionError):
+            service.submit([1.0, 2.0], job_id="ghost")
+        assert service.stats()["in_doubt"] == 1
+        assert MemoryStore.get(store, "ghost").status == "queued"  # written, and nobody holds it
+        store.down.clear()  # the store is back
+        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        with pytest.raises(KeyError):
+            service.status("ghost")  # an error meant: not accepted
+        assert service.stats()["in_doubt_removed"] == 1 and ran == []
+        assert store.recover() == []  # a restart would find no ghost to run
+    finally:
+        service.close()
+
+
+def test_an_in_doubt_submit_retried_with_its_id_runs_exactly_once():
+    store = LostReplyStore()
+    ran = []
+    service = InferenceService(lambda b: ran.append(b[:, 0].tolist()) or b, workers=1, store=store)
+    try:
+        store.lose_next = True
+        with pytest.raises(ConnectionError):
+            service.submit([5.0, 0.0], job_id="retry-me")
+        store.down.clear()
+        assert service.submit([5.0, 0.0], job_id="retry-me") == "retry-me"  # adopted or created again
+        assert service.result("retry-me", timeout=10).tolist() == [5.0, 0.0]
+        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        assert ran == [[5.0]] and service.status("retry-me") == "done"
+    finally:
+        service.close()
+
+
+def test_metrics_label_values_are_escaped_newlines_included():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fastloop.serve.metrics import render, service_registry
+
+    odd = 'a\nb"c\\d'
+    text = render(service_registry(lambda: {}, lambda: {"responses": {odd: 3}}, max_batch=4))
+    assert 'code="a\\nb\\"c\\\\d"' in text  # one line, escaped
+    samples = {s.labels.get("code"): s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "fastloop_http_responses_total"}
+    assert samples == {odd: 3.0}  # a Prometheus parser reads the value back whole
