@@ -1,9 +1,9 @@
 """fastloop.serve: a queued inference service with dynamic batching.
 
-Callers submit one input at a time; a bounded fastloop.Queue holds the jobs; worker threads
+Callers submit one input at a time (checked against the model's declared ``Input``s, if any); a bounded fastloop.Queue holds the jobs; worker threads
 take up to ``max_batch`` of them (waiting at most ``max_delay_ms`` for the batch to fill),
 run the model once on the stacked batch (a fastloop.nn model computes with the GIL
-released) and store each job's row; callers poll ``status()`` or wait in ``result()``.
+released; a torch module gets tensors under ``torch.inference_mode()``) and store each job's row; callers poll ``status()`` or wait in ``result()``.
 
     >>> from fastloop.serve import InferenceService, FileStore
     >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
@@ -22,10 +22,12 @@ from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
 from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
+from .spec import Input
 from .stores import MemoryStore, Store
 
 __all__ = [
     "InferenceService",
+    "Input",
     "FileStore",
     "MemoryStore",
     "RedisStore",

@@ -47,8 +47,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id'")
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
-    if "inputs" in data and not isinstance(data["inputs"], (list, int, float)):
-        raise BadInput(f"'inputs' must be a (nested) list of numbers, not {type(data['inputs']).__name__}")
+    if "inputs" in data and not isinstance(data["inputs"], (list, int, float, dict)):
+        raise BadInput(f"'inputs' must be a (nested) list of numbers (or an object of them, one per named "
+                       f"input), not {type(data['inputs']).__name__}")
     if "path" in data and not isinstance(data["path"], str):
         raise BadInput(f"'path' must be a string, not {type(data['path']).__name__}")
     if "id" in data and not isinstance(data["id"], str):
