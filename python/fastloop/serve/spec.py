@@ -106,8 +106,10 @@ def _cast_list(value: Any, dtype: np.dtype, label: str) -> np.ndarray:
     except (TypeError, ValueError) as error:  # ragged lists
         raise TypeError(f"{label}: cannot be read as an array of numbers: {error}") from None
     if array.dtype.kind not in _NUMERIC_KINDS:
-        raise TypeError(f"{label}: expected {dtype.name} numbers, got {array.dtype.name} values "
-                        f"(e.g. {array.flat[0].item()!r})" if array.size else f"{label}: expected numbers")
+        first = array.flat[0] if array.size else None
+        first = first.item() if isinstance(first, np.generic) else first
+        kind = "object" if array.dtype.kind == "O" else array.dtype.name
+        raise TypeError(f"{label}: expected {dtype.name} numbers, got {kind} values (e.g. {first!r})")
     if array.size and dtype.kind in "biu" and array.dtype.kind in "fc":
         if not np.all(np.isfinite(array)) or np.any(array != np.round(array.real)):
             raise ValueError(f"{label}: expected {dtype.name}, got numbers that are not integers")
