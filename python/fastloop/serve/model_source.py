@@ -92,6 +92,12 @@ def _torch_file(path: str) -> Any:
         raise ValueError(f"{path} is not a TorchScript file: {error}") from None
 
 
+def _exported(model: Any) -> bool:
+    """A torch.export program's module: its mode is baked into the graph (eval() refuses)."""
+    fx = sys.modules.get("torch.fx")
+    return fx is not None and isinstance(model, fx.GraphModule)
+
+
 def load_source(target: str, declared: list[Input] | None = None, layers: str | None = None) -> tuple[Any, Any]:
     """(model, inputs) for --model `target`; inputs from --input (`declared`) win over a
     factory's. ValueError/OSError naming what is wrong."""
@@ -104,7 +110,7 @@ def load_source(target: str, declared: list[Input] | None = None, layers: str | 
     else:
         from .cli import load_model
         return load_model(target, layers), declared_inputs
-    if getattr(model, "training", False) and callable(getattr(model, "eval", None)):
+    if getattr(model, "training", False) and not _exported(model):
         model.eval()  # a server only infers: dropout off, batch norm on its running statistics
     if inputs is not None and not isinstance(inputs, (Input, Spec, dict, list, tuple)):
         raise ValueError(f"--model {target}: the inputs must be an Input, a dict or list of Inputs, not {inputs!r}")

@@ -5,7 +5,8 @@ input, and its outputs (a tensor, a tuple or a dict of tensors) come back as Num
 Imported only when a torch module is served: torch stays optional.
 
 ``eval()`` is the caller's job (as for any torch inference): a module still in training
-mode gets a warning, since dropout and batch norm then change its answers.
+mode gets a warning, since dropout and batch norm then change its answers (not a
+``torch.export`` program's module, whose graph has the mode it was exported in).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class TorchRunner:
     def __init__(self, module: torch.nn.Module, spec: Spec) -> None:
         if not isinstance(spec, Spec):
             raise TypeError(f"a torch model needs its inputs declared as a Spec, not {spec!r}")
-        if module.training:
+        if module.training and not isinstance(module, torch.fx.GraphModule):  # export bakes the mode in
             warnings.warn(f"InferenceService: the {type(module).__name__} is in training mode (dropout, "
                           "batch norm statistics): call model.eval() before serving it", UserWarning, stacklevel=4)
         self.module, self.spec = module, spec
