@@ -61,15 +61,19 @@ def mlp(hidden: int = 512, seed: int = 0) -> fl.nn.Sequential:
 
 
 def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store, *, seconds: float,
-            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_ms: float = 2.0) -> Run:
+            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_ms: float = 2.0,
+            rows: np.ndarray | None = None, name: str | None = None, **options: object) -> Run:
     """Closed loop: `clients` threads submit and wait, for warmup_s + seconds; jobs that
-    finish within the last `seconds` count."""
-    inputs = np.random.default_rng(1).standard_normal((clients, model.in_features)).astype(np.float32)
+    finish within the last `seconds` count. `rows`: one input per client (default: normal
+    float32 rows of the fastloop.nn model's in_features); `options` go to InferenceService."""
+    inputs = rows
+    if inputs is None:
+        inputs = np.random.default_rng(1).standard_normal((clients, model.in_features)).astype(np.float32)
     stop = threading.Event()
     finished: list[list[tuple[float, float]]] = [[] for _ in range(clients)]  # (end time, latency)
     errors: list[BaseException] = []
     with InferenceService(model, workers=workers, max_batch=max_batch, max_delay_ms=max_delay_ms,
-                          max_queue=4 * clients, store=store) as svc:
+                          max_queue=4 * clients, store=store, **options) as svc:  # type: ignore[arg-type]
         def client(c: int) -> None:
             x, mine = inputs[c], finished[c]
             try:
@@ -96,8 +100,9 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
         raise RuntimeError(f"serve benchmark {variant}: a client failed: {errors[0]!r}") from errors[0]
     latencies = np.array([lat for mine in finished for end, lat in mine if t0 <= end < t1]) * 1e3
     p50, p99 = np.percentile(latencies, [50, 99]) if latencies.size else (float("nan"),) * 2
-    name = "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
-                                                              if isinstance(layer, fl.nn.Linear)])
+    if name is None:
+        name = "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
+                                                                  if isinstance(layer, fl.nn.Linear)])
     return Run(name, variant, int(latencies.size), t1 - t0, float(p50), float(p99), stats["mean_batch_size"])
 
 
