@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from fastloop.bench import serve, serve_torch, targets
+from fastloop.bench import serve_torch, targets
 from fastloop.bench.report import format_table
 
 
@@ -30,7 +30,7 @@ def test_quick_torch_serve_suite_measures_every_row():
 if __name__ == "__main__":
     runs = serve_torch.compare(quick="--quick" in sys.argv)
     markdown = "--markdown" in sys.argv
-    print(format_table(serve.HEADERS, [r.row() for r in runs], markdown=markdown))
+    print(format_table(serve_torch.HEADERS, [serve_torch.row(r) for r in runs], markdown=markdown))
     print()
     alone = serve_torch.alone_all(quick="--quick" in sys.argv)
     print(format_table(targets.HEADERS, targets.table_rows(serve_torch.results(runs, alone)), markdown=markdown))

@@ -43,6 +43,13 @@ class Run:
     p50_ms: float
     p99_ms: float
     mean_batch: float
+    cpu_s: float = float("nan")  # this process's CPU time (all threads) over the measured seconds
+
+    @property
+    def jobs_per_cpu_s(self) -> float:
+        """Jobs per CPU-second: what a busy shared machine distorts least (wall time counts
+        the time other processes held the cores)."""
+        return self.jobs / self.cpu_s
 
     @property
     def jobs_per_s(self) -> float:
@@ -89,9 +96,9 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
         for t in threads:
             t.start()
         time.sleep(warmup_s)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         time.sleep(seconds)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         stop.set()
         for t in threads:
             t.join()
@@ -103,7 +110,7 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
     if name is None:
         name = "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
                                                                   if isinstance(layer, fl.nn.Linear)])
-    return Run(name, variant, int(latencies.size), t1 - t0, float(p50), float(p99), stats["mean_batch_size"])
+    return Run(name, variant, int(latencies.size), t1 - t0, float(p50), float(p99), stats["mean_batch_size"], c1 - c0)
 
 
 def compare(quick: bool = False) -> list[Run]:
