@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fastloop.serve import InferenceService, Input, JobFailed, MemoryStore  # noqa: E402
+from fastloop.serve import FileStore, InferenceService, Input, JobFailed, MemoryStore  # noqa: E402
 
 
 def mlp() -> torch.nn.Module:
@@ -168,11 +168,25 @@ def test_wrong_multi_inputs_name_the_input(given, error, words):
     assert all(word in str(raised.value) for word in words), str(raised.value)
 
 
-def test_uint8_lists_out_of_range_are_refused_not_wrapped():
+def test_lists_out_of_range_are_refused_not_wrapped_or_overflowed():
     with InferenceService(lambda x: x, inputs=Input("uint8", (2,)), store=MemoryStore()) as svc:
         with pytest.raises(ValueError, match="do not fit uint8"):
             svc.submit([0, 300])
         np.testing.assert_array_equal(svc.result(svc.submit([0, 255]), timeout=10), [0, 255])
+    with InferenceService(lambda x: x, inputs=Input("float16", (1,)), store=MemoryStore()) as svc:
+        with pytest.raises(ValueError, match="overflow float16"):
+            svc.submit([1e10])
+
+
+def test_named_inputs_and_dict_results_keep_through_a_file_store(tmp_path):
+    inputs = {"ids": Input(torch.int64, (None,)), "mask": Input(torch.bool, (None,))}
+    with InferenceService(TwoInputs().eval(), inputs=inputs, store=FileStore(str(tmp_path / "jobs"))) as svc:
+        job = svc.submit({"ids": [1, 2], "mask": [1, 1]})
+        y = svc.result(job, timeout=10)
+        assert svc.store.get_result(job).dtype.names == ("score", "pooled")  # one .npy, a field per key
+    assert y["score"] == 3 and y["pooled"].shape == (3,)
+    with InferenceService(TwoInputs().eval(), inputs=inputs, store=FileStore(str(tmp_path / "jobs"))) as svc:
+        assert svc.result(job, timeout=10)["score"] == 3  # read back after a restart
 
 
 def test_a_torch_model_needs_declared_inputs_and_a_training_one_warns():

@@ -74,6 +74,14 @@ def _from_factory(target: str) -> tuple[Any, Any]:
     return built, None
 
 
+def _pickled_archive(path: str) -> bool:
+    """A torch.save zip (its objects in data.pkl), told apart without unpickling anything."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("data.pkl") for name in archive.namelist())
+
+
 def _torch_file(path: str) -> Any:
     try:
         import torch
@@ -84,7 +92,7 @@ def _torch_file(path: str) -> Any:
     try:
         return torch.jit.load(path, map_location="cpu")
     except (RuntimeError, ValueError) as error:
-        if zipfile.is_zipfile(path) and any(n.endswith("data.pkl") for n in zipfile.ZipFile(path).namelist()):
+        if _pickled_archive(path):
             raise ValueError(f"{path} is a torch.save file (a state_dict or a pickled module), not TorchScript: "
                              "fastloop does not unpickle it. Serve it with --model module:factory, a function "
                              "that builds the model and loads it (model.load_state_dict(torch.load(...))), "

@@ -121,7 +121,11 @@ def _cast_list(value: Any, dtype: np.dtype, label: str) -> np.ndarray:
         raise ValueError(f"{label}: expected bool (true/false or 0/1), got other numbers")
     if array.dtype.kind == "c" and dtype.kind != "c":
         raise TypeError(f"{label}: expected {dtype.name}, got complex numbers")
-    return array.astype(dtype)
+    with np.errstate(over="ignore"):  # an overflow is refused just below, naming the input
+        cast = array.astype(dtype)
+    if dtype.kind in "fc" and array.size and np.any(np.isinf(cast) & np.isfinite(array)):
+        raise ValueError(f"{label}: values up to {np.abs(array).max()} overflow {dtype.name}")
+    return cast
 
 
 class Spec:
