@@ -538,7 +538,7 @@ def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "running"
-        time.sleep(0.05)  # let the submits of the three others finish
+        wait_for(lambda: (tmp_path / "job3").is_dir(), timeout=20)  # the three others are stored (a folder appears whole)
     finally:
         child.kill()
         child.wait()
