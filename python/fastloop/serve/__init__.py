@@ -9,8 +9,13 @@ released; a torch module gets tensors under ``torch.inference_mode()``) and stor
     >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
     ...     y = svc.result(svc.submit(x), timeout=5.0)
 
-Over HTTP: ``python -m fastloop serve --model CHECKPOINT`` (or ``App(service)`` under
-uvicorn), and ``Client(base_url)`` to submit and fetch results. See docs/serve.md.
+A torch ``nn.Module`` is served with its inputs declared:
+
+    >>> svc = InferenceService(cnn.eval(), inputs=Input(torch.float32, (3, 32, 32)))
+
+Over HTTP: ``python -m fastloop serve --model CHECKPOINT`` (or ``--model module:factory``, a
+TorchScript or ``torch.export`` file; or ``App(service)`` under uvicorn), and
+``Client(base_url)`` to submit and fetch results. See docs/serve.md.
 """
 
 from __future__ import annotations
