@@ -423,10 +423,10 @@ class App:
                     job_id, status = event
                     if watcher.job_id is None or _ORDER[status] > last:  # a job's stream never goes back
                         last = _ORDER[status]
-                        watcher.sending = True  # stays True only while the send waits on the client
                         message = {"id": job_id, "status": status}
                         if watcher.with_result and status == DONE:  # ?result=1: the result rides along
                             message.update(await self._result_message(job_id))
+                        watcher.sending = True  # stays True only while the send waits on the client
                         try:
                             await send({"type": "websocket.send", "text": json.dumps(message)})
                         finally:
