@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -138,6 +139,39 @@ def test_websocket_carries_the_result_when_asked(scorer_server):
     np.testing.assert_allclose(event["result"]["logits"], want, rtol=1e-5, atol=1e-6)
     with ws_client.connect(ws_url(base, f"/v1/jobs/{job}/events"), open_timeout=5) as ws:
         assert json.loads(ws.recv(timeout=10)) == {"id": job, "status": "done"}  # not asked: no result
+
+
+def test_websocket_pushes_the_result_of_a_job_that_finishes_while_it_listens():
+    release = threading.Event()
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = mlp()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert release.wait(20), "the test never released the model"
+            return self.inner(x)
+
+    model = Held().eval()
+    service = InferenceService(model, inputs=Input(torch.float32, (16,)), workers=1, store=MemoryStore())
+    try:
+        with serving(App(service)) as base:
+            x = np.linspace(-1, 1, 16, dtype=np.float32)
+            job = Client(base).submit(inputs=x)
+            with ws_client.connect(ws_url(base, f"/v1/jobs/{job}/events?result=1"), open_timeout=5) as ws:
+                first = json.loads(ws.recv(timeout=10))
+                assert first["status"] in ("queued", "running") and "result" not in first
+                release.set()
+                events = [first]
+                while events[-1]["status"] != "done":
+                    events.append(json.loads(ws.recv(timeout=10)))
+            np.testing.assert_allclose(events[-1]["result"], reference(model.inner, x)[0].numpy(), rtol=1e-5,
+                                       atol=1e-6)
+            assert events[-1]["dtype"] == "float32" and events[-1]["shape"] == [4]
+    finally:
+        release.set()
+        service.close()
 
 
 # ---------------------------------------------------------------- CLI
