@@ -60,9 +60,13 @@ class Input:
             raise TypeError(f"Input name must be a non-empty str, not {name!r}")
         self.name = name
 
+    def shape_text(self) -> str:
+        """The shape as messages show it: (3, any) for (3, None)."""
+        sizes = ", ".join("any" if size is None else str(size) for size in self.shape)
+        return f"({sizes}{',' if len(self.shape) == 1 else ''})"
+
     def describe(self) -> str:
-        shape = "(" + ", ".join("any" if s is None else str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
-        return f"{self.dtype.name} {shape}"
+        return f"{self.dtype.name} {self.shape_text()}"
 
     def __repr__(self) -> str:
         name = "" if self.name is None else f", name={self.name!r}"
@@ -74,7 +78,7 @@ class Input:
         array = _cast_list(value, self.dtype, label) if _untyped(value) else _typed(value, self.dtype, label)
         if array.ndim != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, array.shape)):
             hint = " (submit one row per job: the service makes the batches)" if array.ndim == len(self.shape) + 1 else ""
-            raise ValueError(f"{label}: expected shape {self.describe().split(' ', 1)[1]} per row, "
+            raise ValueError(f"{label}: expected shape {self.shape_text()} per row, "
                              f"got {tuple(array.shape)}{hint}")
         return np.array(array, order="C", copy=True)
 
