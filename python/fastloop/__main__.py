@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastloop", description="fastloop command line")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="the main job on an embedded default: train, log, checkpoint (see demo -h)")
-    commands.add_parser("serve", help="a checkpointed fastloop.nn model over HTTP (see serve -h)")
+    commands.add_parser("serve", help="a model over HTTP: fastloop.nn checkpoint, module:factory, TorchScript (see serve -h)")
     bench = commands.add_parser("bench", help="every benchmark suite, side by side, with a report")
     bench.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     bench.add_argument("--out", default="bench-results", help="folder for the PNG plots and the report")

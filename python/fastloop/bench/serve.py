@@ -44,6 +44,13 @@ class Run:
     p50_ms: float
     p99_ms: float
     mean_batch: float
+    cpu_s: float = float("nan")  # this process's CPU time (all threads) over the measured seconds
+
+    @property
+    def jobs_per_cpu_s(self) -> float:
+        """Jobs per CPU-second: what a busy shared machine distorts least (wall time counts
+        the time other processes held the cores)."""
+        return self.jobs / self.cpu_s
 
     @property
     def jobs_per_s(self) -> float:
@@ -62,15 +69,19 @@ def mlp(hidden: int = 512, seed: int = 0) -> fl.nn.Sequential:
 
 
 def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store, *, seconds: float,
-            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_ms: float = 2.0) -> Run:
+            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_ms: float = 2.0,
+            rows: np.ndarray | None = None, name: str | None = None, **options: object) -> Run:
     """Closed loop: `clients` threads submit and wait, for warmup_s + seconds; jobs that
-    finish within the last `seconds` count."""
-    inputs = np.random.default_rng(1).standard_normal((clients, model.in_features)).astype(np.float32)
+    finish within the last `seconds` count. `rows`: one input per client (default: normal
+    float32 rows of the fastloop.nn model's in_features); `options` go to InferenceService."""
+    inputs = rows
+    if inputs is None:
+        inputs = np.random.default_rng(1).standard_normal((clients, model.in_features)).astype(np.float32)
     stop = threading.Event()
     finished: list[list[tuple[float, float]]] = [[] for _ in range(clients)]  # (end time, latency)
     errors: list[BaseException] = []
     with InferenceService(model, workers=workers, max_batch=max_batch, max_delay_ms=max_delay_ms,
-                          max_queue=4 * clients, store=store) as svc:
+                          max_queue=4 * clients, store=store, **options) as svc:  # type: ignore[arg-type]
         def client(c: int) -> None:
             x, mine = inputs[c], finished[c]
             try:
@@ -86,9 +97,9 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
         for t in threads:
             t.start()
         time.sleep(warmup_s)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         time.sleep(seconds)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         stop.set()
         for t in threads:
             t.join()
@@ -97,9 +108,10 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
         raise RuntimeError(f"serve benchmark {variant}: a client failed: {errors[0]!r}") from errors[0]
     latencies = np.array([lat for mine in finished for end, lat in mine if t0 <= end < t1]) * 1e3
     p50, p99 = np.percentile(latencies, [50, 99]) if latencies.size else (float("nan"),) * 2
-    name = "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
-                                                              if isinstance(layer, fl.nn.Linear)])
-    return Run(name, variant, int(latencies.size), t1 - t0, float(p50), float(p99), stats["mean_batch_size"])
+    if name is None:
+        name = "-".join(str(n) for n in [model.in_features] + [layer.out_features for layer in model
+                                                                  if isinstance(layer, fl.nn.Linear)])
+    return Run(name, variant, int(latencies.size), t1 - t0, float(p50), float(p99), stats["mean_batch_size"], c1 - c0)
 
 
 def compare(quick: bool = False) -> list[Run]:

@@ -1,16 +1,21 @@
 """fastloop.serve: a queued inference service with dynamic batching.
 
-Callers submit one input at a time; a bounded fastloop.Queue holds the jobs; worker threads
+Callers submit one input at a time (checked against the model's declared ``Input``s, if any); a bounded fastloop.Queue holds the jobs; worker threads
 take up to ``max_batch`` of them (waiting at most ``max_delay_ms`` for the batch to fill),
 run the model once on the stacked batch (a fastloop.nn model computes with the GIL
-released) and store each job's row; callers poll ``status()`` or wait in ``result()``.
+released; a torch module gets tensors under ``torch.inference_mode()``) and store each job's row; callers poll ``status()`` or wait in ``result()``.
 
     >>> from fastloop.serve import InferenceService, FileStore
     >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
     ...     y = svc.result(svc.submit(x), timeout=5.0)
 
-Over HTTP: ``python -m fastloop serve --model CHECKPOINT`` (or ``App(service)`` under
-uvicorn), and ``Client(base_url)`` to submit and fetch results. See docs/serve.md.
+A torch ``nn.Module`` is served with its inputs declared:
+
+    >>> svc = InferenceService(cnn.eval(), inputs=Input(torch.float32, (3, 32, 32)))
+
+Over HTTP: ``python -m fastloop serve --model CHECKPOINT`` (or ``--model module:factory``, a
+TorchScript or ``torch.export`` file; or ``App(service)`` under uvicorn), and
+``Client(base_url)`` to submit and fetch results. See docs/serve.md.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
 from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
+from .spec import Input
 from .stores import MemoryStore, Store
 
 __all__ = [
     "InferenceService",
+    "Input",
     "FileStore",
     "MemoryStore",
     "RedisStore",

@@ -1,6 +1,10 @@
-"""``python -m fastloop serve``: a checkpointed fastloop.nn model behind the HTTP front.
+"""``python -m fastloop serve``: a model behind the HTTP front: a checkpointed fastloop.nn
+model, or any model a factory in the user's code builds, or a TorchScript file
+(fastloop.serve.model_source says how each is read).
 
     $ python -m fastloop serve --model ckpts --port 8000 --workers 2 --store file:jobs
+    $ python -m fastloop serve --model mypkg.models:build --port 8000
+    $ python -m fastloop serve --model cnn.ts --input float32:3,32,32
 
 The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is used, or one
 .npz file) holds what ``fastloop.nn.training_state(model, arch=arch_of(model))`` saved: the
@@ -23,6 +27,7 @@ import numpy as np
 
 from .. import nn
 from ..checkpoint import Checkpointer
+from .model_source import load_source, parse_input
 
 __all__ = ["arch_of", "model_from_arch", "load_model", "main"]
 
@@ -84,6 +89,14 @@ def load_model(path: str, layers: str | None = None) -> nn.Sequential:
     return model
 
 
+def _set_threads(model: Any, blas_threads: int, torch_threads: int | None) -> None:
+    if isinstance(model, nn.Sequential) and model.device == "cpu":
+        nn.set_blas_threads(blas_threads)
+    if torch_threads is not None:
+        import torch
+        torch.set_num_threads(torch_threads)
+
+
 def _store(spec: str | None) -> Any:
     from .filestore import FileStore
     if spec is None:
@@ -112,8 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     from .http_limits import LIMITS, uvicorn_config
 
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
-                                     description="serve a checkpointed fastloop.nn model over HTTP")
-    parser.add_argument("--model", required=True, help="a fastloop.Checkpointer directory or a .npz file")
+                                     description="serve a model over HTTP")
+    parser.add_argument("--model", required=True,
+                        help="a fastloop.Checkpointer directory or .npz (fastloop.nn), module:factory (a function "
+                             "returning the model or (model, inputs)), a TorchScript file or a torch.export .pt2")
+    parser.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE:SHAPE",
+                        help="one input per row, e.g. float32:3,32,32 or ids=int64:* (repeat for several); "
+                             "needed for a TorchScript file, overrides a factory's")
+    parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads for a torch model")
     parser.add_argument("--layers", help="the model's sizes (784,512,10: Linear+ReLU) when it holds no arch")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -147,16 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     from .service import InferenceService
 
     try:
-        model = load_model(args.model, args.layers)
-        if model.device == "cpu":
-            nn.set_blas_threads(args.blas_threads)
-    except (OSError, ValueError, KeyError) as error:
-        print(f"cannot load the model from {args.model}: {error}", file=sys.stderr)
+        model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
+        _set_threads(model, args.blas_threads, args.torch_threads)
+        service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                                   max_delay_ms=args.max_delay_ms, store=_store(args.store),
+                                   result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
+                                   inputs=inputs, timeout_s=args.timeout_s)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
         return 2
-    service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                               max_delay_ms=args.max_delay_ms, store=_store(args.store),
-                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
-                               timeout_s=args.timeout_s)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,

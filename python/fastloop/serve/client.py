@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import Error, QueueFull
 from .http_inputs import NPY_TYPE, npy_bytes, parse_npy
 from .jobs import JobCancelled, JobExpired, JobFailed
+from .outputs import from_json, unpack
 
 __all__ = ["Client", "BadRequest", "ServiceUnavailable"]
 
@@ -61,14 +62,17 @@ class Client:
     def submit(self, inputs: Any = None, path: str | None = None, job_id: str | None = None) -> str:
         """Queues one input or a .npy file under the server's input root; returns the job id.
         A NumPy array travels as a .npy body, with its dtype (which must be the model's, or
-        integers); a nested list as JSON, converted to the model's dtype by the server.
+        integers); a nested list as JSON, converted to the model's dtype by the server. For
+        a model of several inputs, a dict name -> value (arrays: one structured .npy row).
         QueueFull (``.retry_after``) when the queue is full."""
         if (inputs is None) == (path is None):
             raise ValueError("give exactly one of inputs or path")
+        if isinstance(inputs, dict) and inputs and all(isinstance(v, np.ndarray) for v in inputs.values()):
+            inputs = _row_of(inputs)  # several named inputs travel as one structured .npy row
         if isinstance(inputs, np.ndarray):
             query = "" if job_id is None else "?" + urllib.parse.urlencode({"id": job_id})
             return self._request("POST", "/v1/jobs" + query, npy_bytes(inputs))[1]["id"]
-        body: dict[str, Any] = {"path": path} if path is not None else {"inputs": np.asarray(inputs).tolist()}
+        body: dict[str, Any] = {"path": path} if path is not None else {"inputs": _as_lists(inputs)}
         if job_id is not None:
             body["id"] = job_id
         return self._request("POST", "/v1/jobs", body)[1]["id"]
@@ -78,15 +82,15 @@ class Client:
         status, body = self._request("GET", f"/v1/jobs/{job_id}", ok=(200, 410))
         return body["status"]
 
-    def result(self, job_id: str, timeout: float | None = 30.0, poll_s: float = 0.01) -> np.ndarray:
+    def result(self, job_id: str, timeout: float | None = 30.0, poll_s: float = 0.01) -> Any:
         """Polls until the job finishes (waits grow from poll_s to 0.5 s); returns its output
-        row. TimeoutError after `timeout` s; JobFailed, JobCancelled, JobExpired, KeyError."""
+        row (a dict or tuple of arrays for a model that returns one). TimeoutError after `timeout` s; JobFailed, JobCancelled, JobExpired, KeyError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = poll_s
         while True:
             status, body = self._request("GET", f"/v1/jobs/{job_id}/result", ok=(200, 202))
             if status == 200:
-                return body if isinstance(body, np.ndarray) else np.asarray(body["result"], dtype=body.get("dtype"))
+                return unpack(body) if isinstance(body, np.ndarray) else from_json(body)
             if deadline is not None and time.monotonic() + wait > deadline:
                 raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {body['status']})")
             time.sleep(wait)
@@ -131,6 +135,23 @@ class Client:
         if status in ok:
             return status, answer
         raise _error(status, answer, headers, path)
+
+
+def _row_of(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Named arrays as one structured row, a field per name (each keeps its dtype)."""
+    row = np.zeros((), dtype=[(str(k), v.dtype, v.shape) for k, v in arrays.items()])
+    for key, value in arrays.items():
+        row[str(key)] = value
+    return row
+
+
+def _as_lists(inputs: Any) -> Any:
+    """Inputs as JSON takes them: nested lists, or an object of them per named input."""
+    if isinstance(inputs, dict):
+        return {str(k): np.asarray(v).tolist() for k, v in inputs.items()}
+    if isinstance(inputs, tuple):  # several inputs in the model's order
+        return [np.asarray(v).tolist() for v in inputs]
+    return np.asarray(inputs).tolist()
 
 
 def _error(status: int, body: dict[str, Any], headers: Any, path: str) -> Exception:

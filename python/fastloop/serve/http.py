@@ -28,9 +28,9 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from ..errors import Closed, QueueFull
-from .http_inputs import (NPY_TYPE, BadInput, TooLarge, json_safe, load_npy_under, npy_bytes, parse_body,
-                          parse_npy)
+from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
+from .outputs import as_json
 from .service import InferenceService
 
 __all__ = ["App"]
@@ -65,6 +65,12 @@ def _query_timeout(scope: Scope) -> float | None:
     except ValueError:
         raise _Reply(400, {"error": f"timeout_s must be a number of seconds, not {text!r}"},
                      rejection="bad_input") from None
+
+
+def _query_flag(scope: Scope, name: str) -> bool:
+    """A yes/no query parameter (``?result=1``, ``true`` or ``yes``)."""
+    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    return bool(values) and values[0].lower() in ("1", "true", "yes")
 
 
 def _submit_reply(error: Exception, retry_after_s: float) -> Exception:
@@ -108,8 +114,8 @@ class _Watcher:
     send them does not count, so only the client's own slowness drops it.
     """
 
-    def __init__(self, job_id: str | None, limit: int) -> None:
-        self.job_id, self.limit = job_id, limit
+    def __init__(self, job_id: str | None, limit: int, with_result: bool = False) -> None:
+        self.job_id, self.limit, self.with_result = job_id, limit, with_result
         self.events: collections.deque[tuple[str, str]] = collections.deque()
         self.ready = asyncio.Event()
         self.overflow = asyncio.Event()
@@ -361,7 +367,7 @@ class App:
         if record.status in (QUEUED, RUNNING):
             return 202, {"id": job_id, "status": record.status}, [("retry-after", "1")]
         try:
-            row = np.asarray(self.service.result(job_id, timeout=0.0))
+            row = self.service._result_row(job_id, timeout=0.0)
         except JobCancelled as error:
             return 422, {"id": job_id, "status": FAILED, "error": error.reason, "cancelled": True}, []
         except JobFailed as error:
@@ -372,8 +378,7 @@ class App:
             raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
         if as_npy:
             return 200, npy_bytes(row), [("x-job-id", job_id)]
-        return 200, {"id": job_id, "status": DONE, "dtype": row.dtype.name, "shape": list(row.shape),
-                     "result": json_safe(row)}, []
+        return 200, {"id": job_id, "status": DONE, **as_json(row)}, []
 
     def _cancel(self, job_id: str) -> tuple[int, Any, list[tuple[str, str]]]:
         self._record(job_id)  # 404 for an unknown id
@@ -433,7 +438,7 @@ class App:
         receive, send = websocket.receive, websocket.send
         if (await receive())["type"] != "websocket.connect":
             return
-        watcher = _Watcher(job_id, self.ws_buffer)
+        watcher = _Watcher(job_id, self.ws_buffer, _query_flag(websocket.scope, "result"))
         self._watch(watcher)  # before reading the status, so no change falls between
         try:
             first: tuple[str, str] | None = None
@@ -448,6 +453,16 @@ class App:
         finally:
             self._unwatch(watcher)
 
+    async def _result_message(self, job_id: str) -> dict[str, Any]:
+        """A done job's dtype/shape/result for its event (as GET .../result answers them),
+        or the error that kept the result out of it."""
+        try:
+            status, body, _ = await self._call(self._result, job_id)
+        except _Reply as reply:
+            return {"error": reply.body.get("error", f"HTTP {reply.status}")}
+        return {k: body[k] for k in ("dtype", "shape", "result") if k in body} if status == 200 \
+            else {"error": body.get("error", f"HTTP {status}")}
+
     async def _stream(self, watcher: _Watcher, first: tuple[str, str] | None, receive: Receive, send: Send) -> None:
         """Sends events until a terminal status (one job), the client leaves, or it falls
         ws_buffer events behind (then it is closed with 1008)."""
@@ -460,9 +475,12 @@ class App:
                     job_id, status = event
                     if watcher.job_id is None or _ORDER[status] > last:  # a job's stream never goes back
                         last = _ORDER[status]
+                        message = {"id": job_id, "status": status}
+                        if watcher.with_result and status == DONE:  # ?result=1: the result rides along
+                            message.update(await self._result_message(job_id))
                         watcher.sending = True  # stays True only while the send waits on the client
                         try:
-                            await send({"type": "websocket.send", "text": json.dumps({"id": job_id, "status": status})})
+                            await send({"type": "websocket.send", "text": json.dumps(message)})
                         finally:
                             watcher.sending = False
                         if watcher.job_id is not None and status in _TERMINAL:

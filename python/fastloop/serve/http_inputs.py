@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_bytes", "load_npy_under",
-           "check_numbers", "check_npy_header", "json_safe"]
+           "check_numbers", "check_npy_header"]
 
 NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
@@ -54,7 +54,11 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
     if "inputs" in data:
-        check_numbers(data["inputs"])
+        if isinstance(data["inputs"], dict):  # one nested list per named input
+            for value in data["inputs"].values():
+                check_numbers(value)
+        else:
+            check_numbers(data["inputs"])
     if "path" in data and not isinstance(data["path"], str):
         raise BadInput(f"'path' must be a string, not {type(data['path']).__name__}")
     if "id" in data and not isinstance(data["id"], str):
@@ -179,11 +183,3 @@ def load_npy_under(root: str | None, path: str, max_bytes: int) -> np.ndarray:
     if not isinstance(array, np.ndarray):  # np.load of an .npz returns an NpzFile
         raise BadInput(f"{path!r} is not a single .npy array")
     return array
-
-
-def json_safe(array: np.ndarray) -> Any:
-    """`array` as nested lists for a JSON body: NaN and +-inf become null, since strict JSON
-    has no token for them (Python's bare NaN is refused by other parsers)."""
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        return np.where(np.isfinite(array), array, None).tolist()
-    return array.tolist()

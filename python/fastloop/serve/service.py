@@ -26,7 +26,9 @@ from .._core import Queue
 from ..errors import Closed, QueueFull
 from .batching import collect, group_by_input, run_group
 from .filestore import FileStore
-from .inputs import InputSpec
+from .outputs import unpack
+from .runners import runner_for
+from .spec import Input, Spec, spec_for
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
                    JobRecord, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
@@ -64,15 +66,20 @@ class _Job:
 
     @property
     def key(self) -> tuple[tuple[int, ...], str]:
-        return self.inputs.shape, self.inputs.dtype.str
+        return self.inputs.shape, self.inputs.dtype  # a structured dtype holds its fields' shapes
 
 
 class InferenceService:
     """A bounded queue of inference jobs served by worker threads with dynamic batching.
 
     ``model``: a fastloop.nn model (inputs are checked against its in_features and dtype at
-    submit) or any callable taking a NumPy batch (N, ...) and returning N rows; with
-    workers > 1 a plain callable must be thread-safe. ``max_queue`` bounds the jobs waiting
+    submit), a torch ``nn.Module`` (TorchScript too: it gets tensors and runs under
+    ``torch.inference_mode()``; ``eval()`` is yours to call) or any callable taking a NumPy
+    batch (N, ...) and returning N rows; with workers > 1 a plain callable must be
+    thread-safe. ``inputs``: what one job's input is, checked at submit (required for a
+    torch module): ``Input(dtype, shape)``, or several as a dict name -> Input (or a list of
+    named Inputs), passed to the model as positional arguments in that order. Outputs may
+    be an array/tensor, a tuple or a dict of them: result() returns the same per job. ``max_queue`` bounds the jobs waiting
     (submit raises QueueFull beyond it). A worker takes up to ``max_batch`` queued jobs,
     waiting at most ``max_delay_ms`` for more after the first. ``store``: FileStore (default:
     one in a fresh temporary directory) or MemoryStore; the service closes it on close().
@@ -88,12 +95,14 @@ class InferenceService:
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
+    >>> svc = InferenceService(torch_cnn.eval(), inputs=Input(torch.float32, (3, 32, 32)))
     """
 
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
-                 worker_priority: str = "normal", timeout_s: float | None = None) -> None:
+                 worker_priority: str = "normal", timeout_s: float | None = None,
+                 inputs: Input | dict[str, Input] | list[Input] | Spec | None = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
@@ -103,8 +112,9 @@ class InferenceService:
             raise TypeError(f"store must be a fastloop.serve store (FileStore, MemoryStore), not {type(store).__name__}")
         self.worker_priority = check_priority(worker_priority)
         self.timeout_s = _check_timeout(timeout_s)
-        self._spec = InputSpec.for_model(model)
+        self._spec = spec_for(model, inputs)
         self.model = model
+        self._runner = runner_for(model, self._spec)
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
         self.max_delay_s = max_delay_ms / 1e3
         self.result_ttl_s = float(result_ttl_s)
@@ -215,13 +225,18 @@ class InferenceService:
         record.status = self._status_of(record)
         return record
 
-    def result(self, job_id: str, timeout: float | None = None) -> np.ndarray:
-        """Waits until the job finishes; returns its output row.
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Waits until the job finishes; returns its output row (a dict or tuple of arrays
+        for a model that returns one).
 
         Raises TimeoutError after `timeout` seconds, JobFailed (JobCancelled) carrying the
         reason for a failed (cancelled) job, JobExpired once its result was dropped,
         KeyError for an unknown id. Ctrl-C interrupts the wait.
         """
+        return unpack(self._result_row(job_id, timeout))
+
+    def _result_row(self, job_id: str, timeout: float | None) -> np.ndarray:
+        """result() as stored: one array (structured for dict/tuple outputs)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             job = self._jobs.get(job_id)
@@ -570,7 +585,7 @@ class InferenceService:
         me = threading.current_thread()
         self._busy[me] = group
         try:
-            outcomes = run_group(self.model, [job.inputs for job in group])
+            outcomes = run_group(self._runner, [job.inputs for job in group])
         except BaseException as error:  # np.stack and the like; the model's own are caught in run_group
             outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
         finally:
