@@ -20,6 +20,7 @@ from .client import BadRequest, Client, ServiceUnavailable
 from .filestore import FileStore
 from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
+from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
 from .stores import MemoryStore, Store
@@ -29,6 +30,7 @@ __all__ = [
     "FileStore",
     "MemoryStore",
     "RedisStore",
+    "RedisQueue",
     "Store",
     "JobRecord",
     "JobFailed",

@@ -77,16 +77,24 @@ class InferenceService:
     ``worker_priority``: "normal", or "idle" to run the worker threads under Linux's
     SCHED_IDLE policy, so that a front in the same process (429s, /healthz) preempts them at
     once under overload; on a shared machine other busy processes preempt them too
-    (fastloop.serve.priority says more).
+    (fastloop.serve.priority says more). ``queue``: None (the in-memory queue of this
+    process), or a RedisQueue: the queue then lives in Redis beside a RedisStore, shared by
+    every process and machine serving it, with priorities (shared.py says more).
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
     """
 
+    def __new__(cls, *args: Any, queue: Any = None, **kwargs: Any) -> "InferenceService":
+        if queue is not None and cls is InferenceService:  # the queue in Redis: see shared.py
+            from .shared import SharedInferenceService
+            return super().__new__(SharedInferenceService)
+        return super().__new__(cls)
+
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
-                 worker_priority: str = "normal") -> None:
+                 worker_priority: str = "normal", queue: Any = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
@@ -122,13 +130,16 @@ class InferenceService:
         _lifecycle.register(self)
 
     # ------------------------------------------------------------ the public calls
-    def submit(self, inputs: Any, job_id: str | None = None) -> str:
+    def submit(self, inputs: Any, job_id: str | None = None, priority: str = "normal") -> str:
         """Queues one input; returns the job id (a new one, or `job_id`).
 
         Raises QueueFull at once when max_queue jobs wait, fastloop.Closed after close(),
         TypeError/ValueError for an input the model cannot take. Submitting a `job_id` that
-        exists (queued, running or finished) returns it and queues nothing.
+        exists (queued, running or finished) returns it and queues nothing. ``priority``
+        other than "normal" needs the queue in Redis (queue=RedisQueue(...)).
         """
+        if priority != "normal":
+            raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
         x = self._spec.check(inputs)
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
