@@ -8,6 +8,10 @@ The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is us
 ``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
 A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
 between them). Ctrl-C stops the server (uvicorn's handling), then the service drains.
+
+``--processes N --store redis://HOST:PORT/DB`` runs N server processes on the port (one
+parent forks them and replaces any that dies; processes.py), sharing the jobs and the queue
+in Redis; ``--queue redis`` shares them with servers on other machines too.
 """
 
 from __future__ import annotations
@@ -124,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal",
                         help="idle: the workers run under SCHED_IDLE (Linux), so the HTTP front preempts them "
                              "at once under load; for a machine that serves and does little else")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="server processes sharing the port (N > 1 needs --store redis://: they share "
+                             "its jobs and its queue)")
+    parser.add_argument("--queue", choices=("memory", "redis"),
+                        help="where the queue lives: memory (this process; the default for one process) or "
+                             "redis (shared with every process and host on the same --store redis://)")
+    parser.add_argument("--visibility-timeout-s", type=float, default=30.0,
+                        help="with the queue in Redis: how long a stopped process's jobs wait before "
+                             "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     try:
@@ -131,6 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("python -m fastloop serve needs uvicorn: pip install 'fastloop[serve]'", file=sys.stderr)
         return 2
+    if args.queue is None:
+        args.queue = "redis" if args.processes > 1 else "memory"
+    if args.queue == "redis" and not (args.store or "").startswith("redis://"):
+        print("--processes > 1 and --queue redis need --store redis://HOST:PORT/DB (the processes share "
+              "its jobs and queue)", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        from .processes import listen, run_processes
+        try:
+            sock = listen(args.host, args.port)
+        except OSError as error:
+            print(str(error), file=sys.stderr)
+            return 2
+        return run_processes(args.processes, sock, lambda s: _serve(args, uvicorn, s))
+    return _serve(args, uvicorn, None)
+
+
+def _serve(args: argparse.Namespace, uvicorn: Any, sock: Any) -> int:
+    """One server process: the model, the service, the front; on `sock` when given."""
     from .http import App
     from .service import InferenceService
 
@@ -141,9 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as error:
         print(f"cannot load the model from {args.model}: {error}", file=sys.stderr)
         return 2
+    queue = None
+    if args.queue == "redis":
+        from .redisqueue import RedisQueue
+        queue = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
     service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
                                max_delay_ms=args.max_delay_ms, store=_store(args.store),
-                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority)
+                               result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority, queue=queue)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     # What exists now (modules, the model) lives as long as the server: frozen, the garbage
@@ -151,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=None if sock is None else [sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
         pass
     finally:

@@ -31,6 +31,7 @@ from ..errors import Closed, QueueFull
 from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
 from .metrics_text import CONTENT_TYPE, render
+from .shared_metrics import render_shared
 from .service import InferenceService
 
 __all__ = ["App"]
@@ -273,7 +274,7 @@ class App:
                 inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
-            return self.service.submit(inputs, job_id=data.get("id"))
+            return self.service.submit(inputs, job_id=data.get("id"), priority=data.get("priority", "normal"))
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
@@ -335,7 +336,8 @@ class App:
             http = {"responses": dict(self._responses), "rejections": dict(self._rejections),
                     "ws_dropped": self._ws_dropped}
         http["ws_open"] = sum(len(group) for group in list(self._watchers.values()))
-        return render(self.service.stats(), http, self.service.max_batch)
+        stats = self.service.stats()
+        return render(stats, http, self.service.max_batch) + render_shared(stats)
 
     def _count(self, table: dict[Any, int], key: Any) -> None:
         with self._counts_lock:

@@ -23,7 +23,7 @@ __all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_b
 
 NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
-_KEYS = {"inputs", "path", "id"}
+_KEYS = {"inputs", "path", "id", "priority"}
 
 
 class BadInput(ValueError):
@@ -35,7 +35,8 @@ class TooLarge(ValueError):
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """The JSON object of a POST /v1/jobs: exactly one of "inputs" and "path", optionally "id"."""
+    """The JSON object of a POST /v1/jobs: exactly one of "inputs" and "path", optionally "id"
+    and "priority" (the service checks it)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
@@ -44,7 +45,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput(f"the body must be a JSON object, not {type(data).__name__}")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id'")
+        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id' and 'priority'")
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
     if "inputs" in data and not isinstance(data["inputs"], (list, int, float)):

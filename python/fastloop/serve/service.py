@@ -96,8 +96,9 @@ class InferenceService:
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
                  worker_priority: str = "normal", queue: Any = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+            least = 0 if name == "workers" and queue is not None else 1  # a front-only process of a shared queue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
         if max_delay_ms < 0 or result_ttl_s <= 0 or (expired_ttl_s is not None and expired_ttl_s < 0):
             raise ValueError("max_delay_ms must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
         if store is not None and not isinstance(store, Store):

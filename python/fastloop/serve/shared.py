@@ -61,7 +61,7 @@ class SharedInferenceService(InferenceService):
         self._pubsub: Any = None
         self._running = 0  # jobs started here and not yet stored
         super().__init__(model, workers=workers, max_queue=max_queue, max_batch=max_batch,
-                         max_delay_ms=max_delay_ms, store=store, **kwargs)
+                         max_delay_ms=max_delay_ms, store=store, queue=queue, **kwargs)
         self._keeper = threading.Thread(target=self._keep_queue, name="fastloop-serve-keeper", daemon=True)
         self._publisher = threading.Thread(target=self._publish, name="fastloop-serve-publisher", daemon=True)
         self._keeper.start()
@@ -290,7 +290,7 @@ class SharedInferenceService(InferenceService):
             try:
                 self.queue.heartbeat()
                 self._depth = self.queue.depth()
-                if time.monotonic() >= next_reclaim:
+                if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
                     next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
                     rerun, failed = self.queue.reclaim()
                     self._held_back.extend(rerun)

@@ -1,0 +1,126 @@
+"""Several server processes on one port: a pre-forking supervisor (gunicorn's model).
+
+The parent binds and listens on the port, then forks ``n`` children; each builds its own
+service and serves the inherited socket with uvicorn, so the kernel spreads connections over
+them. The parent only supervises: a child that dies (a crash, kill -9) is replaced, unless
+children keep dying (5 within 10 s: the parent stops them all and exits 1). SIGTERM or
+SIGINT to the parent stops every child gracefully (each drains as one server does) and the
+parent returns when they are gone. A child whose parent dies gets SIGTERM (Linux
+PR_SET_PDEATHSIG), so no orphan keeps the port.
+
+    >>> run_processes(4, "0.0.0.0", 8000, serve_one)   # serve_one(sock) -> exit code
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Callable
+
+__all__ = ["run_processes", "listen"]
+
+_CRASH_WINDOW_S, _CRASH_LIMIT = 10.0, 5
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on (host, port) that forked children inherit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: an orphan serves until stopped
+        pass
+
+
+def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> int:
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before prctl
+            os._exit(1)
+        code = serve_one(sock)
+    except BaseException as error:  # the child never returns into the parent's code
+        print(f"fastloop serve: process {os.getpid()} failed: {type(error).__name__}: {error}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return 0  # not reached
+
+
+def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> int:
+    """Forks n children serving `sock` and supervises them until SIGTERM/SIGINT; returns 0,
+    or 1 when children kept dying. Call it before the process starts threads."""
+    if n < 1:
+        raise ValueError(f"processes must be >= 1, not {n}")
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    children: set[int] = set()
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    crashes: collections.deque[float] = collections.deque()
+    failed = False
+    try:
+        for _ in range(n):
+            children.add(_spawn(sock, serve_one))
+        while children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            children.discard(pid)
+            if stopping or failed:
+                continue
+            how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                   else f"exit code {os.WEXITSTATUS(status)}")
+            now = time.monotonic()
+            crashes.append(now)
+            while crashes and crashes[0] < now - _CRASH_WINDOW_S:
+                crashes.popleft()
+            if len(crashes) >= _CRASH_LIMIT:
+                print(f"fastloop serve: {len(crashes)} server processes died within {_CRASH_WINDOW_S:g} s "
+                      f"(the last: pid {pid}, {how}); stopping", file=sys.stderr)
+                failed = True
+                stop(signal.SIGTERM, None)
+                continue
+            print(f"fastloop serve: server process {pid} died ({how}); starting another", file=sys.stderr)
+            children.add(_spawn(sock, serve_one))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        sock.close()
+    return 1 if failed else 0
