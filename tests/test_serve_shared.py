@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -242,3 +243,65 @@ def test_the_queue_in_redis_needs_a_redis_store_and_priorities_need_it(tmp_path)
     with InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs3"))) as svc:
         with pytest.raises(ValueError, match="needs a queue with priorities"):
             svc.submit(x(1), priority="high")
+
+
+# ---------------------------------------------------------------- python -m fastloop serve --processes
+
+
+def _children_of(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(p) for p in f.read().split()}
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="needs Linux's /proc/PID/task/PID/children to find the server processes")
+def test_cli_processes_share_one_port_and_a_killed_one_is_replaced(server, tmp_path):
+    import socket
+
+    import fastloop as fl
+    from fastloop.serve import Client, arch_of
+
+    fl.nn.manual_seed(0)
+    mlp = fl.nn.Sequential(fl.nn.Linear(4, 8), fl.nn.ReLU(), fl.nn.Linear(8, 3))
+    ckpt = fl.Checkpointer(str(tmp_path / "ckpts"))
+    ckpt.save(fl.nn.training_state(mlp, arch=arch_of(mlp), step=1), 1)
+    ckpt.wait()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "fastloop", "serve", "--model", str(tmp_path / "ckpts"),
+                             "--port", str(port), "--processes", "2", "--store", server.url.rsplit("/", 1)[0] + "/5",
+                             "--visibility-timeout-s", "1", "--log-level", "warning"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        client = Client(f"http://127.0.0.1:{port}", timeout=5)
+        wait_for(lambda: proc.poll() is not None or len(_children_of(proc.pid)) == 2, timeout=30)
+        wait_for(lambda: proc.poll() is not None or _healthy(client), timeout=30)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        first = _children_of(proc.pid)
+        jobs = [(client.submit(inputs=x(i), priority=LEVELS[i % 3]), i) for i in range(30)]
+        for job, i in jobs:
+            np.testing.assert_allclose(client.result(job, timeout=20), mlp(x(i)[None])[0], rtol=1e-6)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0' in answer.read().decode()
+        victim = sorted(first)[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(_children_of(proc.pid) - first) == 1, timeout=30)  # a new one took its place
+        job = client.submit(inputs=x(7))
+        np.testing.assert_allclose(client.result(job, timeout=20), mlp(x(7)[None])[0], rtol=1e-6)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        output = proc.stdout.read().decode()
+        assert f"server process {victim} died (signal 9); starting another" in output, output
+        assert "Traceback" not in output, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(client) -> bool:
+    try:
+        return bool(client.healthz())
+    except OSError:
+        return False
