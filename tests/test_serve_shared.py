@@ -305,3 +305,24 @@ def _healthy(client) -> bool:
         return bool(client.healthz())
     except OSError:
         return False
+
+
+def test_a_front_hears_the_status_changes_of_jobs_run_in_another_process(front, server, prefix, children):
+    import threading
+
+    heard: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def listener(job_id: str, status: str) -> None:
+        heard.append((job_id, status))
+        if status == "done":
+            done.set()
+
+    unsubscribe = front.subscribe(listener)
+    try:
+        children.append(Child(server, prefix, "--workers", "1"))
+        job = front.submit(x(1))
+        assert done.wait(20), heard
+        assert [s for j, s in heard if j == job] == ["queued", "running", "done"]  # queued here, the rest there
+    finally:
+        unsubscribe()
