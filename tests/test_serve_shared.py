@@ -290,7 +290,19 @@ def test_cli_processes_share_one_port_and_a_killed_one_is_replaced(server, tmp_p
         job = client.submit(inputs=x(7))
         np.testing.assert_allclose(client.result(job, timeout=20), mlp(x(7)[None])[0], rtol=1e-6)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            left = _children_of(proc.pid)
+            for pid in left:
+                os.kill(pid, signal.SIGUSR1)  # its stacks, for the failure message
+            time.sleep(1)  # lets the stacks reach the pipe before it is read
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            pytest.fail(f"the server did not stop within 30 s; processes left: {left}; "
+                        f"{proc.stdout.read().decode()[-12000:]}")
+        assert rc == 0
         output = proc.stdout.read().decode()
         assert f"server process {victim} died (signal 9); starting another" in output, output
         assert "Traceback" not in output, output

@@ -6,7 +6,8 @@ them. The parent only supervises: a child that dies (a crash, kill -9) is replac
 children keep dying (5 within 10 s: the parent stops them all and exits 1). SIGTERM or
 SIGINT to the parent stops every child gracefully (each drains as one server does) and the
 parent returns when they are gone. A child whose parent dies gets SIGTERM (Linux
-PR_SET_PDEATHSIG), so no orphan keeps the port.
+PR_SET_PDEATHSIG), so no orphan keeps the port. ``kill -USR1 <pid>`` makes a server process
+print every thread's stack to stderr.
 
     >>> run_processes(4, "0.0.0.0", 8000, serve_one)   # serve_one(sock) -> exit code
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import faulthandler
 import os
 import signal
 import socket
@@ -59,6 +61,7 @@ def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> in
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(1)
