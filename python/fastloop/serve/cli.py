@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(str(error), file=sys.stderr)
             return 2
-        return run_processes(args.processes, sock, lambda s: _serve(args, uvicorn, s))
+        return run_processes(args.processes, sock, lambda s: _serve(args, uvicorn, s), grace_s=args.drain_s + 20)
     return _serve(args, uvicorn, None)
 
 
@@ -181,13 +181,18 @@ def _serve(args: argparse.Namespace, uvicorn: Any, sock: Any) -> int:
                                max_delay_ms=args.max_delay_ms, store=_store(args.store),
                                result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority, queue=queue)
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=args.drain_s)  # a stuck connection does not hold the stop
     # What exists now (modules, the model) lives as long as the server: frozen, the garbage
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()
     gc.freeze()
+    server = uvicorn.Server(config)
+    if sock is not None:  # one of --processes N: a stop asked for while starting must not be lost
+        from .processes import when_stopped
+        when_stopped(lambda: setattr(server, "should_exit", True))
     try:
-        uvicorn.Server(config).run(sockets=None if sock is None else [sock])
+        server.run(sockets=None if sock is None else [sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
         pass
     finally:

@@ -15,6 +15,7 @@ print every thread's stack to stderr.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -24,7 +25,7 @@ import sys
 import time
 from typing import Callable
 
-__all__ = ["run_processes", "listen"]
+__all__ = ["run_processes", "listen", "when_stopped"]
 
 _CRASH_WINDOW_S, _CRASH_LIMIT = 10.0, 5
 
@@ -52,6 +53,26 @@ def _die_with_parent() -> None:
         pass
 
 
+_stop_requested = False
+_on_stop: list[Callable[[], None]] = []
+
+
+def _note_stop(signum: int, frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+    for fn in _on_stop:
+        fn()
+
+
+def when_stopped(fn: Callable[[], None]) -> None:
+    """Calls fn (from a signal handler: it must only set a flag) once this server process is
+    asked to stop, at once if it already was. In a process not forked by run_processes it
+    never calls it (there the server handles its signals itself)."""
+    _on_stop.append(fn)
+    if _stop_requested:
+        fn()
+
+
 def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> int:
     parent = os.getpid()
     pid = os.fork()
@@ -59,8 +80,11 @@ def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> in
         return pid
     code = 1
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # A stop may come while the child starts (loading the model): it is remembered and
+        # handed to the server once there is one (when_stopped). An exception raised from
+        # the handler instead could land in a __del__ and be lost.
+        signal.signal(signal.SIGTERM, _note_stop)
+        signal.signal(signal.SIGINT, _note_stop)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before prctl
@@ -75,9 +99,34 @@ def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> in
     return 0  # not reached
 
 
-def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> int:
+def _reap_until(children: set[int], deadline: float) -> list[int]:
+    """Waits for the stopping children until `deadline`, then kills those left; returns them."""
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return []
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.05)  # polls the children's exit; signals from the terminal interrupt it
+    left = sorted(children)
+    for pid in left:
+        print(f"fastloop serve: server process {pid} did not stop within the grace period; killing it",
+              file=sys.stderr)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    children.clear()
+    return left
+
+
+def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket], int],
+                  grace_s: float = 30.0) -> int:
     """Forks n children serving `sock` and supervises them until SIGTERM/SIGINT; returns 0,
-    or 1 when children kept dying. Call it before the process starts threads."""
+    or 1 when children kept dying or one was still running `grace_s` after the stop (it is
+    then killed: nothing hangs at exit). Call it before the process starts threads."""
     if n < 1:
         raise ValueError(f"processes must be >= 1, not {n}")
     stopping = False
@@ -99,12 +148,14 @@ def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socke
         for _ in range(n):
             children.add(_spawn(sock, serve_one))
         while children:
+            if stopping:
+                killed = _reap_until(children, time.monotonic() + grace_s)
+                failed = failed or bool(killed)
+                break
             try:
                 pid, status = os.wait()
             except ChildProcessError:
                 break
-            except InterruptedError:
-                continue
             children.discard(pid)
             if stopping or failed:
                 continue
