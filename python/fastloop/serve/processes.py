@@ -73,7 +73,9 @@ def when_stopped(fn: Callable[[], None]) -> None:
         fn()
 
 
-def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> int:
+def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int], mask: set[int]) -> int:
+    """Forks a server process; called with SIGTERM and SIGINT blocked, so that a stop cannot
+    reach the child while it still has the parent's handlers (`mask`: the mask to restore)."""
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -86,6 +88,7 @@ def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int]) -> in
         signal.signal(signal.SIGTERM, _note_stop)
         signal.signal(signal.SIGINT, _note_stop)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a stop that came meanwhile arrives now
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(1)
@@ -145,10 +148,18 @@ def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socke
     crashes: collections.deque[float] = collections.deque()
     failed = False
     try:
+        def spawn() -> None:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+            try:
+                children.add(_spawn(sock, serve_one, mask))
+            finally:  # the new child is in `children` before stop() can run
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
         for _ in range(n):
-            children.add(_spawn(sock, serve_one))
+            spawn()
         while children:
             if stopping:
+                stop(signal.SIGTERM, None)  # again: reaches any child started since (a second SIGTERM is harmless)
                 killed = _reap_until(children, time.monotonic() + grace_s)
                 failed = failed or bool(killed)
                 break
@@ -172,7 +183,7 @@ def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socke
                 stop(signal.SIGTERM, None)
                 continue
             print(f"fastloop serve: server process {pid} died ({how}); starting another", file=sys.stderr)
-            children.add(_spawn(sock, serve_one))
+            spawn()
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -96,13 +96,14 @@ end
 return out
 """
 
-# KEYS: job. ARGV: started. queued -> running: {1, record, input}; otherwise {0} (cancelled,
-# finished, failed by a reclaimer, or gone).
+# KEYS: job. ARGV: started. queued -> running: {1, record, input}; otherwise {0, status}
+# (running elsewhere, finished, cancelled, failed by a reclaimer) or {0} (gone).
 _START = """
 local cur = redis.call('HGET', KEYS[1], 'record')
 if not cur then return {0} end
 local ok, rec = pcall(cjson.decode, cur)
-if not ok or type(rec) ~= 'table' or rec['status'] ~= 'queued' then return {0} end
+if not ok or type(rec) ~= 'table' then return {0} end
+if rec['status'] ~= 'queued' then return {0, rec['status']} end
 rec['status'] = 'running'
 rec['started'] = tonumber(ARGV[1])
 local new = cjson.encode(rec)
@@ -247,14 +248,20 @@ class RedisQueue:
             for entry in entries:
                 self._start(keys=[self.store.key(entry.job_id)], args=[repr(now)], client=pipe)
             answers = pipe.execute(raise_on_error=False)
-        started, dropped = [], []
+        started, dropped, elsewhere = [], [], []
         for entry, answer in zip(entries, answers):
-            if isinstance(answer, Exception) or not answer or int(answer[0]) != 1:
-                dropped.append(entry)
+            if isinstance(answer, Exception):
+                elsewhere.append(entry)  # unknown: a reclaimer decides after the timeout
+                continue
+            if not answer or int(answer[0]) != 1:
+                # running: another process holds this entry too (a reclaimer took it from a
+                # stalled worker); its owner acknowledges it, so that a death still gets it reclaimed
+                (elsewhere if len(answer) > 1 and _str(answer[1]) == "running" else dropped).append(entry)
                 continue
             record = self.store._parse(entry.job_id, answer[1])
             inputs = self.store._array(entry.job_id, "input", answer[2]) if answer[2] else None
             started.append((entry, record, inputs))
+        self._release(elsewhere)
         if dropped:
             self.ack(dropped)
         return started
