@@ -25,6 +25,7 @@ from .client import BadRequest, Client, ServiceUnavailable
 from .filestore import FileStore
 from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
+from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import InferenceService
 from .spec import Input
@@ -36,6 +37,7 @@ __all__ = [
     "FileStore",
     "MemoryStore",
     "RedisStore",
+    "RedisQueue",
     "Store",
     "JobRecord",
     "JobFailed",

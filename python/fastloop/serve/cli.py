@@ -12,6 +12,10 @@ The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is us
 ``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
 A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
 between them). Ctrl-C stops the server (uvicorn's handling), then the service drains.
+
+``--processes N --store redis://HOST:PORT/DB`` runs N server processes on the port (one
+parent forks them and replaces any that dies; processes.py), sharing the jobs and the queue
+in Redis; ``--queue redis`` shares them with servers on other machines too.
 """
 
 from __future__ import annotations
@@ -160,31 +164,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal",
                         help="idle: the workers run under SCHED_IDLE (Linux), so the HTTP front preempts them "
                              "at once under load; for a machine that serves and does little else")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="server processes sharing the port (N > 1 needs --store redis://: they share "
+                             "its jobs and its queue)")
+    parser.add_argument("--queue", choices=("memory", "redis"),
+                        help="where the queue lives: memory (this process; the default for one process) or "
+                             "redis (shared with every process and host on the same --store redis://)")
+    parser.add_argument("--visibility-timeout-s", type=float, default=30.0,
+                        help="with the queue in Redis: how long a stopped process's jobs wait before "
+                             "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    if args.queue is None:
+        args.queue = "redis" if args.processes > 1 else "memory"
+    if args.queue == "redis" and not (args.store or "").startswith("redis://"):
+        print("--processes > 1 and --queue redis need --store redis://HOST:PORT/DB (the processes share "
+              "its jobs and queue)", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        from .processes import listen, run_processes
+        try:
+            sock = listen(args.host, args.port)
+        except OSError as error:
+            print(str(error), file=sys.stderr)
+            return 2
+        return run_processes(args.processes, sock, lambda s: _serve(args, s), grace_s=args.drain_s + 20)
+    return _serve(args, None)
+
+
+def _serve(args: argparse.Namespace, sock: Any) -> int:
+    """One server process: the model, the service, the front; on `sock` when given."""
+    import uvicorn
+
     from .http import App
+    from .http_limits import uvicorn_config
     from .service import InferenceService
 
+    queue = None
+    if args.queue == "redis":
+        from .redisqueue import RedisQueue
+        queue = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
     try:
         model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
         _set_threads(model, args.blas_threads, args.torch_threads)
         service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
                                    max_delay_ms=args.max_delay_ms, store=_store(args.store),
                                    result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
-                                   inputs=inputs, timeout_s=args.timeout_s)
+                                   inputs=inputs, timeout_s=args.timeout_s, queue=queue)
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
         return 2
     app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
-                            body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s)
+                            body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s,
+                            timeout_graceful_shutdown=args.drain_s)  # a stuck connection does not hold the stop
     # What exists now (modules, the model) lives as long as the server: frozen, the garbage
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()
     gc.freeze()
+    server = uvicorn.Server(config)
+    if sock is not None:  # one of --processes N: a stop asked for while starting must not be lost
+        from .processes import when_stopped
+        when_stopped(lambda: setattr(server, "should_exit", True))
     try:
-        uvicorn.Server(config).run()
+        server.run(sockets=None if sock is None else [sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
         pass
     finally:

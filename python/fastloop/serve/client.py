@@ -59,22 +59,27 @@ class Client:
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
 
-    def submit(self, inputs: Any = None, path: str | None = None, job_id: str | None = None) -> str:
+    def submit(self, inputs: Any = None, path: str | None = None, job_id: str | None = None,
+               priority: str | None = None) -> str:
         """Queues one input or a .npy file under the server's input root; returns the job id.
         A NumPy array travels as a .npy body, with its dtype (which must be the model's, or
         integers); a nested list as JSON, converted to the model's dtype by the server. For
         a model of several inputs, a dict name -> value (arrays: one structured .npy row).
-        QueueFull (``.retry_after``) when the queue is full."""
+        QueueFull (``.retry_after``) when the queue is full. ``priority`` ("high", "normal",
+        "low"; a server whose queue is in Redis) travels in the JSON body, so an array with
+        it goes as a nested list."""
         if (inputs is None) == (path is None):
             raise ValueError("give exactly one of inputs or path")
         if isinstance(inputs, dict) and inputs and all(isinstance(v, np.ndarray) for v in inputs.values()):
             inputs = _row_of(inputs)  # several named inputs travel as one structured .npy row
-        if isinstance(inputs, np.ndarray):
+        if isinstance(inputs, np.ndarray) and priority is None:
             query = "" if job_id is None else "?" + urllib.parse.urlencode({"id": job_id})
             return self._request("POST", "/v1/jobs" + query, npy_bytes(inputs))[1]["id"]
         body: dict[str, Any] = {"path": path} if path is not None else {"inputs": _as_lists(inputs)}
         if job_id is not None:
             body["id"] = job_id
+        if priority is not None:
+            body["priority"] = priority
         return self._request("POST", "/v1/jobs", body)[1]["id"]
 
     def status(self, job_id: str) -> str:

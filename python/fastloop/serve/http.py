@@ -332,7 +332,8 @@ class App:
                 inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
-            return self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s"))
+            return self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s"),
+                                       priority=data.get("priority", "normal"))
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 

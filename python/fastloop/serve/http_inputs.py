@@ -24,7 +24,7 @@ __all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_b
 
 NPY_TYPE = "application/x-npy"  # a body holding one array in NumPy's .npy format
 
-_KEYS = {"inputs", "path", "id", "timeout_s"}
+_KEYS = {"inputs", "path", "id", "timeout_s", "priority"}
 
 
 class BadInput(ValueError):
@@ -40,7 +40,8 @@ def _refuse_constant(token: str) -> Any:
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """The JSON object of a POST /v1/jobs: exactly one of "inputs" and "path", optionally "id"."""
+    """The JSON object of a POST /v1/jobs: exactly one of "inputs" and "path", optionally "id"
+    and "priority" (the service checks it)."""
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
@@ -49,8 +50,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise BadInput(f"the body must be a JSON object, not {type(data).__name__}")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id' "
-                       "and 'timeout_s'")
+        raise BadInput(f"unknown keys {unknown}: use 'inputs' (a nested list) or 'path', and optionally 'id', "
+                       "'timeout_s' and 'priority'")
     if ("inputs" in data) == ("path" in data):
         raise BadInput("give exactly one of 'inputs' (a nested list of numbers) or 'path' (a .npy file)")
     if "inputs" in data:

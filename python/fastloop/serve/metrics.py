@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .shared_metrics import shared_families
+
 __all__ = ["CONTENT_TYPE", "service_registry", "render"]
 
 # generate_latest writes the 0.0.4 text format (every name here is a classic one), which
@@ -87,6 +89,7 @@ class _Collector:
         yield GaugeMetricFamily("fastloop_ws_connections", "Open WebSocket event streams.", value=http.get("ws_open", 0))
         yield CounterMetricFamily("fastloop_ws_dropped", "WebSocket clients dropped for falling behind.",
                                   value=http.get("ws_dropped", 0))
+        yield from shared_families(stats)  # the queue in Redis: depth and waits per priority, reclaims
 
 
 def service_registry(stats: Callable[[], dict[str, Any]], http: Callable[[], dict[str, Any]],

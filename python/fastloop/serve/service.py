@@ -91,21 +91,30 @@ class InferenceService:
     (fastloop.serve.priority says more). ``timeout_s``: the default deadline of a job,
     from submit (None: none): a job still queued then fails without running; one still in
     a model call fails, and its worker, stuck, is replaced by a new thread (at most
-    ``workers`` stuck at once; beyond that health() reports "degraded").
+    ``workers`` stuck at once; beyond that health() reports "degraded"). ``queue``: None (the in-memory queue of this
+    process), or a RedisQueue: the queue then lives in Redis beside a RedisStore, shared by
+    every process and machine serving it, with priorities (shared.py says more).
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
     >>> svc = InferenceService(torch_cnn.eval(), inputs=Input(torch.float32, (3, 32, 32)))
     """
 
+    def __new__(cls, *args: Any, queue: Any = None, **kwargs: Any) -> "InferenceService":
+        if queue is not None and cls is InferenceService:  # the queue in Redis: see shared.py
+            from .shared import SharedInferenceService
+            return super().__new__(SharedInferenceService)
+        return super().__new__(cls)
+
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
                  worker_priority: str = "normal", timeout_s: float | None = None,
-                 inputs: Input | dict[str, Input] | list[Input] | Spec | None = None) -> None:
+                 inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+            least = 0 if name == "workers" and queue is not None else 1  # a front-only process of a shared queue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
         if max_delay_ms < 0 or result_ttl_s <= 0 or (expired_ttl_s is not None and expired_ttl_s < 0):
             raise ValueError("max_delay_ms must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
         if store is not None and not isinstance(store, Store):
@@ -144,7 +153,8 @@ class InferenceService:
         _lifecycle.register(self)
 
     # ------------------------------------------------------------ the public calls
-    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None) -> str:
+    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
+               priority: str = "normal") -> str:
         """Queues one input; returns the job id (a new one, or `job_id`).
 
         ``timeout_s`` (default: the service's): the job fails ("deadline exceeded ...")
@@ -153,8 +163,11 @@ class InferenceService:
 
         Raises QueueFull at once when max_queue jobs wait, fastloop.Closed after close(),
         TypeError/ValueError for an input the model cannot take. Submitting a `job_id` that
-        exists (queued, running or finished) returns it and queues nothing.
+        exists (queued, running or finished) returns it and queues nothing. ``priority``
+        other than "normal" needs the queue in Redis (queue=RedisQueue(...)).
         """
+        if priority != "normal":
+            raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         x = self._spec.check(inputs)

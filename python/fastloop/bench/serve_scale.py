@@ -1,0 +1,256 @@
+"""Serving scaled out on the queue in Redis: server processes and "hosts" sharing one RedisStore.
+
+Everything runs on this machine: a redis-server on loopback, the servers as child processes,
+the clients in this process (serve_http's asyncio keep-alive clients: 64 connections, each
+POSTs one float32 input as JSON then polls its result; jobs finishing within ``seconds``
+after a warm-up count).
+
+1. **Processes** (the front-bound 784-512-512-10 MLP, max_batch 32): ``python -m fastloop
+   serve`` with the queue in memory (today's single process), with ``--queue redis`` (one
+   process), and ``--processes 2`` (two processes on one port, the kernel spreading the
+   connections). Target: 2 processes >= 1.6x the one with the queue in Redis, on 2 cores;
+   p99 stated. The server's CPU column counts every server process and redis-server.
+2. **Hosts** (the model's cost is device time: each batch of up to 4 waits ``DEVICE_MS`` ms
+   with the GIL released, as a GPU call does, then runs the small MLP): one server process
+   ("host"), then two on their own ports, the clients spread over both. CPU-bound work cannot
+   scale on 2 cores; this measures what a second machine with its own device adds. 24
+   clients (with 64, latency grows until each job's result polls, one Redis round trip each,
+   make the fronts CPU-bound instead of the device). Target: the second host adds >= 0.8x of
+   one host's jobs/s.
+
+    $ python benchmarks/bench_serve_scale.py [--quick] [--markdown]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .serve import _redis_launcher
+from .serve import mlp
+from .serve_http import CLIENTS, Conn, Server, checkpoint, job_bodies, model_name
+from .targets import Result
+
+HIDDEN = 512
+DEVICE_MS = 20.0  # simulated device time per batch in the hosts run: one host tops out near 200 jobs/s
+DEVICE_BATCH = 4
+HOST_CLIENTS = 24  # the hosts run: enough to fill batches of 4 on two hosts, few enough that polling stays cheap
+HEADERS = ["run", "variant", "jobs/s", "p50 ms", "p99 ms", "server CPU %", "client CPU %", "jobs"]
+COMMAND = "python benchmarks/bench_serve_scale.py"
+
+
+def _tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds used by these processes and their children (alive ones)."""
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return total
+
+
+class ScaleServer(Server):
+    """serve_http's Server with the store (and, unless ``queue`` is "memory", the queue) in
+    Redis and ``processes`` server processes; or, with ``device_ms``, a "host" running the
+    simulated-device model (this module's __main__)."""
+
+    def __init__(self, ckpt: str, redis: Any, *, processes: int = 1, queue: str = "redis",
+                 device_ms: float | None = None, max_batch: int = 32) -> None:
+        super().__init__(ckpt, max_batch=max_batch)
+        self.redis = redis
+        if device_ms is not None:
+            self.args = [sys.executable, "-m", "fastloop.bench.serve_scale", "--host-server", ckpt,
+                         str(self.port), redis.url, str(device_ms), str(max_batch)]
+        else:
+            self.args[self.args.index("--store") + 1] = "memory" if queue == "memory" else redis.url
+            self.args += ["--processes", str(processes), "--queue", queue]
+
+    def cpu_s(self) -> float:
+        return _tree_cpu_s([self.proc.pid])  # type: ignore[union-attr]
+
+
+def _servers_cpu_s(servers: list[ScaleServer]) -> float:
+    """The server processes' CPU seconds and redis-server's (once)."""
+    return sum(s.cpu_s() for s in servers) + _tree_cpu_s([servers[0].redis.process.pid])  # type: ignore[union-attr]
+
+
+@dataclass
+class Run:
+    run: str
+    variant: str
+    jobs: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu: float
+    client_cpu: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds
+
+    def row(self) -> list[object]:
+        return [self.run, self.variant, round(self.jobs_per_s), round(self.p50_ms, 2), round(self.p99_ms, 2),
+                round(100 * self.server_cpu), round(100 * self.client_cpu), self.jobs]
+
+
+async def _closed_loop(servers: list[ScaleServer], bodies: list[bytes], seconds: float,
+                       warmup_s: float) -> tuple[list[float], float, float, float]:
+    """Client i talks to servers[i % len(servers)]; (latencies, span, server CPU, client CPU)."""
+    conns = [await Conn(servers[i % len(servers)].port).open() for i in range(len(bodies))]
+    window: dict[str, float] = {}
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    async def client(conn: Conn, body: bytes) -> None:
+        while "end" not in window:
+            start = time.perf_counter()
+            status, reply = await conn.request("POST", "/v1/jobs", body)
+            if status != 202:
+                failures.append(f"POST /v1/jobs answered {status}: {reply[:200]!r}")
+                return
+            path = f"/v1/jobs/{json.loads(reply)['id']}/result"
+            wait = 0.001
+            while True:
+                await asyncio.sleep(wait)
+                status, reply = await conn.request("GET", path)
+                if status == 200:
+                    break
+                if status != 202:
+                    failures.append(f"GET {path} answered {status}: {reply[:200]!r}")
+                    return
+                wait = min(2 * wait, 0.02)
+            end = time.perf_counter()
+            if "start" in window and "end" not in window and end >= window["start"]:
+                latencies.append(end - start)
+
+    tasks = [asyncio.ensure_future(client(c, b)) for c, b in zip(conns, bodies)]
+    await asyncio.sleep(warmup_s)
+    window["start"] = time.perf_counter()
+    cpu0, mine0 = _servers_cpu_s(servers), time.process_time()
+    await asyncio.sleep(seconds)
+    window["end"] = time.perf_counter()
+    cpu1, mine1 = _servers_cpu_s(servers), time.process_time()
+    await asyncio.gather(*tasks)
+    for c in conns:
+        c.close()
+    if failures:
+        raise RuntimeError(f"scale benchmark: a client failed: {failures[0]}")
+    span = window["end"] - window["start"]
+    return latencies, span, (cpu1 - cpu0) / span, (mine1 - mine0) / span
+
+
+def _measure(run: str, variant: str, servers: list[ScaleServer], bodies: list[bytes], seconds: float,
+             warmup_s: float) -> Run:
+    latencies, span, server_cpu, client_cpu = asyncio.run(_closed_loop(servers, bodies, seconds, warmup_s))
+    lat = np.array(latencies) * 1e3
+    p50, p99 = np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2
+    return Run(run, variant, int(lat.size), span, float(p50), float(p99), server_cpu, client_cpu)
+
+
+def compare(quick: bool = False) -> list[Run]:
+    """The processes runs, then the hosts runs, side by side (one Redis, emptied between)."""
+    seconds, warmup = (1.5, 0.5) if quick else (5.0, 1.0)
+    model = mlp(HIDDEN)
+    bodies = job_bodies(model, CLIENTS)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp, checkpoint(model) as ckpt:
+        launcher = _redis_launcher()
+        if launcher is None:
+            raise RuntimeError("bench_serve_scale needs a source checkout: it starts redis-server with "
+                               "tests/redis_launcher.py")
+        redis = launcher.RedisServer(tmp)
+        redis.start()
+        try:
+            plans = [("memory", 1, "1 process, queue in memory"), ("redis", 1, "1 process, queue in Redis"),
+                     ("redis", 2, "2 processes, queue in Redis")]
+            for queue, processes, variant in plans:
+                _flush(redis)
+                with ScaleServer(ckpt, redis, processes=processes, queue=queue) as server:
+                    runs.append(_measure(f"processes ({model_name(model)})", variant, [server], bodies,
+                                         seconds, warmup))
+            for hosts in (1, 2):
+                _flush(redis)
+                servers = [ScaleServer(ckpt, redis, device_ms=DEVICE_MS, max_batch=DEVICE_BATCH) for _ in range(hosts)]
+                for s in servers:
+                    s.__enter__()
+                try:
+                    runs.append(_measure(f"hosts ({DEVICE_MS:g} ms device per batch of <= {DEVICE_BATCH})",
+                                         f"{hosts} host{'s' if hosts > 1 else ''}", servers,
+                                         bodies[:HOST_CLIENTS], seconds, warmup))
+                finally:
+                    for s in servers:
+                        s.__exit__()
+        finally:
+            redis.stop()
+    return runs
+
+
+def _flush(redis: Any) -> None:
+    import redis as redis_py
+    redis_py.Redis.from_url(redis.url).flushdb()
+
+
+def results(runs: list[Run]) -> list[Result]:
+    by = {(r.run.split(" ")[0], r.variant): r for r in runs}
+    one, two = by[("processes", "1 process, queue in Redis")], by[("processes", "2 processes, queue in Redis")]
+    ratio = two.jobs_per_s / one.jobs_per_s
+    h1, h2 = by[("hosts", "1 host")], by[("hosts", "2 hosts")]
+    added = (h2.jobs_per_s - h1.jobs_per_s) / h1.jobs_per_s
+    return [
+        Result("serve: 2 processes vs 1 (queue in Redis), small MLP over HTTP", ratio, "x", ">= 1.6x",
+               ratio >= 1.6, f"{two.jobs_per_s:.0f} vs {one.jobs_per_s:.0f} jobs/s; p99 {two.p99_ms:.1f} vs "
+               f"{one.p99_ms:.1f} ms; {os.cpu_count()} CPUs"),
+        Result("serve: a second host adds (x one host's jobs/s), GIL-free device wait", added, "x", ">= 0.8x",
+               added >= 0.8, f"{h2.jobs_per_s:.0f} vs {h1.jobs_per_s:.0f} jobs/s; p99 {h2.p99_ms:.1f} vs "
+               f"{h1.p99_ms:.1f} ms"),
+    ]
+
+
+# ------------------------------------------------------------ a "host": the simulated-device server
+def _host_server(ckpt: str, port: int, url: str, device_ms: float, max_batch: int) -> int:
+    """One server process whose model waits device_ms (GIL released) per batch, then runs
+    the checkpoint's MLP; its queue is the shared one in Redis."""
+    import uvicorn
+
+    from ..serve import App, InferenceService, RedisQueue, RedisStore
+    from ..serve.cli import load_model
+
+    net = load_model(ckpt)
+
+    def model(batch: np.ndarray) -> Any:
+        time.sleep(device_ms / 1e3)  # the device's time: a GIL-free wait, as a GPU call is
+        return net(batch.astype(np.float32, copy=False))  # JSON inputs arrive as float64 for a plain callable
+
+    service = InferenceService(model, workers=1, max_batch=max_batch, store=RedisStore(url), queue=RedisQueue())
+    app = App(service)
+    try:
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")).run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.close(drain_s=2)
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--host-server"]:
+    ckpt_, port_, url_, ms_, batch_ = sys.argv[2:7]
+    sys.exit(_host_server(ckpt_, int(port_), url_, float(ms_), int(batch_)))

@@ -1,0 +1,191 @@
+"""Several server processes on one port: a pre-forking supervisor (gunicorn's model).
+
+The parent binds and listens on the port, then forks ``n`` children; each builds its own
+service and serves the inherited socket with uvicorn, so the kernel spreads connections over
+them. The parent only supervises: a child that dies (a crash, kill -9) is replaced, unless
+children keep dying (5 within 10 s: the parent stops them all and exits 1). SIGTERM or
+SIGINT to the parent stops every child gracefully (each drains as one server does) and the
+parent returns when they are gone. A child whose parent dies gets SIGTERM (Linux
+PR_SET_PDEATHSIG), so no orphan keeps the port. ``kill -USR1 <pid>`` makes a server process
+print every thread's stack to stderr.
+
+    >>> run_processes(4, "0.0.0.0", 8000, serve_one)   # serve_one(sock) -> exit code
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Callable
+
+__all__ = ["run_processes", "listen", "when_stopped"]
+
+_CRASH_WINDOW_S, _CRASH_LIMIT = 10.0, 5
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on (host, port) that forked children inherit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: an orphan serves until stopped
+        pass
+
+
+_stop_requested = False
+_on_stop: list[Callable[[], None]] = []
+
+
+def _note_stop(signum: int, frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+    for fn in _on_stop:
+        fn()
+
+
+def when_stopped(fn: Callable[[], None]) -> None:
+    """Calls fn (from a signal handler: it must only set a flag) once this server process is
+    asked to stop, at once if it already was. In a process not forked by run_processes it
+    never calls it (there the server handles its signals itself)."""
+    _on_stop.append(fn)
+    if _stop_requested:
+        fn()
+
+
+def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int], mask: set[int]) -> int:
+    """Forks a server process; called with SIGTERM and SIGINT blocked, so that a stop cannot
+    reach the child while it still has the parent's handlers (`mask`: the mask to restore)."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        # A stop may come while the child starts (loading the model): it is remembered and
+        # handed to the server once there is one (when_stopped). An exception raised from
+        # the handler instead could land in a __del__ and be lost.
+        signal.signal(signal.SIGTERM, _note_stop)
+        signal.signal(signal.SIGINT, _note_stop)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a stop that came meanwhile arrives now
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before prctl
+            os._exit(1)
+        code = serve_one(sock)
+    except BaseException as error:  # the child never returns into the parent's code
+        print(f"fastloop serve: process {os.getpid()} failed: {type(error).__name__}: {error}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return 0  # not reached
+
+
+def _reap_until(children: set[int], deadline: float) -> list[int]:
+    """Waits for the stopping children until `deadline`, then kills those left; returns them."""
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return []
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.05)  # polls the children's exit; signals from the terminal interrupt it
+    left = sorted(children)
+    for pid in left:
+        print(f"fastloop serve: server process {pid} did not stop within the grace period; killing it",
+              file=sys.stderr)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    children.clear()
+    return left
+
+
+def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket], int],
+                  grace_s: float = 30.0) -> int:
+    """Forks n children serving `sock` and supervises them until SIGTERM/SIGINT; returns 0,
+    or 1 when children kept dying or one was still running `grace_s` after the stop (it is
+    then killed: nothing hangs at exit). Call it before the process starts threads."""
+    if n < 1:
+        raise ValueError(f"processes must be >= 1, not {n}")
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    children: set[int] = set()
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    crashes: collections.deque[float] = collections.deque()
+    failed = False
+    try:
+        def spawn() -> None:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+            try:
+                children.add(_spawn(sock, serve_one, mask))
+            finally:  # the new child is in `children` before stop() can run
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+        for _ in range(n):
+            spawn()
+        while children:
+            if stopping:
+                stop(signal.SIGTERM, None)  # again: reaches any child started since (a second SIGTERM is harmless)
+                killed = _reap_until(children, time.monotonic() + grace_s)
+                failed = failed or bool(killed)
+                break
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            children.discard(pid)
+            if stopping or failed:
+                continue
+            how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                   else f"exit code {os.WEXITSTATUS(status)}")
+            now = time.monotonic()
+            crashes.append(now)
+            while crashes and crashes[0] < now - _CRASH_WINDOW_S:
+                crashes.popleft()
+            if len(crashes) >= _CRASH_LIMIT:
+                print(f"fastloop serve: {len(crashes)} server processes died within {_CRASH_WINDOW_S:g} s "
+                      f"(the last: pid {pid}, {how}); stopping", file=sys.stderr)
+                failed = True
+                stop(signal.SIGTERM, None)
+                continue
+            print(f"fastloop serve: server process {pid} died ({how}); starting another", file=sys.stderr)
+            spawn()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        sock.close()
+    return 1 if failed else 0

@@ -1,0 +1,345 @@
+"""SharedInferenceService: an InferenceService whose queue lives in Redis (a RedisQueue), so
+that any process sharing the RedisStore accepts, runs, answers and cancels any job.
+
+    >>> svc = InferenceService(model, store=RedisStore(url), queue=RedisQueue())  # this class
+    >>> job = svc.submit(x, priority="high")   # any process may run it
+    >>> svc.result(job)                        # from any process
+
+What changes from the in-memory queue: submit() creates and queues a job in one Redis script
+(QueueFull when ``max_queue`` jobs wait or are held by workers, across all processes);
+workers take batches from Redis (up to max_batch, waiting at most max_delay_ms after the
+first, highest priority first); status, result and cancel read and write Redis, so they
+answer for jobs of every process. close() does not fail what is queued: the queue belongs to
+every process sharing it (entries this process took but had not started go back at once).
+Jobs of a process that died are reclaimed by the others after the visibility timeout
+(redisqueue.py states the rules). A keeper thread sends the heartbeat of held entries,
+reclaims, and caches the queue depth; a publisher thread sends status changes to the other
+fronts, and a listener thread (started by subscribe()) receives theirs.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import Closed, QueueFull
+from .batching import group_by_input, run_group
+from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id, new_job_id
+from .priority import apply_to_this_thread
+from .redisqueue import LEVELS, Entry, RedisQueue, check_level
+from .service import InferenceService, _join
+
+__all__ = ["SharedInferenceService"]
+
+_BLOCK_S = 0.1  # a worker's blocking read, so that close() is seen this often
+_RETRY_S = 0.1  # after a Redis error, a worker or the keeper waits this long
+_WAIT_WINDOW = 10000  # queue waits kept per priority level for the percentiles
+
+
+class SharedInferenceService(InferenceService):
+    """InferenceService(..., queue=RedisQueue(...)) returns one of these; see the module."""
+
+    def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
+                 max_batch: int = 32, max_delay_ms: float = 2.0, store: Any = None, *, queue: RedisQueue,
+                 **kwargs: Any) -> None:
+        if not isinstance(queue, RedisQueue):
+            raise TypeError(f"queue must be a fastloop.serve.RedisQueue, not {type(queue).__name__}")
+        queue.bind(store)
+        self.queue = queue
+        self._held_back: collections.deque[Entry] = collections.deque()  # reclaimed or extra entries to run here
+        self._waits = {level: collections.deque(maxlen=_WAIT_WINDOW) for level in LEVELS}
+        self._depth = dict.fromkeys(LEVELS, 0)  # the keeper's last look at the queue
+        self._reclaimed = {"rerun": 0, "failed": 0}
+        self._events: list[tuple[str, str]] = []
+        self._events_ready = threading.Event()
+        self._remote_thread: threading.Thread | None = None
+        self._pubsub: Any = None
+        self._running = 0  # jobs started here and not yet stored
+        super().__init__(model, workers=workers, max_queue=max_queue, max_batch=max_batch,
+                         max_delay_ms=max_delay_ms, store=store, queue=queue, **kwargs)
+        self._keeper = threading.Thread(target=self._keep_queue, name="fastloop-serve-keeper", daemon=True)
+        self._publisher = threading.Thread(target=self._publish, name="fastloop-serve-publisher", daemon=True)
+        self._keeper.start()
+        self._publisher.start()
+
+    # ------------------------------------------------------------ the public calls
+    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
+               priority: str = "normal") -> str:
+        """Creates and queues a job in Redis; returns its id. ``priority``: "high", "normal"
+        or "low" (workers take higher levels first). QueueFull when max_queue jobs wait or
+        are held across all processes; StoreUnavailable when Redis cannot be reached."""
+        if timeout_s is not None or self.timeout_s is not None:
+            raise ValueError("timeout_s (job deadlines) is not supported yet with the queue in Redis")
+        job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        level = check_level(priority)
+        x = self._spec.check(inputs)
+        if self._closed:
+            raise Closed("submit() on a closed InferenceService")
+        record = JobRecord.new(job_id, time.time(), x.shape, x.dtype.str)
+        answer = self.queue.push(record, x, level, self.max_queue)
+        if answer < 0:
+            self._stats.count("rejected")
+            raise QueueFull(f"the shared queue is full ({self.max_queue} jobs waiting or held): retry later")
+        if answer > 0:
+            self._stats.count("submitted")
+            self._notify(job_id, QUEUED)
+        return job_id
+
+    def reject_if_full(self) -> bool:
+        """True (counting a rejection) when the keeper's last look found max_queue jobs
+        waiting; submit() checks exactly, in Redis."""
+        if sum(self._depth.values()) >= self.max_queue and not self._closed:
+            self._stats.count("rejected")
+            return True
+        return False
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancels a queued job wherever it waits (its entry leaves the queue); False for a
+        job already running or finished; KeyError for an unknown id."""
+        record = self.store.get(job_id)
+        if record.status != QUEUED:
+            return False
+        record.status, record.finished = FAILED, time.time()
+        record.error, record.cancelled = "cancelled before it ran", True
+        if not self.queue.finish_if(record, None, QUEUED, unqueue=True):
+            return False
+        self._stats.count("cancelled")
+        self._notify(job_id, FAILED)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """InferenceService.stats(), with queue_depth across all processes (also by
+        priority: queue_depth_by_priority), wait_ms_by_priority (submit to start, jobs
+        started here) and reclaimed ({"rerun": n, "failed": n}, by this process)."""
+        snap = super().stats()
+        try:
+            self._depth = self.queue.depth()
+        except StoreError:
+            pass  # the keeper's last look
+        snap["queue_depth"] = sum(self._depth.values())
+        snap["queue_depth_by_priority"] = dict(self._depth)
+        snap["running"] = self._running
+        waits = {}
+        for level, window in self._waits.items():
+            ms = np.array(window, dtype=np.float64) * 1e3
+            waits[level] = ({"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
+                             "max": float(ms.max()), "samples": int(ms.size)} if ms.size else
+                            {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0})
+        snap["wait_ms_by_priority"] = waits
+        snap["reclaimed"] = dict(self._reclaimed)
+        return snap
+
+    def subscribe(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """As InferenceService.subscribe(), for the jobs of every process sharing the queue
+        (changes made elsewhere arrive through Redis pub/sub, a few ms later)."""
+        unsubscribe = super().subscribe(listener)
+        with self._lock:
+            if self._remote_thread is None and self.queue.events:
+                self._pubsub = self.store._client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self.queue.channel)
+                self._remote_thread = threading.Thread(target=self._listen, name="fastloop-serve-events", daemon=True)
+                self._remote_thread.start()
+        return unsubscribe
+
+    def close(self, drain_s: float = 10.0) -> None:
+        """Stops accepting jobs and taking them; waits up to `drain_s` for the batches in
+        progress; gives back entries taken but not started. Jobs still running after that
+        are reclaimed (failed) by another process after the visibility timeout."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        _join(self._threads, time.monotonic() + max(0.0, drain_s))
+        try:
+            self.queue.requeue(list(self._held_back))
+        except StoreError as error:
+            warnings.warn(f"InferenceService.close(): could not give {len(self._held_back)} taken jobs back "
+                          f"({error}); another process reclaims them after the visibility timeout",
+                          RuntimeWarning, stacklevel=2)
+        self._held_back.clear()
+        self._events_ready.set()
+        self._wake.set()
+        for thread in (self._keeper, self._publisher, self._janitor, self._remote_thread):
+            if thread is not None:
+                thread.join(timeout=2.0)
+        if self._pubsub is not None:
+            self._pubsub.close()
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            warnings.warn(f"InferenceService.close(): {stuck} still inside the model after drain_s; another "
+                          "process fails their jobs after the visibility timeout", RuntimeWarning, stacklevel=2)
+        self.store.close()
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("store=", f"queue={self.queue!r}, store=", 1)
+
+    # ------------------------------------------------------------ workers
+    def _recover(self) -> None:
+        """Nothing at start: a stopped process's entries are reclaimed after the timeout."""
+
+    def _work(self) -> None:
+        try:
+            apply_to_this_thread(self.worker_priority)
+        except OSError:
+            pass  # InferenceService warns about it; here the worker runs at normal priority
+        while not self._stop.is_set():
+            try:
+                entries = self._collect()
+            except StoreError:
+                self._stop.wait(_RETRY_S)
+                continue
+            if entries:
+                self._run_entries(entries)
+
+    def _collect(self) -> list[Entry]:
+        """A batch: held-back entries first, then Redis (blocking for the first), then more
+        for up to max_delay_s while it is not full."""
+        entries = self._take_held_back(self.max_batch)
+        if not entries:
+            entries = self.queue.take(self.max_batch, _BLOCK_S)
+        deadline = time.monotonic() + self.max_delay_s
+        while len(entries) < self.max_batch and time.monotonic() < deadline:
+            more = self.queue.take(self.max_batch - len(entries), 0)
+            if not more:
+                time.sleep(min(max(self.max_delay_s / 4, 2e-4), max(0.0, deadline - time.monotonic())))
+            entries += more
+        if len(entries) > self.max_batch:
+            self._held_back.extend(entries[self.max_batch:])
+            entries = entries[:self.max_batch]
+        return entries
+
+    def _take_held_back(self, count: int) -> list[Entry]:
+        taken = []
+        while self._held_back and len(taken) < count:
+            try:
+                taken.append(self._held_back.popleft())
+            except IndexError:
+                break
+        return taken
+
+    def _run_entries(self, entries: list[Entry]) -> None:
+        now = time.time()
+        try:
+            started = self.queue.start(entries, now)
+        except StoreError:
+            self.queue.forget(entries)  # a reclaimer decides from what Redis holds
+            return
+        for entry, record, _ in started:
+            self._waits[LEVELS[entry.level]].append(max(0.0, now - record.submitted))
+            self._notify(record.id, RUNNING)
+        with self._lock:
+            self._running += len(started)
+        runnable = [item for item in started if item[2] is not None]
+        missing = [item for item in started if item[2] is None]
+        if missing:
+            self._finish(missing, [(None, "the store kept no input for the job")] * len(missing))
+        for group in group_by_input(runnable, lambda item: (item[2].shape, item[2].dtype.str)):
+            try:
+                outcomes = run_group(self._runner, [item[2] for item in group])
+            except BaseException as error:  # not an Exception from the model
+                outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
+            self._stats.batch(len(group))
+            self._finish(group, outcomes)
+
+    def _finish(self, items: list[tuple[Entry, JobRecord, Any]], outcomes: list[tuple[Any, str | None]]) -> None:
+        """Stores the final records of a group; retries while Redis is down, up to the
+        visibility timeout (after it a reclaimer fails the jobs)."""
+        now = time.time()
+        finals = []
+        for (entry, record, _), (row, error) in zip(items, outcomes):
+            final = JobRecord(**vars(record))
+            final.status, final.finished, final.error = (DONE if error is None else FAILED), now, error
+            finals.append((entry, final, row if error is None else None))
+        give_up = time.monotonic() + self.queue.visibility_timeout_s
+        try:
+            self._store_finals(finals, give_up)
+        finally:
+            with self._lock:
+                self._running -= len(finals)
+
+    def _store_finals(self, finals: list[tuple[Entry, JobRecord, Any]], give_up: float) -> None:
+        while True:
+            try:
+                written = self.queue.finish_many(finals)
+                break
+            except StoreError as error:
+                self._stats.count("store_errors")
+                if time.monotonic() >= give_up or self._abandon:
+                    self.queue.forget([entry for entry, _, _ in finals])
+                    warnings.warn(f"InferenceService: could not store {len(finals)} results ({error}); "
+                                  "a reclaimer fails those jobs", RuntimeWarning, stacklevel=2)
+                    return
+                time.sleep(_RETRY_S)
+        for (_, final, _), ok in zip(finals, written):
+            if not ok:
+                continue  # a reclaimer failed it meanwhile: its record stands
+            self._stats.count("done" if final.status == DONE else "failed")
+            if final.status == DONE:
+                self._stats.latency(max(0.0, final.finished - final.submitted))
+            self._notify(final.id, final.status)
+
+    # ------------------------------------------------------------ keeper, events
+    def _keep_queue(self) -> None:
+        """Heartbeat of held entries, reclaim of stopped workers' entries, queue depth."""
+        period = min(self.queue.visibility_timeout_s / 3, 1.0)
+        next_reclaim = 0.0
+        while not self._stop.wait(period):
+            try:
+                self.queue.heartbeat()
+                self._depth = self.queue.depth()
+                if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
+                    next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
+                    rerun, failed = self.queue.reclaim()
+                    self._held_back.extend(rerun)
+                    self._reclaimed["rerun"] += len(rerun)
+                    self._reclaimed["failed"] += failed
+            except StoreError as error:
+                if "NOGROUP" in str(error):  # Redis lost the streams (restarted without persistence)
+                    try:
+                        self.queue.ensure_group()
+                    except StoreError:
+                        pass
+
+    def _notify(self, job_id: str, status: str) -> None:
+        super()._notify(job_id, status)
+        if self.queue.events:
+            with self._lock:
+                self._events.append((job_id, status))
+            self._events_ready.set()
+
+    def _publish(self) -> None:
+        """Sends the status changes made here, a batch per message."""
+        while True:
+            self._events_ready.wait()
+            self._events_ready.clear()
+            with self._lock:
+                events, self._events = self._events, []
+            try:
+                self.queue.publish(events)
+            except StoreError:
+                pass  # a front's WebSocket misses these; status() still answers
+            if self._stop.is_set():
+                return
+
+    def _listen(self) -> None:
+        """Delivers the status changes other processes published to this one's listeners."""
+        while not self._stop.is_set():
+            try:
+                message = self._pubsub.get_message(timeout=_BLOCK_S)
+            except Exception:  # Redis away: redis-py reconnects and resubscribes on the next call
+                self._stop.wait(_RETRY_S)
+                continue
+            if not message or message.get("type") != "message":
+                continue
+            lines = message["data"].decode().split("\n")
+            if lines[0] == self.queue.consumer:
+                continue
+            for line in lines[1:]:
+                job_id, _, status = line.partition(" ")
+                InferenceService._notify(self, job_id, status)

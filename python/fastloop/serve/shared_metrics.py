@@ -1,0 +1,42 @@
+"""The /metrics families of the queue in Redis (a SharedInferenceService's stats()): queue
+depth per priority across all processes, queue waits per priority of the jobs this process
+started, and the entries this process reclaimed from stopped workers. None for the
+in-memory queue. serve/metrics.py's collector yields them beside the service's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from prometheus_client import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+__all__ = ["shared_families"]
+
+
+def shared_families(stats: dict[str, Any]) -> Iterator[Metric]:
+    if "queue_depth_by_priority" not in stats:
+        return
+    depth = GaugeMetricFamily("fastloop_serve_queue_depth_by_priority",
+                              "Jobs waiting in the shared queue, all processes, by priority.", labels=["priority"])
+    for level, n in stats["queue_depth_by_priority"].items():
+        depth.add_metric([level], n)
+    yield depth
+    # prometheus_client's SummaryMetricFamily has no quantiles: one gauge per quantile instead
+    wait = GaugeMetricFamily("fastloop_serve_queue_wait_seconds",
+                             "Submit-to-start wait of the jobs this process started, by priority; "
+                             "quantiles over the last 10^4.", labels=["priority", "quantile"])
+    count = CounterMetricFamily("fastloop_serve_queue_waits", "Queue waits measured, by priority.",
+                                labels=["priority"])
+    for level, values in stats["wait_ms_by_priority"].items():
+        for quantile, key in (("0.5", "p50"), ("0.99", "p99")):
+            wait.add_metric([level, quantile], values[key] / 1e3)
+        count.add_metric([level], values["samples"])
+    yield wait
+    yield count
+    reclaimed = CounterMetricFamily("fastloop_serve_reclaimed",
+                                    "Jobs of stopped workers this process reclaimed: rerun (still queued) or "
+                                    "failed (were running).", labels=["outcome"])
+    for outcome, n in stats["reclaimed"].items():
+        reclaimed.add_metric([outcome], n)
+    yield reclaimed

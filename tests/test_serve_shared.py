@@ -1,0 +1,340 @@
+"""The queue in Redis (RedisQueue + SharedInferenceService): jobs submitted by one process run
+in another, priorities, cancellation across processes, reclaim of a killed worker's jobs
+(queued ones rerun, running ones failed with the reason), the heartbeat of a slow live
+worker, /metrics, and ``python -m fastloop serve --processes 2``.
+
+Server processes are tests/serve_shared_child.py; the test process itself is a front with
+workers=0 (it accepts and answers, it runs nothing), so what runs where is decided by the
+test, not by timing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+redis = pytest.importorskip("redis", reason="the redis package (redis-py) is not installed: pip install redis")
+if shutil.which("redis-server") is None:
+    pytest.skip("the redis-server binary is not installed (Debian: apt-get install redis-server)",
+                allow_module_level=True)
+
+from redis_launcher import RedisServer  # noqa: E402
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, RedisQueue,  # noqa: E402
+                            RedisStore)
+from fastloop.errors import QueueFull  # noqa: E402
+from fastloop.serve.redisqueue import LEVELS  # noqa: E402
+from fastloop.serve.shared_metrics import render_shared  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = os.path.join(ROOT, "tests", "serve_shared_child.py")
+ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    srv.start()
+    yield srv
+    if srv.process.poll() is None:
+        srv.process.kill()
+        srv.process.wait()
+
+
+@pytest.fixture
+def prefix(request) -> str:
+    return f"t-{request.node.name[:40]}-{time.monotonic_ns()}:"
+
+
+@pytest.fixture
+def front(server, prefix):
+    """A front-only service in the test process: accepts, answers, cancels; runs nothing."""
+    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=1.0))
+    yield svc
+    svc.close(drain_s=0)
+
+
+class Child:
+    """A server process (tests/serve_shared_child.py); stopped (or killed) at the end."""
+
+    def __init__(self, server, prefix, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, CHILD, server.url, prefix, *args], env=ENV,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        line = self.proc.stdout.readline().decode()
+        assert line.strip() == "ready", line + self.proc.stdout.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def children():
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.stop()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def x(i: float) -> np.ndarray:
+    return np.full(4, i, np.float32)
+
+
+# ---------------------------------------------------------------- across processes
+
+
+def test_a_job_submitted_here_runs_in_another_process_and_either_answers(front, server, prefix, children):
+    ids = [front.submit(x(i)) for i in range(40)]
+    assert front.stats()["queue_depth"] == 40
+    children.append(Child(server, prefix, "--workers", "2", "--max-batch", "8"))
+    for i, job in enumerate(ids):
+        np.testing.assert_array_equal(front.result(job, timeout=20), x(i) * 2 + 1)
+    assert front.status(ids[0]) == "done"
+    assert front.stats()["queue_depth"] == 0
+
+
+def test_workers_take_high_before_normal_before_low(front, server, prefix, children):
+    order = ["low"] * 4 + ["normal"] * 4 + ["high"] * 4  # submitted lowest first
+    ids = [(front.submit(x(i), priority=p), p) for i, p in enumerate(order)]
+    assert front.stats()["queue_depth_by_priority"] == {"high": 4, "normal": 4, "low": 4}
+    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "1"))
+    for job, _ in ids:
+        front.result(job, timeout=20)
+    started = sorted(ids, key=lambda item: front.record(item[0]).started)
+    assert [p for _, p in started] == ["high"] * 4 + ["normal"] * 4 + ["low"] * 4
+
+
+def test_a_batch_fills_with_the_higher_priority_first(front, server, prefix, children):
+    lows = [front.submit(x(i), priority="low") for i in range(3)]
+    highs = [front.submit(x(i), priority="high") for i in range(3)]
+    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4"))
+    for job in lows + highs:
+        front.result(job, timeout=20)
+    first = min(front.record(j).started for j in lows + highs)
+    assert all(front.record(j).started == first for j in highs)  # all three in the first batch
+
+
+def test_cancel_from_any_process_takes_a_queued_job_off_the_shared_queue(front, server, prefix, children):
+    ids = [front.submit(x(i)) for i in range(6)]
+    other = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                             queue=RedisQueue(visibility_timeout_s=1.0))  # another front: knows nothing of them
+    try:
+        assert other.cancel(ids[1]) and other.cancel(ids[4])
+        assert not other.cancel(ids[1])  # already failed
+        with pytest.raises(KeyError):
+            other.cancel("no-such-job")
+    finally:
+        other.close()
+    assert front.stats()["queue_depth"] == 4  # the entries left the queue
+    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "2"))
+    for i, job in enumerate(ids):
+        if i in (1, 4):
+            with pytest.raises(JobCancelled):
+                front.result(job, timeout=20)
+            assert front.record(job).started is None  # it never ran
+        else:
+            np.testing.assert_array_equal(front.result(job, timeout=20), x(i) * 2 + 1)
+    assert not front.cancel(ids[0])  # done
+
+
+def test_a_killed_workers_jobs_are_reclaimed_queued_ones_rerun_running_ones_fail(front, server, prefix, children):
+    running = [front.submit(x(i)) for i in range(2)]
+    child = Child(server, prefix, "--workers", "1", "--max-batch", "2", "--model", "block")  # takes both at once
+    children.append(child)
+    wait_for(lambda: all(front.status(j) == "running" for j in running))
+    queued = [front.submit(x(i)) for i in range(2, 5)]
+    # a worker that took two entries and died before starting them
+    client = redis.Redis.from_url(server.url)
+    taken = client.xreadgroup("workers", "dead-worker", {f"{prefix}queue:normal": ">"}, count=2)
+    assert len(taken[0][1]) == 2
+    child.proc.kill()
+    child.proc.wait()
+    assert all(front.status(j) == "running" for j in running)
+    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4"))
+    for job in running:
+        with pytest.raises(JobFailed, match="a worker process stopped while the job was running"):
+            front.result(job, timeout=20)
+    for i, job in enumerate(queued, start=2):
+        np.testing.assert_array_equal(front.result(job, timeout=20), x(i) * 2 + 1)
+    assert client.xpending(f"{prefix}queue:normal", "workers")["pending"] == 0
+    assert sum(client.xlen(f"{prefix}queue:{level}") for level in LEVELS) == 0
+
+
+def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, prefix):
+    store = RedisStore(server.url, prefix=prefix)
+    a = InferenceService(lambda b: b * 2 + 1, workers=0, store=store, queue=RedisQueue(visibility_timeout_s=0.3))
+    try:
+        jobs = [a.submit(x(i)) for i in range(3)]
+        client = redis.Redis.from_url(server.url)
+        client.xreadgroup("workers", "dead-worker", {f"{prefix}queue:normal": ">"}, count=3)
+        b = InferenceService(lambda b: b * 2 + 1, workers=1, store=RedisStore(server.url, prefix=prefix),
+                             queue=RedisQueue(visibility_timeout_s=0.3))
+        try:
+            for i, job in enumerate(jobs):
+                np.testing.assert_array_equal(a.result(job, timeout=20), x(i) * 2 + 1)
+            stats = b.stats()
+            assert stats["reclaimed"] == {"rerun": 3, "failed": 0}
+            text = render_shared(stats)
+            assert 'fastloop_serve_reclaimed_total{outcome="rerun"} 3' in text
+            assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0' in text
+            assert stats["wait_ms_by_priority"]["normal"]["samples"] == 3
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+def test_a_live_worker_slower_than_the_visibility_timeout_keeps_its_job(front, server, prefix, children):
+    # the model takes 3x the timeout; the heartbeat keeps the entry, so the second process
+    # (idle, reclaiming every half timeout) leaves it alone
+    children.append(Child(server, prefix, "--workers", "1", "--model", "slow", "--model-s", "1.5",
+                          "--visibility-timeout-s", "0.5"))
+    job = front.submit(x(3))
+    wait_for(lambda: front.status(job) == "running")
+    children.append(Child(server, prefix, "--workers", "1", "--visibility-timeout-s", "0.5"))
+    np.testing.assert_array_equal(front.result(job, timeout=20), x(3) * 2 + 1)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_a_full_shared_queue_raises_queue_full_and_bad_priorities_are_named(server, prefix):
+    svc = InferenceService(lambda b: b, workers=0, max_queue=3, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue())
+    try:
+        for i in range(3):
+            svc.submit(x(i), priority=LEVELS[i])
+        with pytest.raises(QueueFull, match="shared queue is full"):
+            svc.submit(x(9))
+        assert svc.stats()["rejected"] == 1
+        with pytest.raises(ValueError, match="priority must be one of 'high', 'normal', 'low'"):
+            svc.submit(x(1), priority="urgent")
+        assert svc.stats()["queue_depth"] == 3
+    finally:
+        svc.close()
+
+
+def test_the_queue_in_redis_needs_a_redis_store_and_priorities_need_it(tmp_path):
+    with pytest.raises(TypeError, match="RedisQueue needs the service's store to be a RedisStore, not FileStore"):
+        InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs")), queue=RedisQueue())
+    with pytest.raises(ValueError, match="visibility_timeout_s must be > 0"):
+        RedisQueue(visibility_timeout_s=0)
+    with pytest.raises(ValueError, match="workers must be an int >= 1"):
+        InferenceService(lambda b: b, workers=0, store=FileStore(str(tmp_path / "jobs2")))
+    with InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs3"))) as svc:
+        with pytest.raises(ValueError, match="needs a queue with priorities"):
+            svc.submit(x(1), priority="high")
+
+
+# ---------------------------------------------------------------- python -m fastloop serve --processes
+
+
+def _children_of(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(p) for p in f.read().split()}
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="needs Linux's /proc/PID/task/PID/children to find the server processes")
+def test_cli_processes_share_one_port_and_a_killed_one_is_replaced(server, tmp_path):
+    import socket
+
+    import fastloop as fl
+    from fastloop.serve import Client, arch_of
+
+    fl.nn.manual_seed(0)
+    mlp = fl.nn.Sequential(fl.nn.Linear(4, 8), fl.nn.ReLU(), fl.nn.Linear(8, 3))
+    ckpt = fl.Checkpointer(str(tmp_path / "ckpts"))
+    ckpt.save(fl.nn.training_state(mlp, arch=arch_of(mlp), step=1), 1)
+    ckpt.wait()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "fastloop", "serve", "--model", str(tmp_path / "ckpts"),
+                             "--port", str(port), "--processes", "2", "--store", server.url.rsplit("/", 1)[0] + "/5",
+                             "--visibility-timeout-s", "1", "--log-level", "info"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        client = Client(f"http://127.0.0.1:{port}", timeout=5)
+        wait_for(lambda: proc.poll() is not None or len(_children_of(proc.pid)) == 2, timeout=30)
+        wait_for(lambda: proc.poll() is not None or _healthy(client), timeout=30)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        first = _children_of(proc.pid)
+        jobs = [(client.submit(inputs=x(i), priority=LEVELS[i % 3]), i) for i in range(30)]
+        for job, i in jobs:
+            np.testing.assert_allclose(client.result(job, timeout=20), mlp(x(i)[None])[0], rtol=1e-6)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0' in answer.read().decode()
+        victim = sorted(first)[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(_children_of(proc.pid) - first) == 1, timeout=30)  # a new one took its place
+        job = client.submit(inputs=x(7))
+        np.testing.assert_allclose(client.result(job, timeout=20), mlp(x(7)[None])[0], rtol=1e-6)
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            left = _children_of(proc.pid)
+            for pid in left:
+                os.kill(pid, signal.SIGUSR1)  # its stacks, for the failure message
+            time.sleep(1)  # lets the stacks reach the pipe before it is read
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            pytest.fail(f"the server did not stop within 60 s; processes left: {left}; "
+                        f"{proc.stdout.read().decode()[-12000:]}")
+        output = proc.stdout.read().decode()
+        assert rc == 0, output
+        assert f"server process {victim} died (signal 9); starting another" in output, output
+        assert "Traceback" not in output, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(client) -> bool:
+    try:
+        return bool(client.healthz())
+    except OSError:
+        return False
+
+
+def test_a_front_hears_the_status_changes_of_jobs_run_in_another_process(front, server, prefix, children):
+    import threading
+
+    heard: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def listener(job_id: str, status: str) -> None:
+        heard.append((job_id, status))
+        if status == "done":
+            done.set()
+
+    unsubscribe = front.subscribe(listener)
+    try:
+        children.append(Child(server, prefix, "--workers", "1"))
+        job = front.submit(x(1))
+        assert done.wait(20), heard
+        assert [s for j, s in heard if j == job] == ["queued", "running", "done"]  # queued here, the rest there
+    finally:
+        unsubscribe()
