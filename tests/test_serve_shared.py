@@ -30,7 +30,7 @@ from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed
                             RedisStore)
 from fastloop.errors import QueueFull  # noqa: E402
 from fastloop.serve.redisqueue import LEVELS  # noqa: E402
-from fastloop.serve.shared_metrics import render_shared  # noqa: E402
+from fastloop.serve.metrics import render, service_registry  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "serve_shared_child.py")
@@ -193,9 +193,9 @@ def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, pre
                 np.testing.assert_array_equal(a.result(job, timeout=20), x(i) * 2 + 1)
             stats = b.stats()
             assert stats["reclaimed"] == {"rerun": 3, "failed": 0}
-            text = render_shared(stats)
-            assert 'fastloop_serve_reclaimed_total{outcome="rerun"} 3' in text
-            assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0' in text
+            text = render(service_registry(lambda: stats, dict, b.max_batch))  # what /metrics answers
+            assert 'fastloop_serve_reclaimed_total{outcome="rerun"} 3.0' in text
+            assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0.0' in text
             assert stats["wait_ms_by_priority"]["normal"]["samples"] == 3
         finally:
             b.close()
