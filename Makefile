@@ -20,6 +20,9 @@ CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 # float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.
 ASAN_FLAGS := -O1 -fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero \
 	-fno-omit-frame-pointer -fno-sanitize-recover=all
+# tests/conftest.py's watchdog writes a hung test's stacks here (pytest captures stderr)
+export FASTLOOP_HANG_LOG := $(abspath build/pytest-hang.log)
+SHOW_HANG = grep -q '^Timeout' $(FASTLOOP_HANG_LOG) 2>/dev/null && { echo "== a test hung:"; grep -B1 -A80 '^Timeout' $(FASTLOOP_HANG_LOG); } || true
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 # test_nn's matrix products use the BLAS fastloop.nn picks (it fails, saying so, without one).
@@ -79,7 +82,7 @@ fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_image
 ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 
 pytest: build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q || { $(SHOW_HANG); exit 1; }
 
 # The binding (csrc/py/) and the core built with ASan+UBSan (objects kept in build/asan-ext/),
 # then the C-heavy pytest files run once against a temporary copy of the package holding it
@@ -106,7 +109,7 @@ pytest-asan: build $(ASAN_EXT)/_core.so
 	cp $(ASAN_EXT)/_core.so "$$so"; \
 	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
-	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS)
+	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS) || { $(SHOW_HANG); exit 1; }
 
 test: build ctest pytest-asan pytest
 

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
+import tempfile
 
 import pytest
 
 
+# pytest captures fd 2 during a test, so a dump written there dies with the process: the
+# stacks go to this file instead, and the Makefile prints it when pytest fails.
+HANG_LOG = os.environ.get("FASTLOOP_HANG_LOG", os.path.join(tempfile.gettempdir(), "fastloop-pytest-hang.log"))
+_hang_log = None
+
+
 @pytest.fixture(autouse=True)
-def hang_watchdog():
-    """Dumps every thread's stack and exits if one test runs over 120 s."""
-    faulthandler.dump_traceback_later(120, exit=True, file=sys.stderr)
+def hang_watchdog(request):
+    """Dumps every thread's stack to HANG_LOG and exits if one test runs over 120 s."""
+    global _hang_log
+    if _hang_log is None:
+        os.makedirs(os.path.dirname(HANG_LOG) or ".", exist_ok=True)
+        _hang_log = open(HANG_LOG, "w")
+    _hang_log.write(f"running {request.node.nodeid}\n")
+    _hang_log.flush()
+    faulthandler.dump_traceback_later(120, exit=True, file=_hang_log)
     yield
     faulthandler.cancel_dump_traceback_later()
 
