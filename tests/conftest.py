@@ -17,6 +17,11 @@ HANG_LOG = os.environ.get("FASTLOOP_HANG_LOG", os.path.join(tempfile.gettempdir(
 _hang_log = None
 
 
+def pytest_unconfigure(config):
+    if _hang_log is not None:
+        _hang_log.close()
+
+
 @pytest.fixture(autouse=True)
 def hang_watchdog(request):
     """Dumps every thread's stack to HANG_LOG and exits if one test runs over 120 s."""

@@ -213,7 +213,13 @@ static void after_fork_child(void *ctx, int worker) {
 
 /* ---- in the parent ---- */
 
-static void release_slot(void *core, int slot) { fl_procpool_release(core, slot); }
+/* Called with the GIL (a batch's last view dropped): the release hands the slot to a worker
+ * at once, a write that can wait for a busy worker to read, so without the GIL. */
+static void release_slot(void *core, int slot) {
+    Py_BEGIN_ALLOW_THREADS
+    fl_procpool_release(core, slot);
+    Py_END_ALLOW_THREADS
+}
 
 typedef struct {
     fl_procpool *pool;
