@@ -46,12 +46,13 @@ static size_t count_lines(const char *text, const char *containing) {
     return n;
 }
 
-/* Waits until the monitor has sampled `rounds` more times: polls its count, never a fixed
- * sleep. Returns 0 after 30 s without. */
+/* Waits until `rounds` whole sampling rounds have run after the call: the round in
+ * progress when it is called (counted when it ends) may have started before, so it does
+ * not count. Polls the count, never a fixed sleep; returns 0 after 30 s without. */
 static int wait_for_rounds(fl_monitor *m, uint64_t rounds) {
     fl_monitor_stats stats;
     fl_monitor_stats_get(m, &stats);
-    uint64_t target = stats.samples + rounds;
+    uint64_t target = stats.samples + 1 + rounds;
     for (double deadline = fl_monotonic() + 30; fl_monotonic() < deadline;) {
         fl_monitor_stats_get(m, &stats);
         if (stats.samples >= target)
@@ -359,7 +360,7 @@ static void test_monitor_writes_every_record_and_samples(void) {
     CHECK(ticket > 0 && fl_monitor_flushed(m, ticket, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
     CHECK(count_lines(text, ",worker/value,") == 10000);
-    CHECK(wait_for_rounds(m, 2)); /* a few sampling rounds */
+    CHECK(wait_for_rounds(m, 2)); /* two rounds that start with the queue drained */
     fl_monitor_close(m, 0); /* returns at once; the writer finishes on its own */
     CHECK(fl_monitor_wait_closed(m, 5.0) == FL_OK);
     read_file(csv, text, sizeof text);
@@ -466,7 +467,7 @@ static void test_sampling_a_table_that_grows_reads_only_real_names(void) {
     pthread_t adder_thread;
     pthread_create(&adder_thread, NULL, add_new_names, metrics);
     pthread_join(adder_thread, NULL);
-    CHECK(wait_for_rounds(m, 2)); /* a whole round after the last name was added */
+    CHECK(wait_for_rounds(m, 1)); /* a whole round after the last name was added */
     fl_monitor_close(m, 1);
     read_file(csv, text, sizeof text);
     size_t rates = count_lines(text, "/per_s,"), real = 0;
