@@ -8,6 +8,8 @@ import gc
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -336,11 +338,14 @@ def test_ctrl_c_while_waiting_stops_the_workers(sigint_raises):
             return super().__getitem__(i)
 
     loader = fastloop.Loader(StuckInWorkers(), batch_size=2, workers=2)
-    main = threading.main_thread().ident
-    threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    # Ctrl-C from another process, not a threading.Timer: a thread starting or ending as the
+    # loader forks can leave a forked worker waiting on a lock it held (ASan's allocator)
+    ctrl_c = subprocess.Popen([sys.executable, "-c", "import os, signal, sys, time; time.sleep(0.3); "
+                               "os.kill(int(sys.argv[1]), signal.SIGINT)", str(os.getpid())])
     with pytest.raises(KeyboardInterrupt):
         for _ in loader:
             pass
+    assert ctrl_c.wait(timeout=60) == 0
     deadline = time.monotonic() + 5.0
     while loader.worker_pids and time.monotonic() < deadline:
         time.sleep(0.01)
