@@ -14,26 +14,44 @@ import pytest
 # pytest captures fd 2 during a test, so a dump written there dies with the process: the
 # stacks go to this file instead, and the Makefile prints it when pytest fails.
 HANG_LOG = os.environ.get("FASTLOOP_HANG_LOG", os.path.join(tempfile.gettempdir(), "fastloop-pytest-hang.log"))
+TEST_TIMEOUT_S = float(os.environ.get("FASTLOOP_TEST_TIMEOUT", "120"))
 _hang_log = None
+
+
+def _open_hang_log():
+    """Opens HANG_LOG once and makes SIGALRM dump every thread's stack there, then end the
+    process. The dump runs in the signal handler, in C, so it works while a hung call holds
+    the GIL; chain=True then re-raises SIGALRM with its default action, which terminates."""
+    global _hang_log
+    if _hang_log is None:
+        os.makedirs(os.path.dirname(HANG_LOG) or ".", exist_ok=True)
+        _hang_log = open(HANG_LOG, "w")
+        faulthandler.register(signal.SIGALRM, file=_hang_log, all_threads=True, chain=True)
+    return _hang_log
 
 
 def pytest_unconfigure(config):
     if _hang_log is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.unregister(signal.SIGALRM)
         _hang_log.close()
 
 
 @pytest.fixture(autouse=True)
 def hang_watchdog(request):
-    """Dumps every thread's stack to HANG_LOG and exits if one test runs over 120 s."""
-    global _hang_log
-    if _hang_log is None:
-        os.makedirs(os.path.dirname(HANG_LOG) or ".", exist_ok=True)
-        _hang_log = open(HANG_LOG, "w")
-    _hang_log.write(f"running {request.node.nodeid}\n")
-    _hang_log.flush()
-    faulthandler.dump_traceback_later(120, exit=True, file=_hang_log)
+    """Dumps every thread's stack to HANG_LOG and ends the process if one test runs over 120 s.
+
+    A timer signal, not faulthandler.dump_traceback_later: that starts a thread for every test,
+    and the last test's thread is still exiting when the next test forks. Under ASan (whose
+    allocator, unlike glibc's malloc, takes no lock around fork in GCC 12's libasan) a forked
+    worker could copy an allocator lock that exiting thread held and wait on it forever: two CI
+    runs hung so in tests/test_loader.py, a worker stuck in malloc in PyOS_AfterFork_Child."""
+    log = _open_hang_log()
+    log.write(f"running {request.node.nodeid}\n")
+    log.flush()
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
     yield
-    faulthandler.cancel_dump_traceback_later()
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @pytest.fixture

@@ -527,13 +527,16 @@ def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
     script = textwrap.dedent(f"""
         import sys, time, numpy as np
         from fastloop.serve import InferenceService, FileStore
+        def say(line):  # one write per line: print() writes the text and its newline apart,
+            sys.stdout.write(line + "\\n")  # so two threads' lines could interleave
+            sys.stdout.flush()
         def hang(batch):
-            print("running", flush=True)
+            say("running")
             time.sleep(60)
         svc = InferenceService(hang, workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
         for i in range(4):
             svc.submit(np.random.default_rng(i).standard_normal({IN}).astype(np.float32), job_id=f"job{{i}}")
-        print("submitted", flush=True)
+        say("submitted")
         time.sleep(60)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

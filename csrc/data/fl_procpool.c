@@ -144,7 +144,9 @@ static void worker_loop(fl_procpool *pool, int me, int fd) {
     _exit(0); /* never return into the parent's code, never run its exit handlers */
 }
 
-/* Forks worker w; in the child, never returns. */
+/* Forks worker w; in the child, never returns. Called without `lock`: the hooks may run code
+ * (Python's at-fork callbacks, its garbage collector) that frees a batch and so calls
+ * fl_procpool_release() from this very thread. */
 static int spawn(fl_procpool *pool, int w) {
     int pair[2]; /* [0]: the parent's end, [1]: the worker's */
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
@@ -174,7 +176,9 @@ static int spawn(fl_procpool *pool, int w) {
         errno = fork_errno;
         return fl_error_sys("fork");
     }
+    pthread_mutex_lock(&pool->lock);
     pool->workers[w] = (worker){pid, pair[0], 0};
+    pthread_mutex_unlock(&pool->lock);
     return FL_OK;
 }
 
@@ -393,9 +397,13 @@ int fl_procpool_start_epoch_at(fl_procpool *pool, uint64_t epoch, uint64_t first
     pool->epoch_seed = fl_sampler_epoch_seed(pool->config.sampler.seed, epoch);
     pool->next_claim = pool->next_deliver = first_batch < pool->n_batches ? first_batch : pool->n_batches;
     pool->error = 0;
+    int fork_workers = !pool->running;
+    pool->epoch_active = !fork_workers; /* until the workers run, a release dispatches nothing */
+    pthread_mutex_unlock(&pool->lock);
     int rc = FL_OK;
-    for (int w = 0; !pool->running && w < pool->config.workers && rc == FL_OK; w++)
+    for (int w = 0; fork_workers && w < pool->config.workers && rc == FL_OK; w++)
         rc = spawn(pool, w);
+    pthread_mutex_lock(&pool->lock);
     if (rc != FL_OK)
         stop_workers(pool);
     else

@@ -9,7 +9,8 @@
  * worker never holds a lock the parent needs, because they share none.
  *
  * Forking: fl_procpool_start_epoch() forks the workers if none run, calling the hooks
- * around fork() (the Python binding uses them for PyOS_BeforeFork/AfterFork_*). A worker
+ * around fork() (the Python binding uses them for PyOS_BeforeFork/AfterFork_*), without the
+ * pool's lock: a hook may call fl_procpool_release() (Python code freeing a batch). A worker
  * ignores SIGINT (the parent owns Ctrl-C), dies with its parent, and runs `fill` for each
  * command until its socket closes, then _exit(0)s. Fork before starting threads or
  * touching CUDA: a child gets only the forking thread.

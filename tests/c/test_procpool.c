@@ -170,11 +170,51 @@ static void test_stopping_mid_epoch_ends_the_workers(void) {
     fl_procpool_free(pool);
 }
 
+/* A before_fork hook that gives back a batch still lent from the last epoch, as Python code
+ * run by PyOS_BeforeFork may when it frees one: the release must not wait on the fork. */
+typedef struct {
+    fl_procpool *pool;
+    int slot;
+} release_at_fork;
+
+static void release_before_fork(void *ctx) {
+    release_at_fork *r = ctx;
+    if (r->slot >= 0)
+        fl_procpool_release(r->pool, r->slot);
+    r->slot = -1;
+}
+
+static void test_a_batch_released_by_a_fork_hook_does_not_deadlock_the_epoch_start(void) {
+    release_at_fork r = {NULL, -1};
+    fl_procpool_config config = {
+        .sampler = {.n = SAMPLES, .world_size = 1, .batch_size = BATCH},
+        .workers = 2, .prefetch = 2, .slot_bytes = BATCH * 2 * sizeof(int64_t), .fill = fill,
+        .hooks = {.before_fork = release_before_fork, .ctx = &r},
+    };
+    CHECK(fl_procpool_new(&config, &r.pool) == FL_OK);
+    size_t count;
+    CHECK(fl_procpool_start_epoch(r.pool, 0) == FL_OK);
+    CHECK(fl_procpool_next(r.pool, 10, &r.slot, &count) == FL_OK); /* kept: the epoch is left */
+    fl_procpool_stop(r.pool);
+    CHECK(fl_procpool_lent(r.pool) == 1);
+    CHECK(fl_procpool_start_epoch(r.pool, 1) == FL_OK); /* forks: the hook releases the slot */
+    CHECK(fl_procpool_lent(r.pool) == 0);
+    int slot, rc, batches = 0;
+    while ((rc = fl_procpool_next(r.pool, 10, &slot, &count)) == FL_OK) {
+        batches++;
+        fl_procpool_release(r.pool, slot);
+    }
+    CHECK(rc == FL_EEND);
+    CHECK(batches == (SAMPLES + BATCH - 1) / BATCH);
+    fl_procpool_free(r.pool);
+}
+
 int main(void) {
     RUN(test_every_sample_once_through_shared_memory);
     RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
     RUN(test_a_failing_sample_is_reported_with_its_index_after_earlier_batches);
     RUN(test_a_killed_worker_is_reported_within_a_second_and_reaped);
     RUN(test_stopping_mid_epoch_ends_the_workers);
+    RUN(test_a_batch_released_by_a_fork_hook_does_not_deadlock_the_epoch_start);
     return check_failures != 0;
 }
