@@ -565,7 +565,7 @@ def test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart(server,
         stats = svc.stats()
     elapsed = time.monotonic() - t_start
     check = RedisStore(server.url, prefix=prefix)
-    pipe = check._client.pipeline(transaction=False)
+    pipe = check.redis.client.pipeline(transaction=False)
     for i in range(n):
         pipe.hget(check.key(f"j{i}"), "record")
     stored = [JobRecord.from_json(__import__("json").loads(data)) for data in pipe.execute()]  # none lost
