@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 import weakref
 
 import numpy as np
 
 import fastloop
+from waiting import wait_until
 
 
 def alive(pid: int) -> bool:
@@ -22,16 +22,6 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    """Polls a real condition until it holds or `timeout` passes (no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
     return True
 
 
