@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .http_inputs import npy_bytes
 from .jobs import JobRecord, StoreError
 
 __all__ = ["StoreUnavailable", "RedisConnection", "RedisKeys", "record_bytes", "read_record", "npy_bytes",
@@ -115,12 +116,6 @@ def read_record(key: str, job_id: str, data: bytes) -> JobRecord:
     except (ValueError, TypeError) as error:  # json's errors are ValueErrors
         raise StoreError(f"RedisStore: cannot read {key!r} field 'record': {error}") from None
     return record
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
 
 
 def read_array(key: str, field: str, data: bytes) -> np.ndarray:
