@@ -8,21 +8,12 @@ array does not tell the collector about its .base, so nothing fastloop does is s
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 
 import numpy as np
 
 import fastloop
-from waiting import wait_until
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from waiting import alive, wait_until
 
 
 class SelfAwareDataset:

@@ -8,10 +8,11 @@ generous timeout passes (a loaded machine or a sanitizer build only makes it tak
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
-__all__ = ["wait_until", "wait_for"]
+__all__ = ["wait_until", "wait_for", "alive"]
 
 TIMEOUT_S = 30.0
 
@@ -29,3 +30,13 @@ def wait_until(condition: Callable[[], object], timeout: float = TIMEOUT_S, inte
 def wait_for(condition: Callable[[], object], timeout: float = TIMEOUT_S, interval: float = 0.005) -> None:
     """Returns once condition() is true; AssertionError once `timeout` seconds passed without."""
     assert wait_until(condition, timeout, interval), f"condition not reached in {timeout:g} s"
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie counts until it is reaped): what a test of a
+    worker's end waits on."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
