@@ -48,22 +48,19 @@ def load() -> griffe.Module:
 
 
 def add_runtime_docstrings(stub: griffe.Object, runtime: object) -> None:
-    """Gives the stub's objects the docstrings the C extension has for them."""
-    doc = inspect.getdoc(runtime) if not isinstance(runtime, type) or runtime.__doc__ else None
-    if doc and stub.is_class:  # a named tuple type's doc opens with "Name(fields)"
-        doc = re.sub(rf"^{stub.name}\(.*\)\n\n", "", doc)
-    if stub.is_class or stub.is_attribute or stub.is_function:
-        if doc and (stub.is_class or doc != inspect.getdoc(type(runtime))):  # not int's or str's own
-            stub.docstring = griffe.Docstring(doc, parent=stub)
+    """Gives the stub's classes, functions and attributes the docstrings the C extension has
+    for them (a class's members too)."""
     for name, member in stub.members.items():
-        if not member.is_alias and (stub.is_module or not name.startswith("__") or name in LISTED_SPECIALS):
-            sub = inspect.getattr_static(runtime, name, None)
-            if isinstance(sub, property) or hasattr(sub, "__get__") and not callable(sub):
-                runtime_member = sub  # a getset or member descriptor: its own doc
-            else:
-                runtime_member = getattr(runtime, name, None)
-            if runtime_member is not None:
-                add_runtime_docstrings(member, runtime_member)
+        if member.is_alias or (name.startswith("__") and name not in LISTED_SPECIALS):
+            continue
+        obj = inspect.getattr_static(runtime, name, None)  # a getset descriptor, not the value it gives
+        doc = getattr(obj, "__doc__", None)
+        if doc and doc != type(obj).__doc__:  # a constant's is its type's (int's): none of its own
+            if member.is_class:  # a named tuple type's opens with "Name(fields)"
+                doc = re.sub(rf"^{name}\(.*\)\n\n", "", doc)
+            member.docstring = griffe.Docstring(inspect.cleandoc(doc), parent=member)
+        if member.is_class and obj is not None:
+            add_runtime_docstrings(member, obj)
 
 
 # ---------------------------------------------------------------- what each entry shows
