@@ -2,6 +2,7 @@
 #   make demo    venv + build + the main job (python -m fastloop demo: train on generated images, log, checkpoint)
 #   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay +
 #                the C-heavy pytest files against an ASan/UBSan build (pytest-asan) + pytest
+#   make docs    docs/api.md from the docstrings and stubs (griffe); make test fails when it is stale
 #   make bench   the full benchmark suite (not part of the tests)
 #   make wheel   sdist + a manylinux wheel per Python 3.9-3.13 present, in dist/ (make wheel-check tests them)
 #   make test-pythons  build + a fast test subset on every other Python 3.9-3.13 present
@@ -33,7 +34,7 @@ BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.p
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
-.PHONY: all venv build test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
+.PHONY: all venv build docs test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
 	wheel wheel-check test-pythons test-threads clean
 
 all: build
@@ -43,6 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets starlette prometheus_client fastapi flask httpx pillow
+	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
 build: venv
@@ -68,14 +70,14 @@ ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 
 # The .npy parser's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
 # under ASan/UBSan with gcc.
-$(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h $(CORE_SOURCES) $(CORE_HEADERS)
+$(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
 
-$(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h $(CORE_SOURCES) $(CORE_HEADERS)
+$(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
-	    csrc/ops/ops_resize.c csrc/base/fl_error.c -lm -ldl
+	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_dl.c -lm -ldl
 
 fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_image
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
@@ -130,6 +132,10 @@ stress: build
 	    echo "== stress run $$run of $(STRESS_RUNS), $$(nproc) cores loaded"; \
 	    $(PY) -m pytest -q -x -p no:cacheprovider $(STRESS_TESTS) || { echo "stress: run $$run failed"; exit 1; }; \
 	done; echo "stress: $(STRESS_RUNS) runs passed"
+
+# tests/test_docs.py checks docs/api.md is what this writes.
+docs: build
+	$(PY) tools/api_docs.py
 
 demo: build
 	$(PY) -m fastloop demo

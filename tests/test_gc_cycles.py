@@ -8,31 +8,12 @@ array does not tell the collector about its .base, so nothing fastloop does is s
 from __future__ import annotations
 
 import gc
-import os
-import time
 import weakref
 
 import numpy as np
 
 import fastloop
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    """Polls a real condition until it holds or `timeout` passes (no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+from waiting import alive, wait_until
 
 
 class SelfAwareDataset:

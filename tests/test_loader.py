@@ -18,19 +18,12 @@ import pytest
 
 import fastloop
 from fastloop.ops import Normalize, Pipeline, RandomCrop, RandomHFlip
+from waiting import alive
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (600, 3, 20, 20), dtype=np.uint8)
 LABELS = np.arange(600, dtype=np.int64)
 AUG = Pipeline([RandomCrop(16), RandomHFlip(), Normalize([0.5, 0.4, 0.3], [0.2, 0.2, 0.2])], layout="CHW")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class IndexDataset:

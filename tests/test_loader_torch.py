@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fastloop
+from waiting import wait_until
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -468,17 +469,6 @@ class RecordsFetches:
     def __getitem__(self, i: int):
         self.fetched[i] = 1
         return np.float32(i)
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)  # polls a real condition
-    return True
 
 
 def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one():

@@ -9,7 +9,6 @@ redis-server binary or the redis package is missing."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,36 +20,18 @@ import time
 import numpy as np
 import pytest
 
-redis = pytest.importorskip("redis", reason="the redis package (redis-py) is not installed: pip install redis")
-if shutil.which("redis-server") is None:
-    pytest.skip("the redis-server binary is not installed (Debian: apt-get install redis-server)",
-                allow_module_level=True)
+from redis_fixtures import prefix, redis, server  # noqa: E402,F401 (fixtures; skips without Redis)
 
 import fastloop as fl  # noqa: E402
 from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
 from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
-from redis_launcher import RedisServer  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 IN = 16
 
 # a Redis outage makes the service warn once per job it could not record; the tests expect that
 pytestmark = pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
-    srv.start()
-    yield srv
-    if srv.process.poll() is None:
-        srv.process.kill()
-        srv.process.wait()
-
-
-@pytest.fixture
-def prefix(request) -> str:
-    return f"t-{request.node.name[:40]}-{time.monotonic_ns()}:"
 
 
 @pytest.fixture
@@ -92,13 +73,6 @@ def _answers(store, job_id: str) -> bool:
         return True
     except StoreUnavailable:
         return False
-
-
-def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 # ---------------------------------------------------------------- the store contract
@@ -565,7 +539,7 @@ def test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart(server,
         stats = svc.stats()
     elapsed = time.monotonic() - t_start
     check = RedisStore(server.url, prefix=prefix)
-    pipe = check._client.pipeline(transaction=False)
+    pipe = check.redis.client.pipeline(transaction=False)
     for i in range(n):
         pipe.hget(check.key(f"j{i}"), "record")
     stored = [JobRecord.from_json(__import__("json").loads(data)) for data in pipe.execute()]  # none lost

@@ -106,3 +106,13 @@ def test_full_train_pipeline_on_a_batch_gives_normalized_chw() -> None:
     pipeline = ops.Pipeline([ops.RandomResizedCrop(64), ops.RandomHFlip(), ops.Normalize([0.5] * 3, [0.25] * 3, layout="HWC->CHW")])
     out = pipeline(batch, seed=0)
     assert out.shape == (4, 3, 64, 64) and out.dtype == np.float32
+
+
+def test_a_bad_resized_crop_or_pipeline_step_raises_value_error_naming_it() -> None:
+    """The geometry check and a pipeline step's check in C both raise ValueError with the
+    core's message (through the one table that turns core codes into exceptions)."""
+    image = np.zeros((16, 16, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"RandomResizedCrop needs 0 < scale\[0\] <= scale\[1\]"):
+        ops.Pipeline([ops.RandomResizedCrop(8, scale=(0.5, 0.1))])(image, seed=0)
+    with pytest.raises(ValueError, match=r"flip probability must be in \[0, 1\]"):
+        ops.Pipeline([ops.RandomHFlip(p=2.0)])(image, seed=0)

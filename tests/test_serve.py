@@ -18,6 +18,7 @@ import pytest
 import fastloop as fl
 from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,
                             StoreError)
+from waiting import wait_for
 
 IN, OUT = 16, 4
 
@@ -43,13 +44,6 @@ class Gate:
         self.seen += [float(row[0]) for row in batch]
         assert self.open.wait(10), "the test never released the gate"
         return batch * 2
-
-
-def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 # ---------------------------------------------------------------- end to end

@@ -20,6 +20,7 @@ from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import npy_bytes  # noqa: E402
 from fastloop.serve.jobs import check_job_id  # noqa: E402
 from test_serve_http import IN, call, poll, sample, serving  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 
 def strict_json(text: str):
@@ -376,13 +377,6 @@ class LostReplyStore(MemoryStore):
         return super().get(job_id)
 
 
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_back():
     store = LostReplyStore()
     ran = []
@@ -394,7 +388,7 @@ def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_bac
         assert service.stats()["in_doubt"] == 1
         assert MemoryStore.get(store, "ghost").status == "queued"  # written, and nobody holds it
         store.down.clear()  # the store is back
-        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        wait_for(lambda: service.stats()["in_doubt"] == 0)
         with pytest.raises(KeyError):
             service.status("ghost")  # an error meant: not accepted
         assert service.stats()["in_doubt_removed"] == 1 and ran == []
@@ -414,7 +408,7 @@ def test_an_in_doubt_submit_retried_with_its_id_runs_exactly_once():
         store.down.clear()
         assert service.submit([5.0, 0.0], job_id="retry-me") == "retry-me"  # adopted or created again
         assert service.result("retry-me", timeout=10).tolist() == [5.0, 0.0]
-        wait_until(lambda: service.stats()["in_doubt"] == 0)
+        wait_for(lambda: service.stats()["in_doubt"] == 0)
         assert ran == [[5.0]] and service.status("retry-me") == "done"
     finally:
         service.close()

@@ -31,6 +31,7 @@ if shutil.which("ip") is None:
 from fastloop.serve import Client, JobFailed  # noqa: E402
 from fastloop.errors import QueueFull  # noqa: E402
 from fastloop.serve.client import ServiceUnavailable  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "serve_shared_child.py")
@@ -104,13 +105,6 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
 def _up(client: Client) -> bool:
     try:
         return client.healthz()
@@ -135,7 +129,7 @@ def test_two_hosts_on_one_redis_one_killed_mid_load_every_job_ends_once_or_says_
                                            "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
                                            "--protected-mode", "no"],  # the namespaces' network is the test's own
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_for(lambda: _redis_up(redis_url))
+            wait_for(lambda: _redis_up(redis_url), interval=0.02)
             hosts = {}
             for name in ("a", "b"):
                 log = tmp_path / f"ran-{name}.log"
@@ -146,7 +140,7 @@ def test_two_hosts_on_one_redis_one_killed_mid_load_every_job_ends_once_or_says_
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
                 hosts[name] = (procs[-1], Client(f"http://{net.addresses[name]}:8000", timeout=5))
             for name, (proc, client) in hosts.items():
-                wait_for(lambda: proc.poll() is not None or _up(client))
+                wait_for(lambda: proc.poll() is not None or _up(client), interval=0.02)
                 assert proc.poll() is None, proc.stdout.read().decode()
 
             accepted: dict[str, int] = {}

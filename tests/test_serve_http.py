@@ -33,6 +33,7 @@ from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402
 from fastloop.serve.http_limits import uvicorn_config  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 IN, OUT = 16, 4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,13 +41,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def sample(i: int) -> np.ndarray:
     return np.random.default_rng(i).standard_normal(IN).astype(np.float32)
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 class Gate:

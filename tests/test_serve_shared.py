@@ -10,7 +10,6 @@ test, not by timing."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,36 +19,18 @@ import urllib.request
 import numpy as np
 import pytest
 
-redis = pytest.importorskip("redis", reason="the redis package (redis-py) is not installed: pip install redis")
-if shutil.which("redis-server") is None:
-    pytest.skip("the redis-server binary is not installed (Debian: apt-get install redis-server)",
-                allow_module_level=True)
+from redis_fixtures import prefix, redis, server  # noqa: E402,F401 (fixtures; skips without Redis)
 
-from redis_launcher import RedisServer  # noqa: E402
 from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, RedisQueue,  # noqa: E402
                             RedisStore)
 from fastloop.errors import QueueFull  # noqa: E402
 from fastloop.serve.redisqueue import LEVELS  # noqa: E402
 from fastloop.serve.metrics import render, service_registry  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "serve_shared_child.py")
 ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = RedisServer(str(tmp_path_factory.mktemp("redis")))
-    srv.start()
-    yield srv
-    if srv.process.poll() is None:
-        srv.process.kill()
-        srv.process.wait()
-
-
-@pytest.fixture
-def prefix(request) -> str:
-    return f"t-{request.node.name[:40]}-{time.monotonic_ns()}:"
 
 
 @pytest.fixture
@@ -86,13 +67,6 @@ def children():
     yield started
     for child in started:
         child.stop()
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def x(i: float) -> np.ndarray:

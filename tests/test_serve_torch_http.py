@@ -22,7 +22,8 @@ ws_client = pytest.importorskip("websockets.sync.client")
 from fastloop.serve import BadRequest, Client, InferenceService, Input, MemoryStore  # noqa: E402
 from fastloop.serve import cli  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
-from test_serve_http import ROOT, call, free_port, serving, wait_for, ws_url  # noqa: E402
+from test_serve_http import ROOT, call, free_port, serving, ws_url  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 
 def mlp() -> torch.nn.Module:

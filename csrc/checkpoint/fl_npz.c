@@ -62,19 +62,26 @@ typedef struct member {
     uint64_t size, offset;
 } member;
 
-/* Local file header: sizes and CRC are known up front (the data is in memory). */
-static void local_header(fl_buf *b, const char *name, const member *m, int zip64,
-                         uint16_t mtime, uint16_t mdate) {
-    put32(b, 0x04034b50);
+/* The fields the local and the central header share, from "version needed" to the name's
+ * length: stored (no compression), so both sizes are the data's. */
+static void common_fields(fl_buf *b, const char *name, const member *m, int zip64,
+                          uint16_t mtime, uint16_t mdate) {
     put16(b, zip64 ? 45 : 20);
     put16(b, 0); /* flags */
     put16(b, 0); /* stored */
     put16(b, mtime);
     put16(b, mdate);
     put32(b, m->crc);
-    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size);
-    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size);
+    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size); /* compressed */
+    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size); /* uncompressed */
     put16(b, (uint16_t)strlen(name));
+}
+
+/* Local file header: sizes and CRC are known up front (the data is in memory). */
+static void local_header(fl_buf *b, const char *name, const member *m, int zip64,
+                         uint16_t mtime, uint16_t mdate) {
+    put32(b, 0x04034b50);
+    common_fields(b, name, m, zip64, mtime, mdate);
     put16(b, zip64 ? 20 : 0);
     fl_buf_append(b, name, strlen(name));
     if (zip64) { /* extra field 0x0001: original size, compressed size */
@@ -89,15 +96,7 @@ static void central_header(fl_buf *b, const char *name, const member *m, int zip
                            uint16_t mtime, uint16_t mdate) {
     put32(b, 0x02014b50);
     put16(b, (3 << 8) | 45); /* made by: Unix, spec 4.5 */
-    put16(b, zip64 ? 45 : 20);
-    put16(b, 0);
-    put16(b, 0);
-    put16(b, mtime);
-    put16(b, mdate);
-    put32(b, m->crc);
-    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size);
-    put32(b, zip64 ? ZIP_LIMIT : (uint32_t)m->size);
-    put16(b, (uint16_t)strlen(name));
+    common_fields(b, name, m, zip64, mtime, mdate);
     put16(b, zip64 ? 28 : 0);
     put16(b, 0);                   /* comment */
     put16(b, 0);                   /* disk */

@@ -17,6 +17,7 @@
 
 #include "third_party/libjpeg-turbo/jpeglib.h"
 
+#include "base/fl_dl.h"
 #include "base/fl_error.h"
 #include "data/image_codec.h"
 
@@ -50,20 +51,14 @@ struct jpeg_state {
     char message[JMSG_LENGTH_MAX];
 };
 
-static const char *base_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
 int jpeg_codec_load(const char *path) {
     pthread_mutex_lock(&lib.lock);
     int rc = FL_OK;
     if (atomic_load_explicit(&lib.loaded, memory_order_relaxed))
         goto done;
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *handle = fl_dl_open(path, NULL);
     if (handle == NULL) {
-        const char *why = dlerror();
-        rc = fl_error_set(FL_EINVAL, "cannot load %s: %s", path, why ? why : "dlopen failed");
+        rc = FL_EINVAL;
         goto done;
     }
 #define RESOLVE(name)                                                                              \
@@ -76,7 +71,7 @@ int jpeg_codec_load(const char *path) {
     JPEG_FUNCTIONS(RESOLVE)
 #undef RESOLVE
     snprintf(lib.description, sizeof lib.description, "libjpeg-turbo (libjpeg.so.62 ABI) %s",
-             base_name(path));
+             fl_dl_base_name(path));
     atomic_store_explicit(&lib.loaded, 1, memory_order_release); /* the handle stays open */
 done:
     pthread_mutex_unlock(&lib.lock);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fl_dl.h"
 #include "base/fl_error.h"
 #include "data/image_codec.h"
 
@@ -55,20 +56,14 @@ static struct {
     char description[512];
 } lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static const char *base_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
 int png_codec_load(const char *path) {
     pthread_mutex_lock(&lib.lock);
     int rc = FL_OK;
     if (atomic_load_explicit(&lib.loaded, memory_order_relaxed))
         goto done;
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *handle = fl_dl_open(path, NULL);
     if (handle == NULL) {
-        const char *why = dlerror();
-        rc = fl_error_set(FL_EINVAL, "cannot load %s: %s", path, why ? why : "dlopen failed");
+        rc = FL_EINVAL;
         goto done;
     }
 #define RESOLVE(name, ret, args)                                                                   \
@@ -85,7 +80,7 @@ int png_codec_load(const char *path) {
         dlclose(handle);
         goto done;
     }
-    snprintf(lib.description, sizeof lib.description, "libpng %s %s", version, base_name(path));
+    snprintf(lib.description, sizeof lib.description, "libpng %s %s", version, fl_dl_base_name(path));
     atomic_store_explicit(&lib.loaded, 1, memory_order_release); /* the handle stays open */
 done:
     pthread_mutex_unlock(&lib.lock);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/fl_dl.h"
 #include "base/fl_error.h"
 
 /* CBLAS's enum values (cblas.h): the same in every implementation. */
@@ -45,20 +46,14 @@ static struct {
     char description[512];
 } blas = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static const char *base_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
 int fl_blas_load(const char *path) {
     pthread_mutex_lock(&blas.lock);
     int rc = FL_OK;
     if (atomic_load_explicit(&blas.loaded, memory_order_relaxed))
         goto done;
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *handle = fl_dl_open(path, "BLAS");
     if (handle == NULL) {
-        const char *why = dlerror();
-        rc = fl_error_set(FL_EINVAL, "cannot load BLAS %s: %s", path, why ? why : "dlopen failed");
+        rc = FL_EINVAL;
         goto done;
     }
     for (size_t i = 0; i < sizeof FLAVOURS / sizeof FLAVOURS[0]; i++) {
@@ -69,7 +64,7 @@ int fl_blas_load(const char *path) {
         blas.sgemm = sgemm, blas.dgemm = dgemm, blas.ilp64 = f->ilp64;
         *(void **)&blas.set_threads = dlsym(handle, f->set_threads);
         snprintf(blas.description, sizeof blas.description, "%s (%s, %d-bit integers)",
-                 base_name(path), f->sgemm, f->ilp64 ? 64 : 32);
+                 fl_dl_base_name(path), f->sgemm, f->ilp64 ? 64 : 32);
         atomic_store_explicit(&blas.loaded, 1, memory_order_release);
         goto done; /* the handle stays open for the life of the process */
     }

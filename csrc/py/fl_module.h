@@ -87,7 +87,9 @@ typedef struct fl_raise_opts {
 } fl_raise_opts;
 
 /* Sets the Python exception for core error `err` (a negative fl_err) as `opts` says, and
- * clears the core's detail. Returns NULL, for `return fl_raise_with(...)`. */
+ * clears the core's detail. Returns NULL, for `return fl_raise_with(...)`. `state` may be NULL
+ * in a helper that has no module at hand when `opts` picks only built-in classes
+ * (.otherwise = FL_EXC_VALUE, say); a fastloop class asked for without it is a SystemError. */
 PyObject *fl_raise_with(fl_module_state *state, int err, const fl_raise_opts *opts);
 
 /* fl_raise_with() with the table and the core's detail, prefixed by `what` ("normalize"). */

@@ -36,6 +36,10 @@ static PyObject *cuda_error_type(void) {
 
 /* A new reference to the class, or NULL with an exception set. */
 static PyObject *class_object(fl_module_state *state, fl_exc exc) {
+    if (state == NULL && exc != FL_EXC_VALUE && exc != FL_EXC_MEMORY && exc != FL_EXC_TIMEOUT && exc != FL_EXC_OS) {
+        PyErr_SetString(PyExc_SystemError, "fl_raise_with: a fastloop exception class needs the module state");
+        return NULL;
+    }
     switch (exc) {
     case FL_EXC_VALUE: return Py_NewRef(PyExc_ValueError);
     case FL_EXC_MEMORY: return Py_NewRef(PyExc_MemoryError);

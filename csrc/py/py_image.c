@@ -57,9 +57,9 @@ int fl_parse_geometry(PyObject *spec, fl_image_geometry *g) {
         return -1;
     }
     g->out_h = (size_t)out_h, g->out_w = (size_t)out_w, g->dct_scaling = dct;
-    if (fl_image_geometry_check(g) != FL_OK) {
-        PyErr_SetString(PyExc_ValueError, fl_error_detail());
-        fl_error_clear();
+    int rc = fl_image_geometry_check(g);
+    if (rc != FL_OK) {
+        fl_raise_with(NULL, rc, &(fl_raise_opts){.otherwise = FL_EXC_VALUE}); /* only ValueError: no state needed */
         return -1;
     }
     return 0;

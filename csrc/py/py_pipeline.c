@@ -14,7 +14,7 @@ typedef struct {
 
 /* Appends one ("crop", h, w, center) / ("hflip", p) / ("normalize", mean, std, out_layout)
  * / ("cast", dtype) step. */
-static int add_step(fl_pipeline *p, PyObject *spec) {
+static int add_step(fl_module_state *state, fl_pipeline *p, PyObject *spec) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
         PyErr_SetString(PyExc_TypeError, "pipeline steps are (name, ...) tuples");
         return -1;
@@ -65,8 +65,7 @@ static int add_step(fl_pipeline *p, PyObject *spec) {
         return -1;
     }
     if (rc != FL_OK) {
-        PyErr_Format(rc == FL_ENOMEM ? PyExc_MemoryError : PyExc_ValueError, "%s", fl_error_detail());
-        fl_error_clear();
+        fl_raise_with(state, rc, &(fl_raise_opts){.overrides = {{FL_ENOMEM, FL_EXC_MEMORY}}, .otherwise = FL_EXC_VALUE});
         return -1;
     }
     return 0;
@@ -91,7 +90,7 @@ static PyObject *pipeline_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     }
     self->layout = layout;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(steps); i++) {
-        if (add_step(self->pipeline, PyTuple_GET_ITEM(steps, i)) < 0) {
+        if (add_step(fl_state_from_type(type), self->pipeline, PyTuple_GET_ITEM(steps, i)) < 0) {
             Py_DECREF(steps);
             Py_DECREF(self);
             return NULL;

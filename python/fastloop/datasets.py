@@ -40,12 +40,18 @@ class _EncodedSource:
     whole file), a label, and __getitem__ decoding it in Python."""
 
     files: list[str]
-    file_index: np.ndarray  # int32: which of files holds sample i
-    offsets: np.ndarray  # int64
-    lengths: np.ndarray  # int64, -1 = to the end of the file
+    """The files the samples are read from."""
+    file_index: np.ndarray
+    """int32, one per sample: which of `files` holds it."""
+    offsets: np.ndarray
+    """int64, one per sample: where it starts in its file."""
+    lengths: np.ndarray
+    """int64, one per sample: its size in bytes (-1: to the end of the file)."""
     targets: list[int]
     transform: Callable[[Any], Any] | None
+    """Called on each decoded image (None: the image as decoded)."""
     target_transform: Callable[[Any], Any] | None
+    """Called on each label (None: the label as is)."""
 
     def __len__(self) -> int:
         return len(self.targets)

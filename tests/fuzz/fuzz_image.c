@@ -12,22 +12,7 @@
 #include "base/fl_error.h"
 #include "data/fl_image.h"
 #include "data/fl_pipeline_image.h"
-
-/* Stops the run on a broken invariant; libFuzzer and ASan both report the abort. */
-#define INVARIANT(cond) \
-    do {                \
-        if (!(cond))    \
-            abort();    \
-    } while (0)
-
-static int printable(const char *s) {
-    if (*s == '\0')
-        return 0;
-    for (; *s; s++)
-        if (*s < 0x20 || *s > 0x7e)
-            return 0;
-    return 1;
-}
+#include "fuzz_checks.h"
 
 static fl_decoder *decoder(void) {
     static fl_decoder *d;
@@ -43,7 +28,7 @@ static fl_decoder *decoder(void) {
 
 static void refused(int rc) {
     INVARIANT(rc == FL_EINVAL);
-    INVARIANT(printable(fl_error_detail()));
+    INVARIANT(fl_error_detail()[0] != '\0' && printable(fl_error_detail()));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -8,20 +8,7 @@
 
 #include "base/fl_error.h"
 #include "data/fl_npy.h"
-
-/* Stops the run on a broken invariant; libFuzzer and ASan both report the abort. */
-#define INVARIANT(cond) \
-    do {                \
-        if (!(cond))    \
-            abort();    \
-    } while (0)
-
-static int printable(const char *s) {
-    for (; *s; s++)
-        if (*s < 0x20 || *s > 0x7e)
-            return 0;
-    return 1;
-}
+#include "fuzz_checks.h"
 
 /* product(shape) * itemsize, recomputed independently; 0 on overflow past PTRDIFF_MAX. */
 static int expected_data_len(const fl_npy_header *h, size_t *out) {

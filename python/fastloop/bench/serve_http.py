@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import socket
@@ -45,7 +44,7 @@ import numpy as np
 
 import fastloop as fl
 
-from ..serve.http_inputs import NPY_TYPE
+from ..serve.http_inputs import NPY_TYPE, npy_bytes
 from .serve import mlp
 from .targets import Result
 from .timing import best_times
@@ -218,14 +217,28 @@ def job_bodies(model: fl.nn.Sequential, count: int, body_format: str = "json") -
     JSON, or .npy (``body_format="npy"``: sent as application/x-npy)."""
     x = np.round(np.random.default_rng(1).standard_normal((count, model.in_features)), 4).astype(np.float32)
     if body_format == "npy":
-        return [_npy(row) for row in x]
+        return [npy_bytes(row) for row in x]
     return [json.dumps({"inputs": row.tolist()}).encode() for row in x]
 
 
-def _npy(array: np.ndarray) -> bytes:
-    stream = io.BytesIO()
-    np.save(stream, array, allow_pickle=False)
-    return stream.getvalue()
+async def run_job(conn: Conn, body: bytes, accept: str = "") -> tuple[int, str | None]:
+    """One job as a polling client runs it: POST the body to /v1/jobs, then GET its result
+    until it is there (the first GET after 1 ms, the wait doubling up to 20 ms). Returns the
+    number of GETs and None, or a failure naming the request that got an unexpected answer."""
+    status, reply = await conn.request("POST", "/v1/jobs", body)
+    if status != 202:
+        return 0, f"POST /v1/jobs answered {status}: {reply[:200]!r}"
+    path = f"/v1/jobs/{json.loads(reply)['id']}/result"
+    wait, gets = 0.001, 0
+    while True:
+        await asyncio.sleep(wait)
+        status, reply = await conn.request("GET", path, accept=accept)
+        gets += 1
+        if status == 200:
+            return gets, None
+        if status != 202:
+            return gets, f"GET {path} answered {status}: {reply[:200]!r}"
+        wait = min(2 * wait, 0.02)
 
 
 async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s: float,
@@ -240,22 +253,10 @@ async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s:
         accept = NPY_TYPE if body.startswith(NPY_MAGIC) else ""  # results come back as the inputs went
         while "end" not in window:
             start = time.perf_counter()
-            status, reply = await conn.request("POST", "/v1/jobs", body)
-            if status != 202:
-                failures.append(f"POST /v1/jobs answered {status}: {reply[:200]!r}")
+            n, failure = await run_job(conn, body, accept)
+            if failure:
+                failures.append(failure)
                 return
-            path = f"/v1/jobs/{json.loads(reply)['id']}/result"
-            wait, n = 0.001, 0
-            while True:
-                await asyncio.sleep(wait)
-                status, reply = await conn.request("GET", path, accept=accept)
-                n += 1
-                if status == 200:
-                    break
-                if status != 202:
-                    failures.append(f"GET {path} answered {status}: {reply[:200]!r}")
-                    return
-                wait = min(2 * wait, 0.02)
             end = time.perf_counter()
             if "start" in window and "end" not in window and end >= window["start"]:
                 latencies.append(end - start)

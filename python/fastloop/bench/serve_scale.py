@@ -24,7 +24,6 @@ after a warm-up count).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import numpy as np
 
 from .serve import _redis_launcher
 from .serve import mlp
-from .serve_http import CLIENTS, Conn, Server, checkpoint, job_bodies, model_name
+from .serve_http import CLIENTS, Conn, Server, checkpoint, job_bodies, model_name, run_job
 from .targets import Result
 
 HIDDEN = 512
@@ -123,21 +122,10 @@ async def _closed_loop(servers: list[ScaleServer], bodies: list[bytes], seconds:
     async def client(conn: Conn, body: bytes) -> None:
         while "end" not in window:
             start = time.perf_counter()
-            status, reply = await conn.request("POST", "/v1/jobs", body)
-            if status != 202:
-                failures.append(f"POST /v1/jobs answered {status}: {reply[:200]!r}")
+            _, failure = await run_job(conn, body)
+            if failure:
+                failures.append(failure)
                 return
-            path = f"/v1/jobs/{json.loads(reply)['id']}/result"
-            wait = 0.001
-            while True:
-                await asyncio.sleep(wait)
-                status, reply = await conn.request("GET", path)
-                if status == 200:
-                    break
-                if status != 202:
-                    failures.append(f"GET {path} answered {status}: {reply[:200]!r}")
-                    return
-                wait = min(2 * wait, 0.02)
             end = time.perf_counter()
             if "start" in window and "end" not in window and end >= window["start"]:
                 latencies.append(end - start)

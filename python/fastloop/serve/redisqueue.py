@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 
 from .jobs import JobRecord, StoreError
-from .redisstore import _FINISH, RedisStore, _npy, _record_bytes, _seconds
+from .redisconn import as_str, npy_bytes, read_array, read_record, record_bytes, seconds
+from .redisstore import FINISH_SCRIPT, RedisStore
 
 __all__ = ["RedisQueue", "LEVELS", "check_level", "Entry"]
 
@@ -124,7 +125,7 @@ if ARGV[9] == '1' then
   if q[1] and q[2] then redis.call('XDEL', q[1], q[2]) end
 end
 """
-_FINISH_IF = _GUARD + _FINISH
+_FINISH_IF = _GUARD + FINISH_SCRIPT
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,10 @@ class RedisQueue:
         if self.store is not None:
             raise ValueError("this RedisQueue already serves a service: give each service its own")
         self.store = store
-        self.streams = [f"{store.prefix}queue:{level}" for level in LEVELS]
-        self.channel = f"{store.prefix}events"
-        client = store._client
+        self.redis, self.keys = store.redis, store.keys  # one connection (and outage state) with the store
+        self.streams = [self.keys.queue(level) for level in LEVELS]
+        self.channel = self.keys.events
+        client = self.redis.client
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
         self._start = client.register_script(_START)
@@ -186,26 +188,26 @@ class RedisQueue:
         with self._redis("create the queue's consumer group"):
             for stream in self.streams:
                 try:
-                    self.store._client.xgroup_create(stream, GROUP, id="0", mkstream=True)
-                except self.store._errors.ResponseError as error:
+                    self._client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                except self.redis.errors.ResponseError as error:
                     if "BUSYGROUP" not in str(error):
                         raise
 
     def _redis(self, what: str) -> Any:
-        return self.store._redis(what)
+        return self.redis.call(what)
 
     @property
     def _client(self) -> Any:
-        return self.store._client
+        return self.redis.client
 
     # ---- submitting and cancelling
     def push(self, record: JobRecord, inputs: np.ndarray, level: int, max_queue: int) -> int:
         """Creates the job in the store and queues it, in one script: 1 queued, 0 the id
         exists (nothing done), -1 the queue holds max_queue jobs (nothing done)."""
         store = self.store
-        keys = [store.key(record.id), store._pending, self.streams[level], *self.streams]
-        args = [record.id, _record_bytes(record), _npy(inputs), repr(float(record.submitted)),
-                _seconds(store.ttl_s), store._index_ttl(), max_queue]
+        keys = [self.keys.job(record.id), self.keys.pending, self.streams[level], *self.streams]
+        args = [record.id, record_bytes(record), npy_bytes(inputs), repr(float(record.submitted)),
+                seconds(store.ttl_s), store.index_ttl(), max_queue]
         with self._redis(f"queue job {record.id!r}"):
             return int(self._enqueue(keys=keys, args=args))
 
@@ -216,10 +218,10 @@ class RedisQueue:
             return bool(self._finish_if(keys=self._finish_keys(record), args=self._finish_args(record, result, expected, unqueue)))
 
     def _finish_keys(self, record: JobRecord) -> list[str]:
-        return [self.store.key(record.id), self.store._pending, self.store._finished]
+        return [self.keys.job(record.id), self.keys.pending, self.keys.finished]
 
     def _finish_args(self, record: JobRecord, result: np.ndarray | None, expected: str, unqueue: bool) -> list[Any]:
-        return self.store._finish_args(record, result) + [expected, "1" if unqueue else "0"]
+        return self.store.finish_args(record, result) + [expected, "1" if unqueue else "0"]
 
     # ---- a worker's side
     def take(self, count: int, block_s: float) -> list[Entry]:
@@ -230,14 +232,14 @@ class RedisQueue:
             if not entries and block_s > 0:
                 got = self._client.xreadgroup(GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=1,
                                               block=max(1, int(block_s * 1e3)))
-                entries = [Entry(self.streams.index(_str(stream)), _str(eid), _str(fields[b"id"]))
+                entries = [Entry(self.streams.index(as_str(stream)), as_str(eid), as_str(fields[b"id"]))
                            for stream, items in got or () for eid, fields in items if fields]
                 entries.sort(key=lambda e: e.level)
         self._hold(entries)
         return entries
 
     def _parse_take(self, flat: list[Any]) -> list[Entry]:
-        return [Entry(int(flat[i]) - 1, _str(flat[i + 1]), _str(flat[i + 2])) for i in range(0, len(flat), 3)]
+        return [Entry(int(flat[i]) - 1, as_str(flat[i + 1]), as_str(flat[i + 2])) for i in range(0, len(flat), 3)]
 
     def start(self, entries: list[Entry], now: float) -> list[tuple[Entry, JobRecord, np.ndarray | None]]:
         """queued -> running for each entry's job, in one round trip; returns those started
@@ -246,7 +248,7 @@ class RedisQueue:
         with self._redis("start jobs"):
             pipe = self._client.pipeline(transaction=False)
             for entry in entries:
-                self._start(keys=[self.store.key(entry.job_id)], args=[repr(now)], client=pipe)
+                self._start(keys=[self.keys.job(entry.job_id)], args=[repr(now)], client=pipe)
             answers = pipe.execute(raise_on_error=False)
         started, dropped, elsewhere = [], [], []
         for entry, answer in zip(entries, answers):
@@ -256,10 +258,11 @@ class RedisQueue:
             if not answer or int(answer[0]) != 1:
                 # running: another process holds this entry too (a reclaimer took it from a
                 # stalled worker); its owner acknowledges it, so that a death still gets it reclaimed
-                (elsewhere if len(answer) > 1 and _str(answer[1]) == "running" else dropped).append(entry)
+                (elsewhere if len(answer) > 1 and as_str(answer[1]) == "running" else dropped).append(entry)
                 continue
-            record = self.store._parse(entry.job_id, answer[1])
-            inputs = self.store._array(entry.job_id, "input", answer[2]) if answer[2] else None
+            key = self.keys.job(entry.job_id)
+            record = read_record(key, entry.job_id, answer[1])
+            inputs = read_array(key, "input", answer[2]) if answer[2] else None
             started.append((entry, record, inputs))
         self._release(elsewhere)
         if dropped:
@@ -310,7 +313,7 @@ class RedisQueue:
             answers = pipe.execute()
             fix = self._client.pipeline(transaction=False)
             for entry, new_id in zip(entries, answers):
-                fix.hset(self.store.key(entry.job_id), "qentry", _str(new_id))
+                fix.hset(self.keys.job(entry.job_id), "qentry", as_str(new_id))
             fix.execute()
         self._release(entries)
 
@@ -356,8 +359,8 @@ class RedisQueue:
                 start = "0-0"
                 while True:
                     answer = self._client.xautoclaim(stream, GROUP, self.consumer, idle_ms, start, count=100)
-                    start, items = _str(answer[0]), answer[1]
-                    claimed += [Entry(level, _str(eid), _str(fields[b"id"])) for eid, fields in items if fields]
+                    start, items = as_str(answer[0]), answer[1]
+                    claimed += [Entry(level, as_str(eid), as_str(fields[b"id"])) for eid, fields in items if fields]
                     if start == "0-0":
                         break
         if not claimed:
@@ -366,11 +369,11 @@ class RedisQueue:
         with self._redis("read reclaimed jobs"):
             raw = self._client.pipeline(transaction=False)
             for entry in claimed:
-                raw.hget(self.store.key(entry.job_id), "record")
+                raw.hget(self.keys.job(entry.job_id), "record")
             records = raw.execute()
         rerun, done, failed = [], [], 0
         for entry, data in zip(claimed, records):
-            record = self.store._parse(entry.job_id, data) if data else None
+            record = read_record(self.keys.job(entry.job_id), entry.job_id, data) if data else None
             if record is not None and record.status == "queued":
                 rerun.append(entry)
                 continue
@@ -404,6 +407,3 @@ class RedisQueue:
     def __repr__(self) -> str:
         return f"RedisQueue(visibility_timeout_s={self.visibility_timeout_s:g}, consumer={self.consumer!r})"
 
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -32,10 +32,6 @@ connection the restart closed is retried once on a fresh one).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import math
 import time
 import warnings
 from typing import Any, Iterator
@@ -43,21 +39,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
+from .redisconn import (RedisConnection, RedisKeys, StoreUnavailable, as_str, npy_bytes, read_array, read_record,
+                        record_bytes, seconds)
 from .stores import Store
 
 __all__ = ["RedisStore", "StoreUnavailable"]
 
 _MARGIN_S = 60  # Redis keeps a finished or expired job this long after the janitor would forget it
-_COOLDOWN_S = 0.1  # after a failed connection, fail at once for this long
 _CHUNK = 1000  # ids per pipeline in recover() and expire()
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached (Redis down, restarting or not answering within its
-    socket timeout). A front answers 503; retrying later may succeed.
-
-    >>> svc.submit(x)  # raises StoreUnavailable while Redis is down
-    """
 
 
 # KEYS: job, pending. ARGV: id, record, input, has_input, submitted, ttl, index_ttl.
@@ -88,9 +77,10 @@ redis.call('HSET', KEYS[1], 'record', ARGV[1])
 return 1
 """
 
-# KEYS: job, pending, finished. ARGV: id, record, result, has_result, finished_at, ttl, index_ttl.
-# Writes the job even if Redis lost it (restarted without persistence): its final record wins.
-_FINISH = """
+# KEYS: job, pending, finished. ARGV: id, record, result, has_result, finished_at, ttl, index_ttl
+# (RedisStore.finish_args). Writes the job even if Redis lost it (restarted without
+# persistence): its final record wins. RedisQueue runs it behind a guard of its own.
+FINISH_SCRIPT = """
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[3], 'record', ARGV[2])
 else
@@ -137,14 +127,6 @@ return 0
 """
 
 
-def _import_redis() -> Any:
-    try:
-        import redis
-    except ImportError:
-        raise ImportError("fastloop.serve.RedisStore needs redis-py: pip install redis") from None
-    return redis
-
-
 class RedisStore(Store):
     """Jobs in Redis at ``url`` (redis://host:port/db, rediss:// or unix://), under keys
     starting with ``prefix``. ``socket_timeout``: seconds a command (and a connect) may
@@ -160,109 +142,74 @@ class RedisStore(Store):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "fastloop:", *,
                  socket_timeout: float = 1.0, ttl_s: float = 86400.0) -> None:
-        redis = _import_redis()
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         if socket_timeout <= 0 or ttl_s <= 0:
             raise ValueError("socket_timeout and ttl_s must be > 0")
         self.url, self.prefix = url, prefix
         self.ttl_s = float(ttl_s)
-        self._errors = redis.exceptions
-        # One retry, and only on a connection error: it replaces a pooled connection that a
-        # Redis restart closed. A timeout is not retried (the command may have run).
-        retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
-        self._client = redis.Redis.from_url(url, socket_timeout=socket_timeout,
-                                            socket_connect_timeout=socket_timeout, retry=retry)
-        kwargs = self._client.connection_pool.connection_kwargs
-        self._where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
-        self._pending, self._finished, self._expired = prefix + "pending", prefix + "finished", prefix + "expired"
+        self.redis = RedisConnection(url, socket_timeout)  # RedisQueue shares it (and its outage state)
+        self.keys = RedisKeys(prefix)
+        self._client = self.redis.client
         self._create = self._client.register_script(_CREATE)
         self._update = self._client.register_script(_UPDATE)
-        self._finish = self._client.register_script(_FINISH)
+        self._finish = self._client.register_script(FINISH_SCRIPT)
         self._expire = self._client.register_script(_EXPIRE)
         self._forget = self._client.register_script(_FORGET)
         self._service_ttls: tuple[float, float] | None = None  # (result_ttl_s, expired_ttl_s), from expire()
-        self._down_until = 0.0
-        self._down_reason = ""
         self._problems: list[str] = []
 
-    # ---- helpers
+    # ---- helpers (the TTLs and finish_args are RedisQueue's too)
     def key(self, job_id: str) -> str:
         """The hash that holds the job."""
-        return f"{self.prefix}job:{job_id}"
+        return self.keys.job(job_id)
 
-    @contextlib.contextmanager
-    def _redis(self, what: str) -> Iterator[None]:
-        """Turns redis-py's errors into StoreUnavailable / StoreError naming what failed."""
-        if time.monotonic() < self._down_until:
-            raise StoreUnavailable(f"RedisStore: cannot {what}: Redis at {self._where} is unreachable "
-                                   f"({self._down_reason})")
-        try:
-            yield
-        except (self._errors.ConnectionError, self._errors.TimeoutError) as error:
-            self._down_reason = str(error) or type(error).__name__
-            self._down_until = time.monotonic() + _COOLDOWN_S
-            raise StoreUnavailable(f"RedisStore: cannot {what}: Redis at {self._where} is unreachable "
-                                   f"({self._down_reason})") from error
-        except self._errors.RedisError as error:
-            raise StoreError(f"RedisStore: cannot {what}: {type(error).__name__}: {error}") from error
-
-    def _finished_ttl(self) -> int:
+    def finished_ttl(self) -> int:
+        """Seconds Redis keeps a finished job's hash."""
         if self._service_ttls is None:
-            return _seconds(self.ttl_s)
-        return _seconds(sum(self._service_ttls) + _MARGIN_S)
+            return seconds(self.ttl_s)
+        return seconds(sum(self._service_ttls) + _MARGIN_S)
 
-    def _index_ttl(self) -> int:
-        return max(_seconds(self.ttl_s), self._finished_ttl())
+    def index_ttl(self) -> int:
+        """Seconds Redis keeps an index (sorted set) after its last write."""
+        return max(seconds(self.ttl_s), self.finished_ttl())
 
     def _parse(self, job_id: str, data: bytes) -> JobRecord:
-        try:
-            record = JobRecord.from_json(json.loads(data))
-            if record.id != job_id:
-                raise ValueError(f"it holds the record of job {record.id!r}")
-        except (ValueError, TypeError) as error:  # json's errors are ValueErrors
-            raise StoreError(f"RedisStore: cannot read {self.key(job_id)!r} field 'record': {error}") from None
-        return record
+        return read_record(self.key(job_id), job_id, data)
 
     def _array(self, job_id: str, field: str, data: bytes) -> np.ndarray:
-        try:
-            return np.load(io.BytesIO(data), allow_pickle=False)
-        except (OSError, ValueError, EOFError) as error:
-            raise StoreError(f"RedisStore: cannot read {self.key(job_id)!r} field {field!r}: {error}") from None
+        return read_array(self.key(job_id), field, data)
 
     # ---- the Store interface
     def create(self, record: JobRecord, inputs: np.ndarray | None) -> bool:
-        data = _record_bytes(record)
-        array = _npy(inputs) if inputs is not None else b""
+        data = record_bytes(record)
+        array = npy_bytes(inputs) if inputs is not None else b""
         args = [record.id, data, array, "1" if inputs is not None else "0", repr(float(record.submitted)),
-                _seconds(self.ttl_s), self._index_ttl()]
-        with self._redis(f"create job {record.id!r}"):
-            return bool(self._create(keys=[self.key(record.id), self._pending], args=args))
+                seconds(self.ttl_s), self.index_ttl()]
+        with self.redis.call(f"create job {record.id!r}"):
+            return bool(self._create(keys=[self.key(record.id), self.keys.pending], args=args))
 
     def update(self, record: JobRecord) -> None:
-        with self._redis(f"update job {record.id!r}"):
-            found = self._update(keys=[self.key(record.id)], args=[_record_bytes(record)])
+        with self.redis.call(f"update job {record.id!r}"):
+            found = self._update(keys=[self.key(record.id)], args=[record_bytes(record)])
         if not found:
             raise KeyError(record.id)
 
     def finish(self, record: JobRecord, result: np.ndarray | None) -> None:
-        with self._redis(f"finish job {record.id!r}"):
-            self._finish(keys=[self.key(record.id), self._pending, self._finished],
-                         args=self._finish_args(record, result))
+        with self.redis.call(f"finish job {record.id!r}"):
+            self._finish(keys=[self.key(record.id), self.keys.pending, self.keys.finished],
+                         args=self.finish_args(record, result))
 
-    def _finish_args(self, record: JobRecord, result: np.ndarray | None) -> list[Any]:
-        array = _npy(result) if result is not None else b""
+    def finish_args(self, record: JobRecord, result: np.ndarray | None) -> list[Any]:
+        array = npy_bytes(result) if result is not None else b""
         finished = record.finished if record.finished is not None else time.time()
-        return [record.id, _record_bytes(record), array, "1" if result is not None else "0", repr(float(finished)),
-                self._finished_ttl(), self._index_ttl()]
+        return [record.id, record_bytes(record), array, "1" if result is not None else "0", repr(float(finished)),
+                self.finished_ttl(), self.index_ttl()]
 
     def update_many(self, records: list[JobRecord]) -> list[Exception | None]:
         """The records of a batch in one round trip (a pipeline of the update scripts)."""
         if len(records) == 1:  # a plain call costs less Python than a pipeline of one
             return super().update_many(records)
-        with self._redis(f"update {len(records)} jobs"):
-            answers = self._pipelined(self._update, [([self.key(r.id)], [_record_bytes(r)]) for r in records])
+        with self.redis.call(f"update {len(records)} jobs"):
+            answers = self._pipelined(self._update, [([self.key(r.id)], [record_bytes(r)]) for r in records])
         return [KeyError(record.id) if answer == 0 else self._failed(f"update job {record.id!r}", answer)
                 for record, answer in zip(records, answers)]
 
@@ -270,9 +217,9 @@ class RedisStore(Store):
         """A batch's results and final records in one round trip."""
         if len(items) == 1:
             return super().finish_many(items)
-        with self._redis(f"finish {len(items)} jobs"):
-            answers = self._pipelined(self._finish, [([self.key(record.id), self._pending, self._finished],
-                                                      self._finish_args(record, result)) for record, result in items])
+        with self.redis.call(f"finish {len(items)} jobs"):
+            answers = self._pipelined(self._finish, [([self.key(record.id), self.keys.pending, self.keys.finished],
+                                                      self.finish_args(record, result)) for record, result in items])
         return [self._failed(f"finish job {record.id!r}", answer) for (record, _), answer in zip(items, answers)]
 
     def _pipelined(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
@@ -286,7 +233,7 @@ class RedisStore(Store):
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             answers = pipe.execute(raise_on_error=False)
-            if attempt == 1 and any(isinstance(a, self._errors.NoScriptError) for a in answers):
+            if attempt == 1 and any(isinstance(a, self.redis.errors.NoScriptError) for a in answers):
                 self._client.script_load(script.script)
                 continue
             return answers
@@ -299,42 +246,42 @@ class RedisStore(Store):
         return None
 
     def get(self, job_id: str) -> JobRecord:
-        with self._redis(f"read job {job_id!r}"):
+        with self.redis.call(f"read job {job_id!r}"):
             data = self._client.hget(self.key(job_id), "record")
         if data is None:
             raise KeyError(job_id)
         return self._parse(job_id, data)
 
     def get_input(self, job_id: str) -> np.ndarray | None:
-        with self._redis(f"read the input of job {job_id!r}"):
+        with self.redis.call(f"read the input of job {job_id!r}"):
             data = self._client.hget(self.key(job_id), "input")
         return None if data is None else self._array(job_id, "input", data)
 
     def get_result(self, job_id: str) -> np.ndarray:
-        with self._redis(f"read the result of job {job_id!r}"):
+        with self.redis.call(f"read the result of job {job_id!r}"):
             data = self._client.hget(self.key(job_id), "result")
         if data is None:
             raise KeyError(job_id)
         return self._array(job_id, "result", data)
 
     def delete(self, job_id: str) -> None:
-        with self._redis(f"delete job {job_id!r}"):
+        with self.redis.call(f"delete job {job_id!r}"):
             pipe = self._client.pipeline(transaction=True)
             pipe.delete(self.key(job_id))
-            for index in (self._pending, self._finished, self._expired):
+            for index in (self.keys.pending, self.keys.finished, self.keys.expired):
                 pipe.zrem(index, job_id)
             pipe.execute()
 
     def expire(self, now: float, ttl_s: float, forget_after_s: float) -> list[str]:
         self._service_ttls = (float(ttl_s), float(forget_after_s))
-        with self._redis("expire old jobs"):
-            due = [_str(m) for m in self._client.zrangebyscore(self._finished, "-inf", repr(now - ttl_s))]
+        with self.redis.call("expire old jobs"):
+            due = [as_str(m) for m in self._client.zrangebyscore(self.keys.finished, "-inf", repr(now - ttl_s))]
             expired = [job_id for part in _chunks(due) for job_id in self._mark_expired(part, now, ttl_s)]
-            gone = [_str(m) for m in self._client.zrangebyscore(self._expired, "-inf", repr(now - forget_after_s))]
+            gone = [as_str(m) for m in self._client.zrangebyscore(self.keys.expired, "-inf", repr(now - forget_after_s))]
             for part in _chunks(gone):
                 pipe = self._client.pipeline(transaction=False)
                 for job_id in part:
-                    self._forget(keys=[self.key(job_id), self._expired], args=[job_id], client=pipe)
+                    self._forget(keys=[self.key(job_id), self.keys.expired], args=[job_id], client=pipe)
                 pipe.execute()
         return expired
 
@@ -355,10 +302,10 @@ class RedisStore(Store):
             new = b""
             if record is not None:
                 record.status, record.expired_at = EXPIRED, now
-                new = _record_bytes(record)
-            self._expire(keys=[self.key(job_id), self._finished, self._expired],
-                         args=[job_id, old or b"", new, repr(now), _seconds(_expired_ttl(self._service_ttls)),
-                               self._index_ttl()], client=pipe)
+                new = record_bytes(record)
+            self._expire(keys=[self.key(job_id), self.keys.finished, self.keys.expired],
+                         args=[job_id, old or b"", new, repr(now), seconds(_expired_ttl(self._service_ttls)),
+                               self.index_ttl()], client=pipe)
             marked.append(job_id)
         outcomes = pipe.execute()
         return [job_id for job_id, outcome in zip(marked, outcomes) if outcome == 1]
@@ -378,8 +325,8 @@ class RedisStore(Store):
 
     def recover(self) -> list[JobRecord]:
         left: list[JobRecord] = []
-        with self._redis("list the unfinished jobs"):
-            ids = [_str(m) for m in self._client.zrange(self._pending, 0, -1)]
+        with self.redis.call("list the unfinished jobs"):
+            ids = [as_str(m) for m in self._client.zrange(self.keys.pending, 0, -1)]
             for part in _chunks(ids):
                 pipe = self._client.pipeline(transaction=False)
                 for job_id in part:
@@ -392,41 +339,23 @@ class RedisStore(Store):
                     elif record is not None and record.status in (QUEUED, RUNNING):
                         left.append(record)
                 if stale:
-                    self._client.zrem(self._pending, *stale)
+                    self._client.zrem(self.keys.pending, *stale)
         return sorted(left, key=lambda r: r.submitted)
 
     def close(self) -> None:
-        self._client.close()
+        self.redis.close()
 
     @property
     def problems(self) -> list[str]:
         return list(self._problems)
 
     def __repr__(self) -> str:
-        return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
+        return f"RedisStore({self.redis.where!r}, prefix={self.prefix!r})"
 
 
 def _expired_ttl(service_ttls: tuple[float, float] | None) -> float:
     """How long Redis keeps an expired job: the janitor forgets it first."""
     return (service_ttls[1] if service_ttls else 0.0) + _MARGIN_S
-
-
-def _seconds(ttl: float) -> int:
-    return max(1, int(math.ceil(ttl)))
-
-
-def _record_bytes(record: JobRecord) -> bytes:
-    return json.dumps(record.to_json()).encode()
-
-
-def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def _str(member: bytes | str) -> str:
-    return member.decode() if isinstance(member, bytes) else member
 
 
 def _chunks(ids: list[str]) -> Iterator[list[str]]:

@@ -140,7 +140,7 @@ class SharedInferenceService(InferenceService):
         unsubscribe = super().subscribe(listener)
         with self._lock:
             if self._remote_thread is None and self.queue.events:
-                self._pubsub = self.store._client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub = self.store.redis.client.pubsub(ignore_subscribe_messages=True)
                 self._pubsub.subscribe(self.queue.channel)
                 self._remote_thread = threading.Thread(target=self._listen, name="fastloop-serve-events", daemon=True)
                 self._remote_thread.start()
