@@ -496,11 +496,16 @@ static int start_workers(fl_loader *l) {
 
 int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) { return fl_loader_start_epoch_at(l, epoch, 0); }
 
-int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch) {
+/* 1 when the last epoch was cut short or failed: its workers and batches must go first. */
+static int cut_short(fl_loader *l) {
     pthread_mutex_lock(&l->lock);
     int abandon = (l->epoch_active && l->next_deliver < l->n_batches) || l->error;
     pthread_mutex_unlock(&l->lock);
-    if (abandon) /* an epoch cut short (or failed): its workers and batches go */
+    return abandon;
+}
+
+int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch) {
+    if (cut_short(l))
         fl_loader_stop(l);
     uint64_t shard = fl_sampler_shard_size(&l->config.sampler);
     int64_t *order = malloc((shard ? shard : 1) * sizeof *order);
@@ -681,3 +686,30 @@ void fl_loader_free(fl_loader *l) {
     free(l->fields);
     free(l);
 }
+
+/* ---- the batch-source table (fl_batch_source.h): the typed API above, behind void * ---- */
+
+static int source_start_epoch(void *l, uint64_t epoch, uint64_t first_batch) {
+    return fl_loader_start_epoch_at(l, epoch, first_batch);
+}
+static int source_needs_stop(void *l) { return cut_short(l); }
+static int source_next(void *l, double timeout_s, int *slot, size_t *count) {
+    return fl_loader_next(l, timeout_s, slot, count);
+}
+static void source_release(void *l, int slot) { fl_loader_release(l, slot); }
+static void source_stop(void *l) { fl_loader_stop(l); }
+static void *source_slot(void *l, int slot) { return fl_loader_slot(l, slot); }
+static int source_lent(void *l) { return fl_loader_lent(l); }
+static int source_slots(const void *l) { return fl_loader_slots(l); }
+static uint64_t source_batches(const void *l) { return fl_loader_batches(l); }
+static const char *source_error(void *l) { return fl_loader_error(l); }
+static void source_free(void *l) { fl_loader_free(l); }
+
+static const fl_batch_source_ops loader_source_ops = {
+    .name = "threads", .start_forks = 0, .release_blocks = 0,
+    .start_epoch = source_start_epoch, .needs_stop = source_needs_stop, .next = source_next,
+    .release = source_release, .stop = source_stop, .slot = source_slot, .lent = source_lent,
+    .slots = source_slots, .batches = source_batches, .error = source_error, .free = source_free,
+};
+
+fl_batch_source fl_loader_source(fl_loader *l) { return (fl_batch_source){&loader_source_ops, l}; }

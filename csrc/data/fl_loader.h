@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "base/fl_metrics.h"
+#include "data/fl_batch_source.h"
 #include "data/fl_npy.h"
 #include "data/fl_pipeline.h"
 #include "data/fl_pipeline_image.h"
@@ -108,5 +109,9 @@ uint64_t fl_loader_batches(const fl_loader *l);
 
 /* Stops the workers and frees everything. No slot may still be in use. NULL is a no-op. */
 void fl_loader_free(fl_loader *l);
+
+/* The loader as a batch source (fl_batch_source.h); it stays the loader's handle: the
+ * table's free is fl_loader_free. Cannot fail. */
+fl_batch_source fl_loader_source(fl_loader *l);
 
 #endif

@@ -510,3 +510,32 @@ void fl_procpool_free(fl_procpool *pool) {
     free(pool->workers);
     free(pool);
 }
+
+/* ---- the batch-source table (fl_batch_source.h): the typed API above, behind void * ---- */
+
+static int source_start_epoch(void *pool, uint64_t epoch, uint64_t first_batch) {
+    return fl_procpool_start_epoch_at(pool, epoch, first_batch);
+}
+static int source_needs_stop(void *pool) { return fl_procpool_needs_stop(pool); }
+static int source_next(void *pool, double timeout_s, int *slot, size_t *count) {
+    return fl_procpool_next(pool, timeout_s, slot, count);
+}
+static void source_release(void *pool, int slot) { fl_procpool_release(pool, slot); }
+static void source_stop(void *pool) { fl_procpool_stop(pool); }
+static void *source_slot(void *pool, int slot) { return fl_procpool_slot(pool, slot); }
+static int source_lent(void *pool) { return fl_procpool_lent(pool); }
+static int source_slots(const void *pool) { return fl_procpool_slots(pool); }
+static uint64_t source_batches(const void *pool) { return fl_procpool_batches(pool); }
+static const char *source_error(void *pool) { return fl_procpool_error(pool)->text; }
+static void source_free(void *pool) { fl_procpool_free(pool); }
+
+static const fl_batch_source_ops procpool_source_ops = {
+    .name = "processes", .start_forks = 1, .release_blocks = 1,
+    .start_epoch = source_start_epoch, .needs_stop = source_needs_stop, .next = source_next,
+    .release = source_release, .stop = source_stop, .slot = source_slot, .lent = source_lent,
+    .slots = source_slots, .batches = source_batches, .error = source_error, .free = source_free,
+};
+
+fl_batch_source fl_procpool_source(fl_procpool *pool) {
+    return (fl_batch_source){&procpool_source_ops, pool};
+}

@@ -26,6 +26,7 @@
 #include <sys/types.h>
 
 #include "base/fl_metrics.h"
+#include "data/fl_batch_source.h"
 #include "data/fl_sampler.h"
 
 /* Runs in a worker: fill `slot` with the samples `ids` (count of them); `seed` is the
@@ -107,5 +108,9 @@ uint64_t fl_procpool_batches(const fl_procpool *pool);
 
 /* Stops the workers and unmaps the slots. No slot may still be in use. NULL is a no-op. */
 void fl_procpool_free(fl_procpool *pool);
+
+/* The pool as a batch source (fl_batch_source.h); it stays the pool's handle: the table's
+ * free is fl_procpool_free, its error the text of fl_procpool_error(). Cannot fail. */
+fl_batch_source fl_procpool_source(fl_procpool *pool);
 
 #endif

@@ -1,67 +1,27 @@
-/* py_loader.c - fastloop._core._Loader (threads mode of fastloop.Loader) and _SlotLease.
- *
- * next() hands out each batch through fl_batch_from_slot() (py_batch.c): views into a
- * loader-owned slot that return it when released, or copies when the workers would starve. */
+/* py_loader.c - fastloop._core._Loader, threads mode of fastloop.Loader: parsing the
+ * source's fields (arrays, files, encoded images) into an fl_loader, and its `skipped`
+ * samples. next/start_epoch/stop and the other getters are py_batch_source.c's. */
 #include "fl_module.h"
 #include "fl_numpy.h"
 
 #include "base/fl_error.h"
 #include "data/fl_loader.h"
-#include "py_metrics.h"
 #include "py_ops.h"
 #include "py_batch.h"
+#include "py_batch_source.h"
 #include "py_pipeline.h"
 #include "py_image.h"
 
 typedef struct {
-    PyObject_HEAD
-    fl_loader *loader;
-    PyObject *keep_alive;   /* arrays, path bytes, pipeline, metrics the C loader borrows */
-    PyObject *out_descrs;   /* per field: the output dtype */
-    PyObject *out_shapes;   /* per field: the output shape of one sample */
-    const char **paths_storage; /* char* arrays for file fields (point into keep_alive) */
+    fl_source_object base;         /* source: the fl_loader; keep_alive: arrays, path bytes,
+                                    * pipeline, metrics the C loader borrows */
+    const char **paths_storage;    /* char* arrays for file fields (point into keep_alive) */
     fl_image_geometry *geometries; /* per field: the geometry of an encoded-image field */
-    size_t n_fields;
 } LoaderObject;
 
 static fl_module_state *loader_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
-/* True, with fastloop.Closed set, once the collector cleared this loader (loader_clear). */
-static int loader_cleared(PyObject *self) {
-    if (((LoaderObject *)self)->keep_alive != NULL)
-        return 0;
-    fl_raise_with(loader_state(self), FL_ECLOSED,
-                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
-    return 1;
-}
-
-static void release_slot(void *core, int slot) { fl_loader_release(core, slot); }
-
-/* The batch in `slot` as a tuple of arrays: views under a lease, or copies when lending it
- * would leave the workers no slot to fill. */
-static PyObject *batch_from_slot(LoaderObject *self, int slot, size_t count) {
-    size_t offsets[64];
-    for (size_t f = 0; f < self->n_fields && f < 64; f++)
-        offsets[f] = fl_loader_field_offset(self->loader, f);
-    fl_slot_batch batch = {
-        .owner = (PyObject *)self, .core = self->loader, .release = release_slot, .slot = slot,
-        .data = fl_loader_slot(self->loader, slot), .offsets = offsets, .count = count,
-        .descrs = self->out_descrs, .shapes = self->out_shapes,
-        .copy_out = fl_loader_lent(self->loader) >= fl_loader_slots(self->loader),
-    };
-    return fl_batch_from_slot(loader_state((PyObject *)self), &batch);
-}
-
-typedef struct {
-    fl_loader *loader;
-    int slot;
-    size_t count;
-} next_call;
-
-static int attempt_next(void *ctx, double timeout_s) {
-    next_call *call = ctx;
-    return fl_loader_next(call->loader, timeout_s, &call->slot, &call->count);
-}
+static fl_loader *core_loader(PyObject *self) { return ((LoaderObject *)self)->base.source.impl; }
 
 /* A loader's override of the error table: OSError for I/O, ValueError for bad data. */
 #define LOADER_DATA(text)                                                                      \
@@ -70,71 +30,18 @@ static int attempt_next(void *ctx, double timeout_s) {
                                     {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE}},                   \
                       .otherwise = FL_EXC_VALUE})
 
-static PyObject *loader_next(PyObject *self_obj, PyObject *args) {
-    LoaderObject *self = (LoaderObject *)self_obj;
-    PyObject *timeout_obj = Py_None;
-    double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
-        loader_cleared(self_obj))
-        return NULL;
-    next_call call = {self->loader, -1, 0};
-    int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
-    if (rc == FL_OK)
-        return batch_from_slot(self, call.slot, call.count);
-    if (rc == FL_EEND)
-        Py_RETURN_NONE;
-    if (rc == FL_EINTR)
-        return NULL;
-    if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        char message[96]; /* PyErr_Format has no %g */
-        snprintf(message, sizeof message, "no batch within the timeout of %g s", timeout);
-        return fl_raise_with(loader_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
-    }
-    return fl_raise_with(loader_state(self_obj), rc, LOADER_DATA(fl_loader_error(self->loader)));
+/* A worker's error (an unreadable file, a bad image) as next() raises it. */
+static PyObject *raise_worker_error(fl_source_object *self, int rc) {
+    return fl_raise_with(loader_state((PyObject *)self), rc, LOADER_DATA(fl_loader_error(self->source.impl)));
 }
 
-static PyObject *loader_start_epoch(PyObject *self, PyObject *args) {
-    unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || loader_cleared(self))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS /* may join the workers of an abandoned epoch */
-    rc = fl_loader_start_epoch_at(((LoaderObject *)self)->loader, epoch, first_batch);
-    Py_END_ALLOW_THREADS
-    if (rc != FL_OK)
-        return fl_raise(loader_state(self), rc, "start_epoch");
-    Py_RETURN_NONE;
-}
-
-static PyObject *loader_stop(PyObject *self, PyObject *unused) {
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS /* joins workers: each finishes the batch in hand */
-    fl_loader_stop(((LoaderObject *)self)->loader);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *loader_get_batches(PyObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromUnsignedLongLong(fl_loader_batches(((LoaderObject *)self)->loader));
-}
-
-static PyObject *loader_get_lent(PyObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromLong(fl_loader_lent(((LoaderObject *)self)->loader));
-}
+static const fl_source_type loader_type;
 
 static PyObject *loader_get_skipped(PyObject *self, void *closure) {
     (void)closure;
     char text[1024];
-    uint64_t skipped = fl_loader_skipped(((LoaderObject *)self)->loader, text, sizeof text);
+    uint64_t skipped = fl_loader_skipped(core_loader(self), text, sizeof text);
     return Py_BuildValue("(Ks)", (unsigned long long)skipped, text);
-}
-
-static PyObject *loader_get_output(PyObject *self, void *closure) {
-    (void)closure;
-    LoaderObject *loader = (LoaderObject *)self;
-    return PyTuple_Pack(2, loader->out_descrs, loader->out_shapes);
 }
 
 /* ---- construction ---- */
@@ -295,37 +202,29 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
     return -1;
 }
 
-/* With a pipeline, field 0 must be images in its layout; fills geometry and output info. */
-static int plan_pipeline(PyObject *pipeline_obj, fl_loader_config *config, PyObject *descrs, PyObject *shapes) {
-    PyObject *shape = PyList_GET_ITEM(shapes, 0);
-    PyArray_Descr *descr = (PyArray_Descr *)PyList_GET_ITEM(descrs, 0);
-    if (PyTuple_GET_SIZE(shape) != 3) {
-        PyErr_Format(PyExc_ValueError, "a Pipeline needs image samples (3 dimensions), not shape %R", shape);
+/* Makes the C loader from the parsed fields and hands it to the shared binding as its
+ * source, with the output dtypes and shapes (lists, made tuples here) and field offsets. */
+static int build_source(LoaderObject *self, const fl_loader_config *config, PyObject *descrs, PyObject *shapes) {
+    fl_loader *loader;
+    int rc = fl_loader_new(config, &loader);
+    if (rc != FL_OK) {
+        fl_raise(loader_state((PyObject *)self), rc, "Loader");
         return -1;
     }
-    if (fl_dtype_from_descr((PyObject *)descr, "source[0]", &config->image_dtype) < 0)
-        return -1;
-    fl_layout layout = fl_pipeline_layout_of(pipeline_obj);
-    Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0)), b = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 1)),
-               c = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 2));
-    config->image = layout == FL_HWC ? (fl_images){1, (size_t)a, (size_t)b, (size_t)c}
-                                     : (fl_images){1, (size_t)b, (size_t)c, (size_t)a};
-    return 0;
-}
-
-/* Replaces field 0's output dtype and shape by what the pipeline produces. */
-static int record_pipeline_output(LoaderObject *self) {
-    fl_images out;
-    fl_dtype dtype;
-    fl_layout layout;
-    fl_loader_output_image(self->loader, &out, &dtype, &layout);
-    PyObject *shape = layout == FL_HWC ? Py_BuildValue("(nnn)", (Py_ssize_t)out.h, (Py_ssize_t)out.w, (Py_ssize_t)out.c)
-                                       : Py_BuildValue("(nnn)", (Py_ssize_t)out.c, (Py_ssize_t)out.h, (Py_ssize_t)out.w);
-    PyObject *descr = (PyObject *)PyArray_DescrFromType(fl_dtype_to_numpy(dtype));
-    if (shape == NULL || descr == NULL || PyList_SetItem(self->out_shapes, 0, shape) < 0 ||
-        PyList_SetItem(self->out_descrs, 0, descr) < 0)
-        return -1;
-    return 0;
+    self->base.source = fl_loader_source(loader);
+    for (size_t f = 0; f < config->n_fields; f++)
+        self->base.offsets[f] = fl_loader_field_offset(loader, f);
+    if (config->pipeline != NULL) { /* field 0 as the pipeline makes it */
+        fl_images out;
+        fl_dtype dtype;
+        fl_layout layout;
+        fl_loader_output_image(loader, &out, &dtype, &layout);
+        if (fl_pipeline_set_output(out, dtype, layout, descrs, shapes) < 0)
+            return -1;
+    }
+    self->base.out_descrs = PySequence_Tuple(descrs);
+    self->base.out_shapes = PySequence_Tuple(shapes);
+    return self->base.out_descrs != NULL && self->base.out_shapes != NULL ? 0 : -1;
 }
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -339,27 +238,30 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
                                      &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
                                      &pipeline_obj, &metrics_obj, &skip_errors))
         return NULL;
-    fl_module_state *state = fl_state_from_type(type);
     PyObject *fields = PySequence_Tuple(fields_obj);
     if (fields == NULL)
         return NULL;
     size_t n_fields = (size_t)PyTuple_GET_SIZE(fields);
-    if (n_fields == 0 || n_fields > 64) {
+    if (n_fields == 0 || n_fields > FL_SOURCE_MAX_FIELDS) {
         PyErr_SetString(PyExc_ValueError, "a source has 1 to 64 fields");
         Py_DECREF(fields);
         return NULL;
     }
     LoaderObject *self = (LoaderObject *)type->tp_alloc(type, 0);
-    fl_field *specs = PyMem_Calloc(n_fields ? n_fields : 1, sizeof *specs);
-    if (self == NULL || specs == NULL)
+    if (self == NULL) {
+        Py_DECREF(fields);
+        return NULL;
+    }
+    self->base.type = &loader_type; /* first: gc may visit it from here on */
+    fl_field *specs = PyMem_Calloc(n_fields, sizeof *specs);
+    PyObject *descrs = PyList_New(0), *shapes = PyList_New(0);
+    if (specs == NULL || descrs == NULL || shapes == NULL)
         goto fail;
-    self->n_fields = n_fields;
-    self->keep_alive = PyList_New(0);
-    self->out_descrs = PyList_New(0);
-    self->out_shapes = PyList_New(0);
-    self->paths_storage = PyMem_Calloc(n_fields ? n_fields : 1, sizeof *self->paths_storage);
-    self->geometries = PyMem_Calloc(n_fields ? n_fields : 1, sizeof *self->geometries);
-    if (!self->keep_alive || !self->out_descrs || !self->out_shapes || !self->paths_storage || !self->geometries)
+    self->base.n_fields = n_fields;
+    self->base.keep_alive = PyList_New(0);
+    self->paths_storage = PyMem_Calloc(n_fields, sizeof *self->paths_storage);
+    self->geometries = PyMem_Calloc(n_fields, sizeof *self->geometries);
+    if (!self->base.keep_alive || !self->paths_storage || !self->geometries)
         goto fail;
     fl_loader_config config = {
         .sampler = {.shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
@@ -368,8 +270,8 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     };
     for (size_t f = 0; f < n_fields; f++) {
         uint64_t n;
-        if (parse_field(self, PyTuple_GET_ITEM(fields, (Py_ssize_t)f), &specs[f], f, &n, self->out_descrs,
-                        self->out_shapes, self->keep_alive) < 0)
+        if (parse_field(self, PyTuple_GET_ITEM(fields, (Py_ssize_t)f), &specs[f], f, &n, descrs, shapes,
+                        self->base.keep_alive) < 0)
             goto fail;
         if (f > 0 && n != config.sampler.n) {
             PyErr_Format(PyExc_ValueError, "source[%zu] has %llu samples but source[0] has %llu", f,
@@ -378,117 +280,46 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         }
         config.sampler.n = n;
     }
-    if (pipeline_obj != Py_None) {
-        if ((config.pipeline = fl_pipeline_from_python(pipeline_obj, state)) == NULL ||
-            plan_pipeline(pipeline_obj, &config, self->out_descrs, self->out_shapes) < 0)
-            goto fail;
-        PyList_Append(self->keep_alive, pipeline_obj);
-    }
-    if (metrics_obj != Py_None) {
-        if ((config.metrics = fl_metrics_from_python(metrics_obj, state)) == NULL)
-            goto fail;
-        PyList_Append(self->keep_alive, metrics_obj);
-    }
-    int rc = fl_loader_new(&config, &self->loader);
-    if (rc != FL_OK) {
-        fl_raise(state, rc, "Loader");
+    if (fl_source_borrow(&self->base, pipeline_obj, metrics_obj, &config.pipeline, &config.metrics) < 0 ||
+        (config.pipeline != NULL &&
+         fl_pipeline_input_of(pipeline_obj, PyList_GET_ITEM(descrs, 0), PyList_GET_ITEM(shapes, 0), "source[0]",
+                              &config.image, &config.image_dtype) < 0))
         goto fail;
-    }
-    if (config.pipeline != NULL && record_pipeline_output(self) < 0)
+    if (build_source(self, &config, descrs, shapes) < 0)
         goto fail;
-    Py_SETREF(self->out_descrs, PySequence_Tuple(self->out_descrs));
-    Py_SETREF(self->out_shapes, PySequence_Tuple(self->out_shapes));
     PyMem_Free(specs);
-    Py_DECREF(fields);
-    if (self->out_descrs == NULL || self->out_shapes == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
+    Py_DECREF(fields), Py_DECREF(descrs), Py_DECREF(shapes);
     return (PyObject *)self;
 fail:
+    if (!PyErr_Occurred()) /* an allocation above failed */
+        PyErr_NoMemory();
     PyMem_Free(specs);
-    Py_DECREF(fields);
-    Py_XDECREF(self);
+    Py_DECREF(fields), Py_XDECREF(descrs), Py_XDECREF(shapes);
+    Py_DECREF(self);
     return NULL;
 }
 
-/* gc support: the source arrays the loader reads (keep_alive) may be a user's objects that
- * refer back to it (an ndarray subclass holding the Loader). */
-static int loader_traverse(PyObject *self, visitproc visit, void *arg) {
-    LoaderObject *loader = (LoaderObject *)self;
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(loader->keep_alive);
-    Py_VISIT(loader->out_descrs);
-    Py_VISIT(loader->out_shapes);
-    return 0;
-}
-
-/* Joins the workers before dropping what they read; the loader then refuses further epochs
- * (loader_cleared). The core loader is freed by dealloc, where no lease is left. */
-static int loader_clear(PyObject *self) {
-    LoaderObject *loader = (LoaderObject *)self;
-    if (loader->loader != NULL && loader->keep_alive != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        fl_loader_stop(loader->loader);
-        Py_END_ALLOW_THREADS
-    }
-    Py_CLEAR(loader->keep_alive);
-    return 0;
-}
-
-static void loader_dealloc(PyObject *self) {
-    PyTypeObject *type = Py_TYPE(self);
-    LoaderObject *loader = (LoaderObject *)self;
-    PyObject_GC_UnTrack(self);
-    if (loader->loader != NULL) {
-        Py_BEGIN_ALLOW_THREADS /* joins the workers */
-        fl_loader_free(loader->loader);
-        Py_END_ALLOW_THREADS
-    }
-    for (size_t f = 0; loader->paths_storage && f < loader->n_fields; f++)
+/* What the workers borrowed, freed once they are joined. */
+static void loader_free(fl_source_object *base) {
+    LoaderObject *loader = (LoaderObject *)base;
+    for (size_t f = 0; loader->paths_storage && f < base->n_fields; f++)
         PyMem_Free((void *)loader->paths_storage[f]);
     PyMem_Free(loader->paths_storage);
     PyMem_Free(loader->geometries);
-    Py_XDECREF(loader->keep_alive);
-    Py_XDECREF(loader->out_descrs);
-    Py_XDECREF(loader->out_shapes);
-    type->tp_free(self);
-    Py_DECREF(type);
 }
 
-static PyMethodDef loader_methods[] = {
-    {"next", loader_next, METH_VARARGS,
-     "next($self, timeout=None, /)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
-    {"start_epoch", loader_start_epoch, METH_VARARGS,
-     "start_epoch($self, epoch, first_batch=0, /)\n--\n\nBegin an epoch (abandoning one in progress) at batch first_batch."},
-    {"stop", loader_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; join the workers."},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyGetSetDef loader_getset[] = {
-    {"batches", loader_get_batches, NULL, "Batches per epoch.", NULL},
-    {"lent", loader_get_lent, NULL, "Slots lent out now.", NULL},
+    FL_SOURCE_GETSET,
+    {"lent", fl_source_get_lent, NULL, "Slots lent out now.", NULL},
     {"skipped", loader_get_skipped, NULL, "(samples dropped, the first one's message).", NULL},
-    {"output", loader_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyType_Slot loader_slots[] = {
-    {Py_tp_doc, "The C half of fastloop.Loader in threads mode."},
-    {Py_tp_new, loader_new},
-    {Py_tp_dealloc, loader_dealloc},
-    {Py_tp_traverse, loader_traverse},
-    {Py_tp_clear, loader_clear},
-    {Py_tp_methods, loader_methods},
-    {Py_tp_getset, loader_getset},
-    {0, NULL},
-};
-
-static PyType_Spec loader_spec = {
-    .name = "fastloop._core._Loader",
-    .basicsize = sizeof(LoaderObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = loader_slots,
+static const fl_source_type loader_type = {
+    .name = "fastloop._core._Loader", .doc = "The C half of fastloop.Loader in threads mode.",
+    .basicsize = sizeof(LoaderObject), .new = loader_new, .getset = loader_getset,
+    .timeout_format = "no batch within the timeout of %g s", .raise_error = raise_worker_error,
+    .free = loader_free, /* its Python objects are all in keep_alive */
 };
 
 /* ---- the sampler, for the in-process path ---- */
@@ -536,8 +367,7 @@ static PyMethodDef sampler_functions[] = {
 int fl_loader_module_init(PyObject *module, fl_module_state *state) {
     if (PyModule_AddFunctions(module, sampler_functions) < 0)
         return -1;
-    state->loader_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &loader_spec, NULL);
-    if (state->loader_type == NULL || PyModule_AddType(module, state->loader_type) < 0)
+    if ((state->loader_type = fl_source_add_type(module, &loader_type)) == NULL)
         return -1;
     return fl_batch_module_init(module, state);
 }

@@ -173,6 +173,36 @@ fl_pipeline *fl_pipeline_from_python(PyObject *obj, fl_module_state *state) {
 
 fl_layout fl_pipeline_layout_of(PyObject *obj) { return ((PipelineObject *)obj)->layout; }
 
+int fl_pipeline_input_of(PyObject *obj, PyObject *descr, PyObject *shape, const char *name, fl_images *image,
+                         fl_dtype *dtype) {
+    if (PyTuple_GET_SIZE(shape) != 3) {
+        PyErr_Format(PyExc_ValueError, "a Pipeline needs image samples (3 dimensions), not shape %R", shape);
+        return -1;
+    }
+    if (fl_dtype_from_descr(descr, name, dtype) < 0)
+        return -1;
+    Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0)), b = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 1)),
+               c = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 2));
+    *image = fl_pipeline_layout_of(obj) == FL_HWC ? (fl_images){1, (size_t)a, (size_t)b, (size_t)c}
+                                                  : (fl_images){1, (size_t)b, (size_t)c, (size_t)a};
+    return 0;
+}
+
+int fl_pipeline_set_output(fl_images out, fl_dtype dtype, fl_layout layout, PyObject *descrs, PyObject *shapes) {
+    PyObject *shape = layout == FL_HWC ? Py_BuildValue("(nnn)", (Py_ssize_t)out.h, (Py_ssize_t)out.w, (Py_ssize_t)out.c)
+                                       : Py_BuildValue("(nnn)", (Py_ssize_t)out.c, (Py_ssize_t)out.h, (Py_ssize_t)out.w);
+    PyObject *descr = (PyObject *)PyArray_DescrFromType(fl_dtype_to_numpy(dtype));
+    if (shape == NULL || descr == NULL) {
+        Py_XDECREF(shape), Py_XDECREF(descr);
+        return -1;
+    }
+    if (PyList_SetItem(shapes, 0, shape) < 0) { /* steals shape either way */
+        Py_DECREF(descr);
+        return -1;
+    }
+    return PyList_SetItem(descrs, 0, descr);
+}
+
 static PyMethodDef pipeline_methods[] = {
     {"run", (PyCFunction)(void (*)(void))pipeline_run, METH_VARARGS | METH_KEYWORDS,
      "run($self, /, x, seed=None, ids=None, threads=1)\n--\n\nRun the pipeline on a batch."},

@@ -403,6 +403,42 @@ static void test_a_missing_file_names_the_path_and_sample(void) {
     fl_loader_free(l);
 }
 
+/* The loader driven through its batch-source table, as the Python binding drives it. */
+static void test_the_batch_source_table_runs_the_loader(void) {
+    fl_loader *l = make_loader(2, 1, NULL, 0, 1);
+    fl_batch_source src = fl_loader_source(l);
+    CHECK(src.impl == l && !src.ops->start_forks && !src.ops->release_blocks);
+    CHECK(src.ops->batches(src.impl) == 16 && src.ops->slots(src.impl) == 4);
+    unsigned char seen[SAMPLES] = {0};
+    int slot, rc, once = 1;
+    size_t count;
+    CHECK(src.ops->start_epoch(src.impl, 0, 0) == FL_OK);
+    while ((rc = src.ops->next(src.impl, 10, &slot, &count)) == FL_OK) {
+        CHECK(src.ops->lent(src.impl) == 1);
+        unsigned char *data = src.ops->slot(src.impl, slot);
+        const int64_t *got_labels = (const int64_t *)(data + fl_loader_field_offset(l, 1));
+        for (size_t i = 0; i < count; i++)
+            seen[got_labels[i]]++;
+        src.ops->release(src.impl, slot);
+    }
+    CHECK(rc == FL_EEND && src.ops->lent(src.impl) == 0 && strcmp(src.ops->error(src.impl), "") == 0);
+    for (int i = 0; i < SAMPLES; i++)
+        once &= seen[i] == 1;
+    CHECK(once);
+    CHECK(!src.ops->needs_stop(src.impl));
+    CHECK(src.ops->start_epoch(src.impl, 1, 15) == FL_OK); /* resumed at the last batch */
+    CHECK(src.ops->next(src.impl, 10, &slot, &count) == FL_OK);
+    src.ops->release(src.impl, slot);
+    CHECK(src.ops->next(src.impl, 10, &slot, &count) == FL_EEND);
+    CHECK(src.ops->start_epoch(src.impl, 2, 0) == FL_OK);
+    CHECK(src.ops->next(src.impl, 10, &slot, &count) == FL_OK);
+    src.ops->release(src.impl, slot);
+    CHECK(src.ops->needs_stop(src.impl)); /* cut short */
+    src.ops->stop(src.impl);
+    CHECK(src.ops->next(src.impl, 0, &slot, &count) == FL_EEND);
+    src.ops->free(src.impl);
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -416,6 +452,7 @@ int main(void) {
     RUN(test_batches_split_in_chunks_arrive_whole_in_order);
     RUN(test_a_failing_chunk_drops_its_batch_and_frees_the_slot);
     RUN(test_stop_from_another_thread_while_the_consumer_fills_chunks);
+    RUN(test_the_batch_source_table_runs_the_loader);
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

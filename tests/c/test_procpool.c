@@ -209,6 +209,45 @@ static void test_a_batch_released_by_a_fork_hook_does_not_deadlock_the_epoch_sta
     fl_procpool_free(r.pool);
 }
 
+/* The same pool driven through its batch-source table, as the Python binding drives it. */
+static void test_the_batch_source_table_runs_the_pool(void) {
+    fl_procpool *pool = make_pool(2, 1);
+    fl_batch_source src = fl_procpool_source(pool);
+    CHECK(src.impl == pool && src.ops->start_forks && src.ops->release_blocks);
+    CHECK(src.ops->batches(src.impl) == (SAMPLES + BATCH - 1) / BATCH);
+    CHECK(src.ops->slots(src.impl) == 2 * 2 + 1);
+    CHECK(src.ops->start_epoch(src.impl, 0, 0) == FL_OK);
+    static unsigned char seen[SAMPLES];
+    memset(seen, 0, sizeof seen);
+    int slot, rc, once = 0;
+    size_t count;
+    while ((rc = src.ops->next(src.impl, 10, &slot, &count)) == FL_OK) {
+        CHECK(src.ops->lent(src.impl) == 1);
+        const int64_t *data = src.ops->slot(src.impl, slot);
+        for (size_t i = 0; i < count; i++)
+            seen[data[2 * i]]++;
+        src.ops->release(src.impl, slot);
+    }
+    CHECK(rc == FL_EEND && src.ops->lent(src.impl) == 0);
+    for (int i = 0; i < SAMPLES; i++)
+        once += seen[i] == 1;
+    CHECK(once == SAMPLES);
+    CHECK(!src.ops->needs_stop(src.impl)); /* finished: the workers stay for the next epoch */
+    CHECK(src.ops->start_epoch(src.impl, 1, 0) == FL_OK);
+    CHECK(src.ops->next(src.impl, 10, &slot, &count) == FL_OK);
+    src.ops->release(src.impl, slot);
+    CHECK(src.ops->needs_stop(src.impl)); /* cut short */
+    src.ops->stop(src.impl);
+    CHECK(!src.ops->needs_stop(src.impl) && src.ops->next(src.impl, 0, &slot, &count) == FL_EEND);
+    fail_at = 3;
+    CHECK(src.ops->start_epoch(src.impl, 2, 0) == FL_OK);
+    while ((rc = src.ops->next(src.impl, 10, &slot, &count)) == FL_OK)
+        src.ops->release(src.impl, slot);
+    fail_at = -1;
+    CHECK(rc == FL_EWORKER && strstr(src.ops->error(src.impl), "sample 3 is broken"));
+    src.ops->free(src.impl);
+}
+
 int main(void) {
     RUN(test_every_sample_once_through_shared_memory);
     RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
@@ -216,5 +255,6 @@ int main(void) {
     RUN(test_a_killed_worker_is_reported_within_a_second_and_reaped);
     RUN(test_stopping_mid_epoch_ends_the_workers);
     RUN(test_a_batch_released_by_a_fork_hook_does_not_deadlock_the_epoch_start);
+    RUN(test_the_batch_source_table_runs_the_pool);
     return check_failures != 0;
 }

@@ -1,0 +1,224 @@
+/* py_batch_source.c - next/start_epoch/stop and the shared getters of _Loader and
+ * _ProcLoader, over the core's fl_batch_source table (see py_batch_source.h).
+ *
+ * next() hands out each batch through fl_batch_from_slot() (py_batch.c): views into a
+ * source-owned slot that give it back when released, or copies when the workers would starve. */
+#include "py_batch_source.h"
+
+#include "base/fl_error.h"
+#include "py_batch.h"
+#include "py_metrics.h"
+#include "py_pipeline.h"
+
+static fl_module_state *source_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
+
+/* True, with fastloop.Closed set, once the collector cleared `self`. */
+static int source_cleared(PyObject *self) {
+    if (!((fl_source_object *)self)->cleared)
+        return 0;
+    fl_raise_with(source_state(self), FL_ECLOSED,
+                  &(fl_raise_opts){.what = "Loader", .message = "cleared by the garbage collector"});
+    return 1;
+}
+
+/* A lease's release, called with the GIL (a batch's last view dropped). */
+static void release_slot(void *core, int slot) {
+    const fl_batch_source *src = &((fl_source_object *)core)->source;
+    if (!src->ops->release_blocks) { /* a mutex and a signal: cheaper than dropping the GIL */
+        src->ops->release(src->impl, slot);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS /* the slot goes to a busy worker at once: a write that can wait */
+    src->ops->release(src->impl, slot);
+    Py_END_ALLOW_THREADS
+}
+
+/* The batch in `slot` as a tuple of arrays: views under a lease, or copies when lending it
+ * would leave the workers no slot to fill. */
+static PyObject *batch_from_slot(fl_source_object *self, int slot, size_t count) {
+    const fl_batch_source *src = &self->source;
+    fl_slot_batch batch = {
+        .owner = (PyObject *)self, .core = self, .release = release_slot, .slot = slot,
+        .data = src->ops->slot(src->impl, slot), .offsets = self->offsets, .count = count,
+        .descrs = self->out_descrs, .shapes = self->out_shapes,
+        .copy_out = src->ops->lent(src->impl) >= src->ops->slots(src->impl),
+    };
+    return fl_batch_from_slot(source_state((PyObject *)self), &batch);
+}
+
+typedef struct {
+    const fl_batch_source *source;
+    int slot;
+    size_t count;
+} next_call;
+
+static int attempt_next(void *ctx, double timeout_s) {
+    next_call *call = ctx;
+    return call->source->ops->next(call->source->impl, timeout_s, &call->slot, &call->count);
+}
+
+static PyObject *source_next(PyObject *self_obj, PyObject *args) {
+    fl_source_object *self = (fl_source_object *)self_obj;
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
+        source_cleared(self_obj))
+        return NULL;
+    next_call call = {&self->source, -1, 0};
+    int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
+    if (rc == FL_OK)
+        return batch_from_slot(self, call.slot, call.count);
+    if (rc == FL_EEND)
+        Py_RETURN_NONE;
+    if (rc == FL_EINTR)
+        return NULL;
+    if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
+        char message[96]; /* PyErr_Format has no %g */
+        snprintf(message, sizeof message, self->type->timeout_format, timeout);
+        return fl_raise_with(source_state(self_obj), FL_ETIMEDOUT, &(fl_raise_opts){.message = message});
+    }
+    return self->type->raise_error(self, rc);
+}
+
+static void stop_without_gil(const fl_batch_source *src) {
+    Py_BEGIN_ALLOW_THREADS /* joins or reaps the workers: each ends the batch in hand */
+    src->ops->stop(src->impl);
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *source_stop(PyObject *self, PyObject *unused) {
+    (void)unused;
+    stop_without_gil(&((fl_source_object *)self)->source);
+    Py_RETURN_NONE;
+}
+
+static PyObject *source_start_epoch(PyObject *self, PyObject *args) {
+    const fl_batch_source *src = &((fl_source_object *)self)->source;
+    unsigned long long epoch, first_batch = 0;
+    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || source_cleared(self))
+        return NULL;
+    if (src->ops->needs_stop(src->impl)) /* an abandoned epoch's workers go first, without the GIL */
+        stop_without_gil(src);
+    int rc;
+    if (src->ops->start_forks) { /* the fork hooks run PyOS_BeforeFork & co: the GIL stays held */
+        rc = src->ops->start_epoch(src->impl, epoch, first_batch);
+    } else {
+        Py_BEGIN_ALLOW_THREADS /* starts the worker threads */
+        rc = src->ops->start_epoch(src->impl, epoch, first_batch);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != FL_OK)
+        return fl_raise(source_state(self), rc, "start_epoch");
+    Py_RETURN_NONE;
+}
+
+PyObject *fl_source_get_batches(PyObject *self, void *closure) {
+    (void)closure;
+    const fl_batch_source *src = &((fl_source_object *)self)->source;
+    return PyLong_FromUnsignedLongLong(src->ops->batches(src->impl));
+}
+
+PyObject *fl_source_get_lent(PyObject *self, void *closure) {
+    (void)closure;
+    const fl_batch_source *src = &((fl_source_object *)self)->source;
+    return PyLong_FromLong(src->ops->lent(src->impl));
+}
+
+PyObject *fl_source_get_output(PyObject *self, void *closure) {
+    (void)closure;
+    fl_source_object *source = (fl_source_object *)self;
+    return PyTuple_Pack(2, source->out_descrs, source->out_shapes);
+}
+
+/* gc support: what the core reads (keep_alive) may be a user's objects that refer back to
+ * the loader (an ndarray subclass holding it; a dataset whose fetch is in the mode's part). */
+static int source_traverse(PyObject *self_obj, visitproc visit, void *arg) {
+    fl_source_object *self = (fl_source_object *)self_obj;
+    Py_VISIT(Py_TYPE(self_obj));
+    Py_VISIT(self->out_descrs);
+    Py_VISIT(self->out_shapes);
+    Py_VISIT(self->keep_alive);
+    return self->type != NULL && self->type->traverse != NULL ? self->type->traverse(self_obj, visit, arg) : 0;
+}
+
+/* Ends the workers before dropping what they read; `self` then refuses new epochs. The
+ * source itself is freed at dealloc, when no lease is left. */
+static int source_clear(PyObject *self_obj) {
+    fl_source_object *self = (fl_source_object *)self_obj;
+    if (self->source.ops != NULL && !self->cleared)
+        stop_without_gil(&self->source);
+    self->cleared = 1;
+    Py_CLEAR(self->keep_alive);
+    if (self->type != NULL && self->type->clear != NULL)
+        self->type->clear(self);
+    return 0;
+}
+
+static void source_dealloc(PyObject *self_obj) {
+    PyTypeObject *type = Py_TYPE(self_obj);
+    fl_source_object *self = (fl_source_object *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
+    if (self->source.ops != NULL) { /* first: the workers read what the mode frees */
+        const fl_batch_source *src = &self->source;
+        Py_BEGIN_ALLOW_THREADS /* joins or reaps the workers */
+        src->ops->free(src->impl);
+        Py_END_ALLOW_THREADS
+        self->source.ops = NULL;
+    }
+    Py_CLEAR(self->out_descrs);
+    Py_CLEAR(self->out_shapes);
+    Py_CLEAR(self->keep_alive);
+    if (self->type != NULL && self->type->clear != NULL)
+        self->type->clear(self);
+    if (self->type != NULL && self->type->free != NULL)
+        self->type->free(self);
+    type->tp_free(self_obj);
+    Py_DECREF(type);
+}
+
+static PyMethodDef source_methods[] = {
+    {"next", source_next, METH_VARARGS,
+     "next($self, timeout=None, /)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
+    {"start_epoch", source_start_epoch, METH_VARARGS,
+     "start_epoch($self, epoch, first_batch=0, /)\n--\n\nBegin an epoch (abandoning one in progress) at "
+     "batch first_batch; start the workers if none run."},
+    {"stop", source_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; end the workers."},
+    {NULL, NULL, 0, NULL},
+};
+
+int fl_source_borrow(fl_source_object *self, PyObject *pipeline_obj, PyObject *metrics_obj,
+                     const fl_pipeline **pipeline, fl_metrics **metrics) {
+    fl_module_state *state = source_state((PyObject *)self);
+    *pipeline = NULL;
+    *metrics = NULL;
+    if (pipeline_obj != Py_None && ((*pipeline = fl_pipeline_from_python(pipeline_obj, state)) == NULL ||
+                                    PyList_Append(self->keep_alive, pipeline_obj) < 0))
+        return -1;
+    if (metrics_obj != Py_None && ((*metrics = fl_metrics_from_python(metrics_obj, state)) == NULL ||
+                                   PyList_Append(self->keep_alive, metrics_obj) < 0))
+        return -1;
+    return 0;
+}
+
+PyTypeObject *fl_source_add_type(PyObject *module, const fl_source_type *def) {
+    PyType_Slot slots[] = { /* read while the type is made; the type copies the doc */
+        {Py_tp_doc, (void *)def->doc},
+        {Py_tp_new, def->new},
+        {Py_tp_dealloc, source_dealloc},
+        {Py_tp_traverse, source_traverse},
+        {Py_tp_clear, source_clear},
+        {Py_tp_methods, source_methods},
+        {Py_tp_getset, def->getset},
+        {0, NULL},
+    };
+    PyType_Spec spec = {
+        .name = def->name,
+        .basicsize = (int)def->basicsize,
+        .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+        .slots = slots,
+    };
+    PyTypeObject *type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &spec, NULL);
+    if (type != NULL && PyModule_AddType(module, type) < 0)
+        Py_CLEAR(type);
+    return type;
+}

@@ -1,0 +1,73 @@
+/* py_batch_source.h - the binding written once over a core fl_batch_source: what _Loader
+ * (threads mode, py_loader.c) and _ProcLoader (processes mode, py_procloader.c) share.
+ *
+ * Both types start with fl_source_object and take their next/start_epoch/stop methods and
+ * their batches/lent/output getters from here; each mode's file adds its construction, what
+ * only it exposes (a loader's skipped samples, a pool's worker pids), the Python objects only
+ * it holds (with their gc traverse/clear) and how its worker failures become exceptions.
+ */
+#ifndef FL_PY_BATCH_SOURCE_H
+#define FL_PY_BATCH_SOURCE_H
+
+#include "fl_module.h"
+
+#include "base/fl_metrics.h"
+#include "data/fl_batch_source.h"
+#include "data/fl_pipeline.h"
+
+enum { FL_SOURCE_MAX_FIELDS = 64 };
+
+typedef struct fl_source_object fl_source_object;
+
+/* A mode: its Python type and what differs between the modes. The shared binding gives the
+ * type its methods (next, start_epoch, stop) and its dealloc/traverse/clear, which end the
+ * workers before calling the mode's own parts. */
+typedef struct fl_source_type {
+    const char *name;     /* "fastloop._core._Loader"; a static string (the type keeps it) */
+    const char *doc;
+    Py_ssize_t basicsize; /* the mode's object, which starts with fl_source_object */
+    newfunc new;          /* sets `type` first, then makes the source */
+    PyGetSetDef *getset;  /* static: the shared getters below and the mode's own */
+    const char *timeout_format; /* next()'s TimeoutError message, with one %g for the timeout */
+    /* Sets the exception for an error code next() got from the source (not FL_EEND, a
+     * timeout or FL_EINTR); returns NULL. */
+    PyObject *(*raise_error)(fl_source_object *self, int rc);
+    /* The mode's own Python objects (NULL: none): visited, dropped once the workers are
+     * ended, and its own memory freed once the source is. */
+    traverseproc traverse;
+    void (*clear)(fl_source_object *self);
+    void (*free)(fl_source_object *self);
+} fl_source_type;
+
+struct fl_source_object {
+    PyObject_HEAD
+    const fl_source_type *type;
+    fl_batch_source source;            /* ops NULL until the mode's constructor made it */
+    PyObject *out_descrs, *out_shapes; /* tuples, per field as delivered: dtype, sample shape */
+    PyObject *keep_alive;              /* a list: what the core borrows (arrays, pipeline, metrics) */
+    size_t n_fields;
+    size_t offsets[FL_SOURCE_MAX_FIELDS]; /* where each field's batch starts in a slot */
+    int cleared;                       /* the collector cleared it: it refuses new epochs */
+};
+
+/* The core objects behind the optional `pipeline_obj` (a _Pipeline) and `metrics_obj` (a
+ * Metrics), NULL for None; each kept alive in self->keep_alive while the core borrows it.
+ * Returns 0, or -1 with TypeError. */
+int fl_source_borrow(fl_source_object *self, PyObject *pipeline_obj, PyObject *metrics_obj,
+                     const fl_pipeline **pipeline, fl_metrics **metrics);
+
+/* Makes the mode's heap type (gc, immutable) and adds it to `module`. Returns a new
+ * reference, or NULL with an exception. */
+PyTypeObject *fl_source_add_type(PyObject *module, const fl_source_type *def);
+
+/* Getters for a mode's PyGetSetDef table: FL_SOURCE_GETSET (batches, output) opens both
+ * modes' tables; `lent` is the threads mode's. */
+PyObject *fl_source_get_batches(PyObject *self, void *closure);
+PyObject *fl_source_get_lent(PyObject *self, void *closure);
+PyObject *fl_source_get_output(PyObject *self, void *closure);
+
+#define FL_SOURCE_GETSET                                                                       \
+    {"batches", fl_source_get_batches, NULL, "Batches per epoch.", NULL},                      \
+    {"output", fl_source_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL}
+
+#endif

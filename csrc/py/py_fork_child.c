@@ -1,0 +1,176 @@
+/* py_fork_child.c - what a forked worker of _ProcLoader runs: Python fetches into shared
+ * memory, and the fork hooks (see py_fork_child.h). */
+#include "py_fork_child.h"
+#include "fl_numpy.h"
+
+#include <unistd.h>
+
+#include "base/fl_error.h"
+
+/* "module.qualname\x1emessage\x1etraceback" of the pending exception into error; clears it. */
+static void describe_exception(char *error, size_t len) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *module = type ? PyObject_GetAttrString(type, "__module__") : NULL;
+    PyObject *qualname = type ? PyObject_GetAttrString(type, "__qualname__") : NULL;
+    PyObject *message = value ? PyObject_Str(value) : NULL;
+    PyObject *traceback = PyImport_ImportModule("traceback");
+    PyObject *lines = traceback && type ? PyObject_CallMethod(traceback, "format_exception", "OOO", type,
+                                                              value ? value : Py_None, tb ? tb : Py_None)
+                                        : NULL;
+    PyObject *empty = PyUnicode_FromString("");
+    PyObject *text = lines && empty ? PyUnicode_Join(empty, lines) : NULL;
+    PyErr_Clear();
+    snprintf(error, len, "%s.%s\x1e%s\x1e%s", module ? PyUnicode_AsUTF8(module) : "builtins",
+             qualname ? PyUnicode_AsUTF8(qualname) : "Exception", message ? PyUnicode_AsUTF8(message) : "",
+             text ? PyUnicode_AsUTF8(text) : "");
+    PyErr_Clear();
+    Py_XDECREF(module), Py_XDECREF(qualname), Py_XDECREF(message), Py_XDECREF(traceback);
+    Py_XDECREF(lines), Py_XDECREF(empty), Py_XDECREF(text);
+    Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+}
+
+/* Copies field f of one sample into dst, checking dtype (cast if needed) and shape. */
+static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned char *dst) {
+    PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(self->in_descrs, (Py_ssize_t)f);
+    Py_INCREF(descr);
+    PyObject *array = PyArray_FromAny(value, descr, 0, 0, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST, NULL);
+    if (array == NULL)
+        return -1;
+    PyObject *want = PyTuple_GET_ITEM(self->in_shapes, (Py_ssize_t)f);
+    PyObject *got = PyObject_GetAttrString(array, "shape");
+    int same = got != NULL && PyObject_RichCompareBool(got, want, Py_EQ) == 1;
+    if (!same) {
+        if (got != NULL)
+            PyErr_Format(PyExc_ValueError, "field %zu has shape %R, but the first sample's is %R: every "
+                                           "sample must have the same shape to form batches", f, got, want);
+        Py_XDECREF(got);
+        Py_DECREF(array);
+        return -1;
+    }
+    Py_DECREF(got);
+    memcpy(dst, PyArray_DATA((PyArrayObject *)array), self->in_bytes[f]);
+    Py_DECREF(array);
+    return 0;
+}
+
+/* Runs the pipeline on the sample in scratch_input into dst; a Python error if it fails. */
+static int pipe_sample(fl_fork_child *self, int64_t index, uint64_t seed, unsigned char *dst) {
+    fl_images one = self->image;
+    one.n = 1;
+    int rc = fl_pipeline_run(self->pipeline, (fl_exec){NULL, 1}, self->scratch_input, one, self->image_dtype,
+                             dst, self->scratch_pipeline, seed, &index);
+    if (rc == FL_OK)
+        return 0;
+    fl_raise_with(self->state, rc, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
+    return -1;
+}
+
+/* Fetches one sample and stores its fields at position i of the batch, field 0 through the
+ * pipeline if there is one (one image at a time: a small, cache-resident scratch). */
+static int store_sample(fl_fork_child *self, int64_t index, uint64_t seed, size_t i, unsigned char *slot) {
+    /* with a batch's first sample, the epoch seed: fetch seeds the generators once per batch */
+    PyObject *sample = i == 0 ? PyObject_CallFunction(self->fetch, "LK", (long long)index, (unsigned long long)seed)
+                              : PyObject_CallFunction(self->fetch, "L", (long long)index);
+    if (sample == NULL)
+        return -1;
+    PyObject *fields = PyTuple_Check(sample) || PyList_Check(sample) ? PySequence_Tuple(sample)
+                                                                      : PyTuple_Pack(1, sample);
+    Py_DECREF(sample);
+    if (fields == NULL)
+        return -1;
+    int rc = 0;
+    if ((size_t)PyTuple_GET_SIZE(fields) != self->n_fields) {
+        PyErr_Format(PyExc_ValueError, "the sample has %zd fields, the first sample had %zu",
+                     PyTuple_GET_SIZE(fields), self->n_fields);
+        rc = -1;
+    }
+    for (size_t f = 0; rc == 0 && f < self->n_fields; f++) {
+        unsigned char *dst = slot + self->offsets[f] + i * self->out_bytes[f];
+        PyObject *value = PyTuple_GET_ITEM(fields, (Py_ssize_t)f);
+        if (f == 0 && self->pipeline != NULL)
+            rc = store_field(self, f, value, self->scratch_input) < 0 ? -1 : pipe_sample(self, index, seed, dst);
+        else
+            rc = store_field(self, f, value, dst);
+    }
+    Py_DECREF(fields);
+    return rc;
+}
+
+int fl_fork_child_fill(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t count,
+                       unsigned char *slot, int64_t *index, char *error, size_t error_len) {
+    fl_fork_child *self = ctx;
+    (void)worker;
+    if (self->pipeline != NULL && self->scratch_input == NULL) { /* once per worker */
+        self->scratch_input = PyMem_RawMalloc(self->in_bytes[0] + 1);
+        self->scratch_pipeline = PyMem_RawMalloc(self->scratch_per_image + 1);
+        if (self->scratch_input == NULL || self->scratch_pipeline == NULL) {
+            snprintf(error, error_len, "builtins.MemoryError\x1eno memory for the pipeline's scratch\x1e");
+            return 1;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (store_sample(self, ids[i], seed, i, slot) < 0) {
+            *index = ids[i];
+            describe_exception(error, error_len);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Calls gc.<name>() (gc.freeze / gc.unfreeze / gc.get_freeze_count); -1 if that fails. */
+static Py_ssize_t call_gc(const char *name) {
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *result = gc != NULL ? PyObject_CallMethod(gc, name, NULL) : NULL;
+    Py_ssize_t value = result == NULL ? -1 : result == Py_None ? 0 : PyLong_AsSsize_t(result);
+    Py_XDECREF(result);
+    Py_XDECREF(gc);
+    if (PyErr_Occurred()) { /* only a memory optimisation: never fail a fork for it */
+        PyErr_Clear();
+        return -1;
+    }
+    return value;
+}
+
+/* Before forking, the parent's objects are moved to gc's permanent generation, as CPython's
+ * gc.freeze() documentation advises: a collection in a worker would otherwise write to every
+ * inherited object's header and copy every page of the parent's heap. Skipped if the
+ * program freezes objects itself. */
+static void before_fork(void *ctx) {
+    fl_fork_child *self = ctx;
+    self->froze = call_gc("get_freeze_count") == 0 && call_gc("freeze") == 0;
+    PyOS_BeforeFork();
+}
+
+static void after_fork_parent(void *ctx) {
+    fl_fork_child *self = ctx;
+    PyOS_AfterFork_Parent();
+    if (self->froze) /* the parent collects its objects as before; the workers keep them frozen */
+        call_gc("unfreeze");
+    self->froze = 0;
+}
+
+static void after_fork_child(void *ctx, int worker) {
+    fl_fork_child *self = ctx;
+    PyOS_AfterFork_Child();
+    if (self->worker_setup != Py_None) {
+        PyObject *result = PyObject_CallFunction(self->worker_setup, "i", worker);
+        if (result == NULL) { /* the parent sees this worker exit with status 3 */
+            PyErr_Print();
+            _exit(3);
+        }
+        Py_DECREF(result);
+    }
+}
+
+fl_proc_hooks fl_fork_child_hooks(fl_fork_child *child) {
+    return (fl_proc_hooks){before_fork, after_fork_parent, after_fork_child, child};
+}
+
+void fl_fork_child_free(fl_fork_child *child) {
+    PyMem_RawFree(child->scratch_input);
+    PyMem_RawFree(child->scratch_pipeline);
+    child->scratch_input = child->scratch_pipeline = NULL;
+}
