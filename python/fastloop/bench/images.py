@@ -1,5 +1,6 @@
 """The ImageNet train pipeline on JPEG files: fastloop.Loader's C threads against torch's
-DataLoader and Pillow in Python threads, side by side in one run (issue 13's targets).
+DataLoader, Pillow in Python threads, SPDL and DALI's CPU pipeline, side by side in one run
+(issue 13's targets).
 
 Data (fastloop.bench.image_data, written once and cached): >= 5,000 JPEGs, quality 90,
 sizes spread around 500x375, smooth shading + sharp-edged shapes + noise; in ImageFolder
