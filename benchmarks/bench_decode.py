@@ -7,6 +7,9 @@ runs on one thread: the full decode through fastloop.images.decode (the same lib
 Loader uses), the pipelines through a Loader with workers=0 (the calling thread fills every
 batch), Pillow for reference.
 
+Files: 400 (64 with --quick) JPEGs from fastloop.bench.image_data, the generator
+bench_images.py loads (quality 90, around 500x375, photo-like content), cached.
+
 Also for the fused path (2 worker threads): the time to the first batch (Loader built, threads
 started, decoders made) against a steady batch's, and the RSS after each of 10 epochs (target:
 no growth > 2% from the first epoch to the last).
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -29,33 +31,17 @@ import numpy as np
 
 import fastloop
 from fastloop import ops
+from fastloop.bench.image_data import dataset
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def natural(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
-    """Smooth gradients, hard edges and sensor-like noise: a decode cost like a photo's."""
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    fx, fy = rng.uniform(0.005, 0.03, 2)
-    base = np.stack([128 + 100 * np.sin(x * fx + c) * np.cos(y * fy - c) for c in (0.0, 1.0, 2.0)], -1)
-    edges = ((x // rng.integers(20, 60) + y // rng.integers(20, 60)) % 2)[..., None] * 40
-    return np.clip(base + edges + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
-
-
-def make_images(folder: Path, count: int) -> list[str]:
-    """`count` quality-90 JPEGs around ImageNet's typical 500x375, written once per folder."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    paths = []
-    for i in range(count):
-        path = folder / f"{i:05d}.jpg"
-        if not path.exists():
-            w = int(rng.integers(400, 600))
-            h = int(w * rng.uniform(0.66, 0.8)) if i % 4 else int(w * rng.uniform(1.2, 1.4))
-            Image.fromarray(natural(h, w, rng)).save(path, quality=90)
-        paths.append(str(path))
-    return paths
+def image_paths(count: int, folder: str | None) -> list[str]:
+    """The first `count` JPEGs of fastloop.bench.image_data's set (the files bench_images.py
+    loads: quality 90, around 500x375, photo-like content), written once under `folder`
+    (default: the fastloop cache) and reused."""
+    data = dataset(count, classes=1, shard_count=1, folder=folder)
+    return [path for path, _ in fastloop.ImageFolder(data.image_folder).samples]
 
 
 class Files:
@@ -162,11 +148,8 @@ def startup_and_memory(paths: list[str], epochs: int = 10) -> dict[str, float]:
 
 
 def run(count: int, rounds: int, folder: str | None = None) -> tuple[list[tuple[str, float]], dict[str, float]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(folder or tmp)
-        where.mkdir(parents=True, exist_ok=True)
-        paths = make_images(where, count)
-        return rows(paths, rounds), startup_and_memory(paths)
+    paths = image_paths(count, folder)
+    return rows(paths, rounds), startup_and_memory(paths)
 
 
 def print_table(table: list[tuple[str, float]], fused: dict[str, float]) -> None:
@@ -181,12 +164,12 @@ def print_table(table: list[tuple[str, float]], fused: dict[str, float]) -> None
           f"{fused['rss_last'] / 2**20:.1f} MiB: {fused['rss_growth'] * 100:+.2f}%")
 
 
-def test_quick_run_fills_the_table() -> None:
-    table, fused = run(count=8, rounds=1)
+def test_quick_run_fills_the_table(tmp_path: Path) -> None:
+    table, fused = run(count=8, rounds=1, folder=str(tmp_path))
     assert len(table) == 7 and all(rate > 0 for _, rate in table)
     assert fused["first_batch_s"] > 0 and fused["rss_first"] > 0
 
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
-    print_table(*run(count=64 if quick else 400, rounds=2 if quick else 3, folder=os.environ.get("FASTLOOP_BENCH_IMAGES")))
+    print_table(*run(count=64 if quick else 400, rounds=2 if quick else 3))

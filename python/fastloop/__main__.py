@@ -18,7 +18,7 @@ def run_bench(quick: bool, out_dir: str) -> int:
     ends with the answer to "threads or processes?" for this machine."""
     import warnings
 
-    from .bench import answer, loader, logistics, model, preprocess, targets
+    from .bench import answer, images, loader, logistics, model, preprocess, targets
     from .bench.report import format_table, machine_summary
 
     warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
@@ -36,6 +36,11 @@ def run_bench(quick: bool, out_dir: str) -> int:
     print("\n== data loading: threads, processes, torch's DataLoader (each in a fresh interpreter)")
     loader_rows = loader.run(quick=quick, log=print)
     section("Data loading", loader.HEADERS, loader.table_rows(loader_rows), loader.summary(loader_rows))
+    print("\n== images: JPEG files through the ImageNet train pipeline (each row in a fresh interpreter)")
+    image_rows = images.suite(quick=quick, log=print)
+    if image_rows:
+        section("Images: JPEG decode + RandomResizedCrop + flip + normalize", images.HEADERS,
+                images.table_rows(image_rows), images.summary(image_rows))
     model_rows = model.run(quick=quick)
     section("Model core: fastloop.nn vs torch on the CPU", model.HEADERS, model.table_rows(model_rows),
             model.summary(model_rows))
