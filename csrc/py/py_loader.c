@@ -47,7 +47,7 @@ static PyObject *batch_from_slot(LoaderObject *self, int slot, size_t count) {
         .owner = (PyObject *)self, .core = self->loader, .release = release_slot, .slot = slot,
         .data = fl_loader_slot(self->loader, slot), .offsets = offsets, .count = count,
         .descrs = self->out_descrs, .shapes = self->out_shapes,
-        .copy_out = fl_loader_lent(self->loader) >= fl_loader_slots(self->loader),
+        .copy_out = fl_copy_out(fl_loader_lent(self->loader), fl_loader_slots(self->loader)),
     };
     return fl_batch_from_slot(loader_state((PyObject *)self), &batch);
 }
@@ -122,6 +122,11 @@ static PyObject *loader_get_batches(PyObject *self, void *closure) {
 static PyObject *loader_get_lent(PyObject *self, void *closure) {
     (void)closure;
     return PyLong_FromLong(fl_loader_lent(((LoaderObject *)self)->loader));
+}
+
+static PyObject *loader_get_ahead(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(fl_loader_ahead(((LoaderObject *)self)->loader));
 }
 
 static PyObject *loader_get_skipped(PyObject *self, void *closure) {
@@ -330,14 +335,14 @@ static int record_pipeline_output(LoaderObject *self) {
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", "skip_errors", NULL};
+                               "workers", "slots", "pipeline", "metrics", "skip_errors", "ahead", NULL};
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
-    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOp:_Loader", keywords, &fields_obj, &batch_size,
+    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0, ahead = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOpi:_Loader", keywords, &fields_obj, &batch_size,
                                      &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj, &skip_errors))
+                                     &pipeline_obj, &metrics_obj, &skip_errors, &ahead))
         return NULL;
     fl_module_state *state = fl_state_from_type(type);
     PyObject *fields = PySequence_Tuple(fields_obj);
@@ -364,7 +369,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     fl_loader_config config = {
         .sampler = {.shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last},
-        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
+        .workers = workers, .slots = slots, .ahead = ahead, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
     };
     for (size_t f = 0; f < n_fields; f++) {
         uint64_t n;
@@ -468,6 +473,7 @@ static PyMethodDef loader_methods[] = {
 static PyGetSetDef loader_getset[] = {
     {"batches", loader_get_batches, NULL, "Batches per epoch.", NULL},
     {"lent", loader_get_lent, NULL, "Slots lent out now.", NULL},
+    {"ahead", loader_get_ahead, NULL, "Batches filling or ready, not yet handed out.", NULL},
     {"skipped", loader_get_skipped, NULL, "(samples dropped, the first one's message).", NULL},
     {"output", loader_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

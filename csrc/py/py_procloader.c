@@ -254,7 +254,7 @@ static PyObject *proc_next(PyObject *self_obj, PyObject *args) {
             .owner = self_obj, .core = self->pool, .release = release_slot, .slot = call.slot,
             .data = fl_procpool_slot(self->pool, call.slot), .offsets = self->offsets, .count = call.count,
             .descrs = self->out_descrs, .shapes = self->out_shapes,
-            .copy_out = fl_procpool_lent(self->pool) >= fl_procpool_slots(self->pool),
+            .copy_out = fl_copy_out(fl_procpool_lent(self->pool), fl_procpool_slots(self->pool)),
         };
         return fl_batch_from_slot(proc_state(self_obj), &batch);
     }
@@ -503,8 +503,20 @@ static PyMethodDef proc_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *proc_get_ahead(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(fl_procpool_ahead(((ProcLoaderObject *)self)->pool));
+}
+
+static PyObject *proc_get_lent(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(fl_procpool_lent(((ProcLoaderObject *)self)->pool));
+}
+
 static PyGetSetDef proc_getset[] = {
     {"pids", proc_get_pids, NULL, "Pids of the running workers.", NULL},
+    {"lent", proc_get_lent, NULL, "Slots lent out now.", NULL},
+    {"ahead", proc_get_ahead, NULL, "Batches assigned to a worker or ready, not yet handed out.", NULL},
     {"batches", proc_get_batches, NULL, "Batches per epoch.", NULL},
     {"output", proc_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
