@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "base/fl_error.h"
+#include "base/fl_time.h"
 #include "data/fl_loader.h"
 #include "data/fl_pipeline.h"
 #include "data/fl_sampler.h"
@@ -403,6 +405,42 @@ static void test_a_missing_file_names_the_path_and_sample(void) {
     fl_loader_free(l);
 }
 
+/* Polls fl_loader_ahead until it is `want` (5 s at most); returns the last count. */
+static int wait_ahead(fl_loader *l, int want) {
+    double deadline = fl_monotonic() + 5;
+    int ahead;
+    while ((ahead = fl_loader_ahead(l)) != want && fl_monotonic() < deadline)
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* polls a real condition */
+    return ahead;
+}
+
+static void test_ahead_batches_stay_in_flight_besides_the_ones_held(void) {
+    static int64_t values[64];
+    for (int i = 0; i < 64; i++)
+        values[i] = i;
+    fl_field field = {.base = values, .sample_bytes = sizeof(int64_t)};
+    fl_loader_config config = {
+        .sampler = {.n = 64, .world_size = 1, .batch_size = 4},
+        .workers = 2, .slots = 5, .ahead = 3, .fields = &field, .n_fields = 1,
+    };
+    fl_loader *l;
+    CHECK(fl_loader_new(&config, &l) == FL_OK);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    int held[2];
+    size_t count;
+    CHECK(fl_loader_next(l, 10, &held[0], &count) == FL_OK);
+    CHECK(wait_ahead(l, 3) == 3); /* one held: three made ahead, not four (a free slot is left) */
+    CHECK(fl_loader_next(l, 10, &held[1], &count) == FL_OK);
+    CHECK(wait_ahead(l, 3) == 3 && fl_loader_lent(l) == 2); /* two held: still three ahead */
+    CHECK(((int64_t *)fl_loader_slot(l, held[1]))[0] == 4);
+    fl_loader_release(l, held[0]);
+    fl_loader_release(l, held[1]);
+    config.ahead = 5; /* as many as slots: refused */
+    fl_loader *bad = NULL;
+    CHECK(fl_loader_new(&config, &bad) == FL_EINVAL && bad == NULL);
+    fl_loader_free(l);
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -416,6 +454,7 @@ int main(void) {
     RUN(test_batches_split_in_chunks_arrive_whole_in_order);
     RUN(test_a_failing_chunk_drops_its_batch_and_frees_the_slot);
     RUN(test_stop_from_another_thread_while_the_consumer_fills_chunks);
+    RUN(test_ahead_batches_stay_in_flight_besides_the_ones_held);
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;
