@@ -9,7 +9,9 @@ timing), and the CPU time per sample of the workers and of the main process. Eac
 configuration runs in a fresh interpreter that has imported torch and used its thread pool, as
 a training script has (the case that used to hang fastloop's workers). The floor, what the
 dataset itself costs (dataset[i] in a loop, torch on one thread), tells how much any loader
-could gain: with every core busy, samples/s is at most cores / (CPU per sample).
+could gain: with every core busy, samples/s is at most cores / (CPU per sample). The loader's
+own cost is measured apart, on a dataset whose __getitem__ returns a ready sample of the same
+shapes (a 3x112x112 float tensor and an int): all the CPU the loaders spend there is theirs.
 
     $ python benchmarks/bench_torch_loader.py [--quick] [--images N] [--workers 1,2]
 Under pytest: one quick fastloop configuration is measured (numbers go to BENCHMARKS.md,
@@ -118,6 +120,40 @@ def measure_one(kind: str, workers: int, root: str, timed_epochs: int = 2) -> di
             "worker_cpu_ms": 1e3 * worker_cpu / seen}
 
 
+class ReadySamples:
+    """A dataset that costs nothing: the same ready (image tensor, label) every time."""
+
+    def __init__(self, n: int) -> None:
+        import torch
+
+        self.n, self.image = n, torch.rand(3, CROP, CROP)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.image, i % 4
+
+
+def measure_own_cost(kind: str, workers: int, samples: int = 6400, timed_epochs: int = 3) -> dict:
+    """CPU per sample each loader spends on itself (workers, main process), with ReadySamples."""
+    import torch
+
+    torch.set_num_threads(1)
+    loader = make_loader(kind, ReadySamples(samples), workers)
+    for _ in loader:  # workers started
+        pass
+    pids = worker_pids(kind, loader)
+    main0, workers0 = cpu_seconds(os.getpid()), [cpu_seconds(p) for p in pids]
+    for _ in range(timed_epochs):
+        for _ in loader:
+            pass
+    seen = samples * timed_epochs
+    return {"own_cost": kind, "workers": workers,
+            "main_us": 1e6 * (cpu_seconds(os.getpid()) - main0) / seen,
+            "worker_us": 1e6 * sum(cpu_seconds(p) - c for p, c in zip(pids, workers0)) / seen}
+
+
 def measure_floor(root: str) -> dict:
     """The dataset's own cost: dataset[i] over a shuffled epoch in this process, torch on one
     thread as in a worker; no loader can spend less CPU per sample than this."""
@@ -138,8 +174,9 @@ def run(images: int, workers_list: list[int], repeats: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as root:
         write_image_folder(root, images)
         for repeat in range(repeats):  # interleaved, so load from other work hits both alike
-            configs = [("--floor",)] + [("--one", kind, str(w)) for w in workers_list
-                                        for kind in ("torch DataLoader", "fastloop processes")]
+            kinds = ("torch DataLoader", "fastloop processes")
+            configs = [("--floor",)] + [(mode, kind, str(w)) for mode in ("--one", "--own-cost")
+                                        for w in workers_list for kind in kinds]
             for config in configs:
                 out = subprocess.run([sys.executable, __file__, *config, root], capture_output=True, text=True,
                                      check=True)
@@ -148,10 +185,16 @@ def run(images: int, workers_list: list[int], repeats: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> list[str]:
-    floor = min(r["cpu_ms"] for r in rows if r["loader"] == "dataset[i] alone")
+    floor = min(r["cpu_ms"] for r in rows if r.get("loader") == "dataset[i] alone")
     best: dict[tuple[str, int], dict] = {}
+    own: dict[tuple[str, int], dict] = {}
+    for r in rows:  # the least of the repeats: the least disturbed
+        key = (r.get("own_cost", ""), r["workers"])
+        if "own_cost" in r and (key not in own or r["worker_us"] + r["main_us"] <
+                                own[key]["worker_us"] + own[key]["main_us"]):
+            own[key] = r
     for r in rows:  # the best of the repeats: the least disturbed by other work on the machine
-        key = (r["loader"], r["workers"])
+        key = (r.get("loader", ""), r["workers"])
         if "samples_per_s" in r and (key not in best or r["samples_per_s"] > best[key]["samples_per_s"]):
             best[key] = r
     lines = [f"{'loader':<20} {'workers':>7} {'samples/s':>10} {'first batch s':>14} {'peak PSS MiB':>13} "
@@ -160,6 +203,9 @@ def table(rows: list[dict]) -> list[str]:
         lines.append(f"{kind:<20} {workers:>7} {r['samples_per_s']:>10.0f} {r['first_batch_s']:>14.2f} "
                      f"{r['peak_pss_mib']:>13.0f} {r['worker_cpu_ms']:>23.3f} {r['main_cpu_ms']:>5.3f}")
     lines.append(f"dataset[i] alone (one process, torch on 1 thread): {floor:.3f} CPU ms/sample (best of repeats)")
+    for (kind, workers), r in sorted(own.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(f"own cost, {kind}, workers={workers}: {r['worker_us']:.1f} us/sample in the workers, "
+                     f"{r['main_us']:.1f} in the main process (a dataset returning a ready sample)")
     for workers in sorted({w for _, w in best}):
         fl, tv = best.get(("fastloop processes", workers)), best.get(("torch DataLoader", workers))
         if fl and tv:
@@ -181,11 +227,16 @@ def test_fastloop_processes_on_an_image_folder_is_measured(tmp_path):
     row = measure_one("fastloop processes", 1, str(tmp_path), timed_epochs=1)
     assert row["samples_per_s"] > 0 and 0 < row["first_batch_s"] < 120 and row["peak_pss_mib"] > 0
     assert row["worker_cpu_ms"] > 0 and measure_floor(str(tmp_path))["cpu_ms"] > 0
+    own = measure_own_cost("fastloop processes", 1, samples=640, timed_epochs=1)
+    assert own["worker_us"] >= 0 and own["main_us"] >= 0
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--one":
         print(json.dumps(measure_one(argv[1], int(argv[2]), argv[3])))
+        return 0
+    if argv and argv[0] == "--own-cost":
+        print(json.dumps(measure_own_cost(argv[1], int(argv[2]))))
         return 0
     if argv and argv[0] == "--floor":
         print(json.dumps(measure_floor(argv[1])))

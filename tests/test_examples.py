@@ -215,16 +215,46 @@ def test_device_cuda_without_cuda_exits_2_with_the_reason(name: str, tmp_path) -
 # ---- torch training script with fastloop.Loader
 
 
-def test_torch_train_learns_and_resumes_mid_epoch_to_the_same_weights(tmp_path) -> None:
-    torch = pytest.importorskip("torch")
-    straight = run_example("torch_train", str(tmp_path), "--quick", out="straight").check()
-    assert straight.result["steps"] == 3 * (1536 // 64) and straight.result["val_accuracy"] > 0.9
+@pytest.fixture(scope="module")
+def torch_train(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One uninterrupted quick run of examples/torch_train.py (a few seconds)."""
+    pytest.importorskip("torch", reason="examples/torch_train.py trains a torch model")
+    pytest.importorskip("PIL", reason="the example's JPEG files are written with Pillow")
+    return run_example("torch_train", str(tmp_path_factory.mktemp("torch_train")), "--quick", out="straight").check()
+
+
+def test_torch_train_learns_from_jpegs_and_resumes_mid_epoch_to_the_same_weights(torch_train: Run, tmp_path) -> None:
+    import torch
+
+    straight = torch_train
+    assert straight.result["steps"] == 3 * (2048 // 64)
+    assert straight.result["val_accuracy"] > 0.3, straight.stdout  # 10 classes: chance is 0.1
     assert straight.result["loader"] == {"epoch": 3, "position": 0, "seed": 0}
-    cut = run_example("torch_train", str(tmp_path), "--quick", "--stop-after", "30", out="cut").check()
-    assert cut.result["stopped"] and cut.result["loader"] == {"epoch": 1, "position": 6, "seed": 0}
+    cut = run_example("torch_train", str(tmp_path), "--quick", "--stop-after", "40", out="cut").check()
+    assert cut.result["stopped"] and cut.result["loader"] == {"epoch": 1, "position": 8, "seed": 0}
     resumed = run_example("torch_train", str(tmp_path), "--quick", "--resume", out="cut").check()
-    assert "resumed at step 30: epoch 1, batch 6" in resumed.stdout
+    assert "resumed at step 40: epoch 1, batch 8" in resumed.stdout
     assert resumed.result["steps"] == straight.result["steps"]
-    a, b = (torch.load(os.path.join(str(tmp_path), run.result["checkpoint"])) for run in (straight, resumed))
+    a, b = (fastloop.read_checkpoint(os.path.join(os.path.dirname(run.out), run.result["checkpoint"]))
+            for run in (straight, resumed))
+    assert a["step"] == b["step"] == straight.result["steps"] and a["loader"] == b["loader"]
     for key in a["model"]:  # the same batches, augmentations and order after the cut
+        assert isinstance(a["model"][key], torch.Tensor)
         assert torch.equal(a["model"][key], b["model"][key]), key
+    for key, value in a["optim"]["state"][0].items():
+        assert torch.equal(value, b["optim"]["state"][0][key]), key
+
+
+def test_torch_train_logs_loss_accuracy_histograms_images_and_text_to_tensorboard(torch_train: Run) -> None:
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    run = torch_train
+    (path,) = event_files(run.out)
+    assert tensorboard_steps(path, "train/loss") == list(range(1, run.result["steps"] + 1))
+    assert tensorboard_steps(path, "val/accuracy") == [32, 64, 96]
+    acc = event_accumulator.EventAccumulator(path, size_guidance={event_accumulator.IMAGES: 0,
+                                                                  event_accumulator.HISTOGRAMS: 0})
+    acc.Reload()
+    assert [image.width for image in acc.Images("train/input")] == [28]
+    assert "weights/0.weight" in acc.Tags()["histograms"] and len(acc.Histograms("weights/0.weight")) == 3
+    assert any("settings" in tag for tag in acc.Tags()["tensors"]), acc.Tags()
+    assert len(csv_rows(run.out, "train/loss")) == run.result["steps"]

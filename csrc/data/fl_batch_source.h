@@ -42,8 +42,10 @@ typedef struct fl_batch_source_ops {
 
     /* A slot's memory (fields at the offsets the source was built with). */
     void *(*slot)(void *impl, int slot);
-    /* Slots lent out now, slots in all, batches per epoch. */
+    /* Slots lent out now, batches made ahead (filling or ready, not yet handed out), slots
+     * in all, batches per epoch. */
     int (*lent)(void *impl);
+    int (*ahead)(void *impl);
     int (*slots)(const void *impl);
     uint64_t (*batches)(const void *impl);
     /* The message of the error next() returned ("" if none). */

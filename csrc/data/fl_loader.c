@@ -286,10 +286,21 @@ static slot *free_slot(fl_loader *l) {
     return NULL;
 }
 
-/* Opens the next batch in a free slot; NULL when none can open now. */
+/* Batches filling or ready: made ahead of the consumer. */
+static int batches_ahead(const fl_loader *l) {
+    int n = 0;
+    for (int i = 0; i < l->config.slots; i++)
+        n += l->slots[i].state == SLOT_FILLING || l->slots[i].state == SLOT_READY;
+    return n;
+}
+
+/* Opens the next batch in a free slot; NULL when none can open now (no slot, or `ahead`
+ * batches already in flight). */
 static slot *open_batch(fl_loader *l) {
     if (l->stopping || !l->epoch_active || l->next_claim >= l->n_batches ||
         (l->error && l->next_claim >= l->error_batch))
+        return NULL;
+    if (l->config.ahead > 0 && batches_ahead(l) >= l->config.ahead)
         return NULL;
     slot *s = free_slot(l);
     if (s == NULL)
@@ -433,8 +444,10 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
     int rc = fl_sampler_check(&config->sampler);
     if (rc != FL_OK)
         return rc;
-    if (config->slots < 2 || config->workers < 0 || config->n_fields == 0)
-        return fl_error_set(FL_EINVAL, "a loader needs >= 2 slots, >= 0 workers, >= 1 field");
+    if (config->slots < 2 || config->workers < 0 || config->n_fields == 0 || config->ahead < 0 ||
+        config->ahead >= config->slots)
+        return fl_error_set(FL_EINVAL, "a loader needs >= 2 slots, >= 0 workers, >= 1 field, "
+                                       "0 <= ahead < slots");
     fl_loader *l = calloc(1, sizeof *l);
     if (l == NULL)
         return FL_ENOMEM;
@@ -567,6 +580,8 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
             *slot_out = (int)(s - l->slots);
             *count = s->count;
             s->n_dropped = dropped;
+            if (l->config.ahead > 0) /* one fewer ahead: a worker held back by the cap may open one */
+                pthread_cond_broadcast(&l->changed);
             break;
         }
         chunk c;
@@ -664,6 +679,13 @@ int fl_loader_lent(fl_loader *l) {
 
 int fl_loader_slots(const fl_loader *l) { return l->config.slots; }
 
+int fl_loader_ahead(fl_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    int ahead = batches_ahead(l);
+    pthread_mutex_unlock(&l->lock);
+    return ahead;
+}
+
 uint64_t fl_loader_batches(const fl_loader *l) { return l->n_batches; }
 
 void fl_loader_free(fl_loader *l) {
@@ -699,6 +721,7 @@ static int source_next(void *l, double timeout_s, int *slot, size_t *count) {
 static void source_release(void *l, int slot) { fl_loader_release(l, slot); }
 static void source_stop(void *l) { fl_loader_stop(l); }
 static void *source_slot(void *l, int slot) { return fl_loader_slot(l, slot); }
+static int source_ahead(void *l) { return fl_loader_ahead(l); }
 static int source_lent(void *l) { return fl_loader_lent(l); }
 static int source_slots(const void *l) { return fl_loader_slots(l); }
 static uint64_t source_batches(const void *l) { return fl_loader_batches(l); }
@@ -709,7 +732,8 @@ static const fl_batch_source_ops loader_source_ops = {
     .name = "threads", .start_forks = 0, .release_blocks = 0,
     .start_epoch = source_start_epoch, .needs_stop = source_needs_stop, .next = source_next,
     .release = source_release, .stop = source_stop, .slot = source_slot, .lent = source_lent,
-    .slots = source_slots, .batches = source_batches, .error = source_error, .free = source_free,
+    .ahead = source_ahead, .slots = source_slots, .batches = source_batches, .error = source_error,
+    .free = source_free,
 };
 
 fl_batch_source fl_loader_source(fl_loader *l) { return (fl_batch_source){&loader_source_ops, l}; }

@@ -48,6 +48,11 @@ typedef struct fl_loader_config {
     fl_sampler sampler;
     int workers;               /* C threads; 0: the consumer fills batches in next() */
     int slots;                 /* batch buffers, >= 2 */
+    int ahead;                 /* at most this many batches filling or ready, not yet handed
+                                * out (0: as many as free slots allow). With slots = ahead + 2
+                                * the consumer may hold two batches (the one in use, the one
+                                * being taken) and `ahead` stay in flight, as DataLoader's
+                                * prefetch_factor * num_workers */
     const fl_field *fields;    /* n_fields entries, copied */
     size_t n_fields;
     const fl_pipeline *pipeline; /* for field 0, or NULL; borrowed, must outlive the loader */
@@ -100,9 +105,10 @@ size_t fl_loader_field_sample_bytes(const fl_loader *l, size_t field);
 void fl_loader_output_image(const fl_loader *l, fl_images *dims, fl_dtype *dtype,
                             fl_layout *layout);
 
-/* Slots lent out now, and slots in all. */
+/* Slots lent out now, slots in all, and batches filling or ready but not yet handed out. */
 int fl_loader_lent(fl_loader *l);
 int fl_loader_slots(const fl_loader *l);
+int fl_loader_ahead(fl_loader *l);
 
 /* Batches per epoch. */
 uint64_t fl_loader_batches(const fl_loader *l);

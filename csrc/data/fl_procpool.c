@@ -253,10 +253,21 @@ static int least_busy_worker(fl_procpool *pool) {
     return best;
 }
 
-/* Sends batches to workers while slots are free and workers have room. */
+/* Batches assigned or ready: made ahead of the consumer. */
+static int batches_ahead(const fl_procpool *pool) {
+    int n = 0;
+    for (int s = 0; s < pool->n_slots; s++)
+        n += pool->slots[s].state == SLOT_ASSIGNED || pool->slots[s].state == SLOT_READY;
+    return n;
+}
+
+/* Sends batches to workers while slots are free, workers have room and fewer than
+ * workers * prefetch batches are ahead of the consumer. */
 static void dispatch(fl_procpool *pool) {
     size_t batch_size = pool->config.sampler.batch_size;
-    for (int s = 0; s < pool->n_slots && pool->epoch_active; s++) {
+    int ahead = batches_ahead(pool);
+    for (int s = 0; s < pool->n_slots && pool->epoch_active &&
+                    ahead < pool->config.workers * pool->config.prefetch; s++) {
         if (pool->slots[s].state != SLOT_FREE || pool->next_claim >= pool->n_batches ||
             (pool->error && pool->next_claim >= pool->error_batch))
             continue;
@@ -274,6 +285,7 @@ static void dispatch(fl_procpool *pool) {
         }
         pool->slots[s] = (slot){SLOT_ASSIGNED, b, count, w};
         pool->workers[w].in_flight++;
+        ahead++;
     }
 }
 
@@ -349,9 +361,9 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
     if (pool == NULL)
         return FL_ENOMEM;
     pool->config = *config;
-    /* + 1: the batch the consumer still holds while it asks for the next one, so that
+    /* + 2: the batch the consumer still holds while it takes the next one, so that
      * `prefetch` batches per worker stay in flight meanwhile (as DataLoader's prefetch_factor) */
-    pool->n_slots = config->workers * config->prefetch + 1;
+    pool->n_slots = config->workers * config->prefetch + 2;
     pool->slot_stride = (config->slot_bytes + ALIGN - 1) / ALIGN * ALIGN;
     pool->region_len = pool->slot_stride * (size_t)pool->n_slots;
     pool->region = mmap(NULL, pool->region_len ? pool->region_len : ALIGN, PROT_READ | PROT_WRITE,
@@ -435,6 +447,7 @@ int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot_out, size_t 
             pool->next_deliver++;
             *slot_out = (int)(s - pool->slots);
             *count = s->count;
+            dispatch(pool); /* one fewer ahead: the next batch can start */
             rc = FL_OK;
             break;
         }
@@ -495,6 +508,13 @@ int fl_procpool_lent(fl_procpool *pool) {
 
 int fl_procpool_slots(const fl_procpool *pool) { return pool->n_slots; }
 
+int fl_procpool_ahead(fl_procpool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    int ahead = batches_ahead(pool);
+    pthread_mutex_unlock(&pool->lock);
+    return ahead;
+}
+
 uint64_t fl_procpool_batches(const fl_procpool *pool) { return pool->n_batches; }
 
 void fl_procpool_free(fl_procpool *pool) {
@@ -523,6 +543,7 @@ static int source_next(void *pool, double timeout_s, int *slot, size_t *count) {
 static void source_release(void *pool, int slot) { fl_procpool_release(pool, slot); }
 static void source_stop(void *pool) { fl_procpool_stop(pool); }
 static void *source_slot(void *pool, int slot) { return fl_procpool_slot(pool, slot); }
+static int source_ahead(void *pool) { return fl_procpool_ahead(pool); }
 static int source_lent(void *pool) { return fl_procpool_lent(pool); }
 static int source_slots(const void *pool) { return fl_procpool_slots(pool); }
 static uint64_t source_batches(const void *pool) { return fl_procpool_batches(pool); }
@@ -533,7 +554,8 @@ static const fl_batch_source_ops procpool_source_ops = {
     .name = "processes", .start_forks = 1, .release_blocks = 1,
     .start_epoch = source_start_epoch, .needs_stop = source_needs_stop, .next = source_next,
     .release = source_release, .stop = source_stop, .slot = source_slot, .lent = source_lent,
-    .slots = source_slots, .batches = source_batches, .error = source_error, .free = source_free,
+    .ahead = source_ahead, .slots = source_slots, .batches = source_batches, .error = source_error,
+    .free = source_free,
 };
 
 fl_batch_source fl_procpool_source(fl_procpool *pool) {

@@ -46,7 +46,10 @@ typedef struct fl_proc_hooks {
 typedef struct fl_procpool_config {
     fl_sampler sampler;
     int workers;      /* >= 1 */
-    int prefetch;     /* batches in flight per worker, >= 1; slots = workers * prefetch + 1 */
+    int prefetch;     /* batches in flight per worker, >= 1: at most workers * prefetch batches
+                       * assigned or ready, not yet handed out; slots = that + 2, so the consumer
+                       * may hold two (the one in use, the one being taken) and the rest stay in
+                       * flight, as DataLoader's prefetch_factor */
     size_t slot_bytes;
     fl_proc_fill_fn fill;
     void *fill_ctx;
@@ -99,11 +102,13 @@ void fl_procpool_release(fl_procpool *pool, int slot);
  * forgets batches not delivered. Lent slots stay lent. Idempotent. */
 void fl_procpool_stop(fl_procpool *pool);
 
-/* Worker pids (0 when not running), slot memory, slots lent now and in all. */
+/* Worker pids (0 when not running), slot memory, slots lent now and in all, and batches
+ * assigned or ready but not yet handed out. */
 pid_t fl_procpool_pid(fl_procpool *pool, int worker);
 void *fl_procpool_slot(fl_procpool *pool, int slot);
 int fl_procpool_lent(fl_procpool *pool);
 int fl_procpool_slots(const fl_procpool *pool);
+int fl_procpool_ahead(fl_procpool *pool);
 uint64_t fl_procpool_batches(const fl_procpool *pool);
 
 /* Stops the workers and unmaps the slots. No slot may still be in use. NULL is a no-op. */

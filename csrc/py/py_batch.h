@@ -21,6 +21,12 @@ typedef struct fl_slot_batch {
     int copy_out;               /* 1: copy the arrays and release the slot at once */
 } fl_slot_batch;
 
+/* Whether the batch just lent (making `lent` of `slots` lent) goes out as a copy: a view while
+ * the consumer holds at most two (the one in use and the one being taken; the cores keep
+ * `slots - 2` batches in flight besides), a copy for a third one kept, so batches a user keeps
+ * never eat the slots the workers prefetch into, and a copy when no slot would be left. */
+static inline int fl_copy_out(int lent, int slots) { return lent > 2 || lent >= slots; }
+
 /* The batch as a tuple of arrays. The slot is released here when copying (or on error),
  * else by the lease. NULL with an exception on failure. */
 PyObject *fl_batch_from_slot(fl_module_state *state, const fl_slot_batch *batch);

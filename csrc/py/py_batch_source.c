@@ -41,7 +41,7 @@ static PyObject *batch_from_slot(fl_source_object *self, int slot, size_t count)
         .owner = (PyObject *)self, .core = self, .release = release_slot, .slot = slot,
         .data = src->ops->slot(src->impl, slot), .offsets = self->offsets, .count = count,
         .descrs = self->out_descrs, .shapes = self->out_shapes,
-        .copy_out = src->ops->lent(src->impl) >= src->ops->slots(src->impl),
+        .copy_out = fl_copy_out(src->ops->lent(src->impl), src->ops->slots(src->impl)),
     };
     return fl_batch_from_slot(source_state((PyObject *)self), &batch);
 }
@@ -122,6 +122,12 @@ PyObject *fl_source_get_lent(PyObject *self, void *closure) {
     (void)closure;
     const fl_batch_source *src = &((fl_source_object *)self)->source;
     return PyLong_FromLong(src->ops->lent(src->impl));
+}
+
+PyObject *fl_source_get_ahead(PyObject *self, void *closure) {
+    (void)closure;
+    const fl_batch_source *src = &((fl_source_object *)self)->source;
+    return PyLong_FromLong(src->ops->ahead(src->impl));
 }
 
 PyObject *fl_source_get_output(PyObject *self, void *closure) {

@@ -60,14 +60,17 @@ int fl_source_borrow(fl_source_object *self, PyObject *pipeline_obj, PyObject *m
  * reference, or NULL with an exception. */
 PyTypeObject *fl_source_add_type(PyObject *module, const fl_source_type *def);
 
-/* Getters for a mode's PyGetSetDef table: FL_SOURCE_GETSET (batches, output) opens both
- * modes' tables; `lent` is the threads mode's. */
+/* Getters for a mode's PyGetSetDef table: FL_SOURCE_GETSET (batches, lent, ahead, output)
+ * opens both modes' tables. */
 PyObject *fl_source_get_batches(PyObject *self, void *closure);
 PyObject *fl_source_get_lent(PyObject *self, void *closure);
+PyObject *fl_source_get_ahead(PyObject *self, void *closure);
 PyObject *fl_source_get_output(PyObject *self, void *closure);
 
 #define FL_SOURCE_GETSET                                                                       \
     {"batches", fl_source_get_batches, NULL, "Batches per epoch.", NULL},                      \
+    {"lent", fl_source_get_lent, NULL, "Slots lent out now.", NULL},                           \
+    {"ahead", fl_source_get_ahead, NULL, "Batches filling or ready, not yet handed out.", NULL}, \
     {"output", fl_source_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL}
 
 #endif

@@ -31,6 +31,17 @@ static void describe_exception(char *error, size_t len) {
     Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
 }
 
+/* Whether array's shape is `want`, a tuple of ints. */
+static int same_shape(PyArrayObject *array, PyObject *want) {
+    int ndim = PyArray_NDIM(array);
+    if (PyTuple_GET_SIZE(want) != ndim)
+        return 0;
+    for (int d = 0; d < ndim; d++)
+        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(want, d)) != PyArray_DIM(array, d))
+            return 0;
+    return 1;
+}
+
 /* Copies field f of one sample into dst, checking dtype (cast if needed) and shape. */
 static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned char *dst) {
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(self->in_descrs, (Py_ssize_t)f);
@@ -39,9 +50,8 @@ static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned 
     if (array == NULL)
         return -1;
     PyObject *want = PyTuple_GET_ITEM(self->in_shapes, (Py_ssize_t)f);
-    PyObject *got = PyObject_GetAttrString(array, "shape");
-    int same = got != NULL && PyObject_RichCompareBool(got, want, Py_EQ) == 1;
-    if (!same) {
+    if (!same_shape((PyArrayObject *)array, want)) { /* per sample: no shape tuple made unless it differs */
+        PyObject *got = PyObject_GetAttrString(array, "shape");
         if (got != NULL)
             PyErr_Format(PyExc_ValueError, "field %zu has shape %R, but the first sample's is %R: every "
                                            "sample must have the same shape to form batches", f, got, want);
@@ -49,7 +59,6 @@ static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned 
         Py_DECREF(array);
         return -1;
     }
-    Py_DECREF(got);
     memcpy(dst, PyArray_DATA((PyArrayObject *)array), self->in_bytes[f]);
     Py_DECREF(array);
     return 0;

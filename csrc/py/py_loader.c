@@ -229,14 +229,14 @@ static int build_source(LoaderObject *self, const fl_loader_config *config, PyOb
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", "skip_errors", NULL};
+                               "workers", "slots", "pipeline", "metrics", "skip_errors", "ahead", NULL};
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
-    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOp:_Loader", keywords, &fields_obj, &batch_size,
+    int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0, ahead = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOpi:_Loader", keywords, &fields_obj, &batch_size,
                                      &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj, &skip_errors))
+                                     &pipeline_obj, &metrics_obj, &skip_errors, &ahead))
         return NULL;
     PyObject *fields = PySequence_Tuple(fields_obj);
     if (fields == NULL)
@@ -266,7 +266,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     fl_loader_config config = {
         .sampler = {.shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last},
-        .workers = workers, .slots = slots, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
+        .workers = workers, .slots = slots, .ahead = ahead, .fields = specs, .n_fields = n_fields, .skip_errors = skip_errors,
     };
     for (size_t f = 0; f < n_fields; f++) {
         uint64_t n;
@@ -310,7 +310,6 @@ static void loader_free(fl_source_object *base) {
 
 static PyGetSetDef loader_getset[] = {
     FL_SOURCE_GETSET,
-    {"lent", fl_source_get_lent, NULL, "Slots lent out now.", NULL},
     {"skipped", loader_get_skipped, NULL, "(samples dropped, the first one's message).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -34,8 +34,8 @@ class SampleStructure:
         torch = loaded_torch()
         if torch is None or not any(isinstance(v, torch.Tensor) for v in values):  # the common, fast path
             return values if type(values) is tuple else tuple(values)
-        return tuple(tensor_as_array(v, f"sample field {i}") if isinstance(v, torch.Tensor) else v
-                     for i, v in enumerate(values))
+        return tuple([tensor_as_array(v, lambda i=i: f"sample field {i}") if isinstance(v, torch.Tensor) else v
+                      for i, v in enumerate(values)])
 
     def build(self, fields: tuple) -> Any:
         """Fields (batched or not) in the samples' structure."""

@@ -25,8 +25,14 @@ def is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def tensor_as_array(tensor: Any, what: str) -> np.ndarray:
-    """A CPU tensor as a NumPy array sharing its memory; a clear TypeError otherwise."""
+def tensor_as_array(tensor: Any, what: Any) -> np.ndarray:
+    """A CPU tensor as a NumPy array sharing its memory; a clear TypeError otherwise (what:
+    the tensor's name in it, or a callable giving it, so the common case builds no string)."""
+    try:  # the common case, once per sample field in workers: ~1.5 us against ~4 for the full path
+        return tensor.numpy()  # refuses grad, conj/neg bits, other devices and dtypes NumPy lacks
+    except (TypeError, RuntimeError):
+        pass
+    what = what() if callable(what) else what
     if tensor.device.type != "cpu":
         raise TypeError(f"{what} is a tensor on {tensor.device}: the Loader reads host memory, so pass "
                         f"{what}.cpu() (Loader(device='cuda') copies the batches to the GPU)")

@@ -212,15 +212,15 @@ class Loader:
     source) or "shard" (TarShards only: each rank reads whole shards, rank, rank + world_size,
     ...; padded by wrapping, or trimmed with drop_last, to the same step count on every rank).
 
-    Batches are zero-copy views of loader-owned slots, recycled when you drop them. If you
-    keep so many that the workers would have no free slot, further batches come as copies.
+    Batches are zero-copy views of loader-owned slots, recycled when you drop them. While you
+    hold up to two (the one in use and the next), workers * prefetch more are made meanwhile;
+    a third batch you keep comes as a copy, so kept batches never reduce the prefetch.
     output: "numpy" (arrays) or "torch" (tensors sharing the slot memory, via
     torch.from_numpy). collate_fn: called with the batch's list of samples (as the dataset
     gives them; arrays or tensors) in this process; what it returns is the batch.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
-    prefetch_factor (= prefetch: batches in flight per worker, made while you use the one
-    you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
@@ -418,8 +418,12 @@ class Loader:
             first = fields[0]
             shape = first.shape if isinstance(first, Folder) else first.shape[1:]
             core_pipeline = pipeline._core(pipeline.channels_of(shape))
-        slots = max(2, workers * prefetch)
-        return _Loader(specs, workers=workers, slots=slots, pipeline=core_pipeline, metrics=self.metrics,
+        # `ahead` batches in flight besides the two the consumer may hold as views (the one in
+        # use, the one being taken), as DataLoader's prefetch_factor * num_workers; 0 workers:
+        # the consumer makes each batch when asked
+        ahead = workers * prefetch
+        return _Loader(specs, workers=workers, slots=ahead + 2, ahead=ahead, pipeline=core_pipeline,
+                       metrics=self.metrics,
                        skip_errors=self.on_error == "skip",
                        **self._sampling())
 

@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "base/fl_error.h"
+#include "base/fl_time.h"
 #include "data/fl_loader.h"
 #include "data/fl_pipeline.h"
 #include "data/fl_sampler.h"
@@ -439,6 +441,42 @@ static void test_the_batch_source_table_runs_the_loader(void) {
     src.ops->free(src.impl);
 }
 
+/* Polls fl_loader_ahead until it is `want` (5 s at most); returns the last count. */
+static int wait_ahead(fl_loader *l, int want) {
+    double deadline = fl_monotonic() + 5;
+    int ahead;
+    while ((ahead = fl_loader_ahead(l)) != want && fl_monotonic() < deadline)
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* polls a real condition */
+    return ahead;
+}
+
+static void test_ahead_batches_stay_in_flight_besides_the_ones_held(void) {
+    static int64_t values[64];
+    for (int i = 0; i < 64; i++)
+        values[i] = i;
+    fl_field field = {.base = values, .sample_bytes = sizeof(int64_t)};
+    fl_loader_config config = {
+        .sampler = {.n = 64, .world_size = 1, .batch_size = 4},
+        .workers = 2, .slots = 5, .ahead = 3, .fields = &field, .n_fields = 1,
+    };
+    fl_loader *l;
+    CHECK(fl_loader_new(&config, &l) == FL_OK);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    int held[2];
+    size_t count;
+    CHECK(fl_loader_next(l, 10, &held[0], &count) == FL_OK);
+    CHECK(wait_ahead(l, 3) == 3); /* one held: three made ahead, not four (a free slot is left) */
+    CHECK(fl_loader_next(l, 10, &held[1], &count) == FL_OK);
+    CHECK(wait_ahead(l, 3) == 3 && fl_loader_lent(l) == 2); /* two held: still three ahead */
+    CHECK(((int64_t *)fl_loader_slot(l, held[1]))[0] == 4);
+    fl_loader_release(l, held[0]);
+    fl_loader_release(l, held[1]);
+    config.ahead = 5; /* as many as slots: refused */
+    fl_loader *bad = NULL;
+    CHECK(fl_loader_new(&config, &bad) == FL_EINVAL && bad == NULL);
+    fl_loader_free(l);
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -453,6 +491,7 @@ int main(void) {
     RUN(test_a_failing_chunk_drops_its_batch_and_frees_the_slot);
     RUN(test_stop_from_another_thread_while_the_consumer_fills_chunks);
     RUN(test_the_batch_source_table_runs_the_loader);
+    RUN(test_ahead_batches_stay_in_flight_besides_the_ones_held);
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

@@ -215,7 +215,7 @@ static void test_the_batch_source_table_runs_the_pool(void) {
     fl_batch_source src = fl_procpool_source(pool);
     CHECK(src.impl == pool && src.ops->start_forks && src.ops->release_blocks);
     CHECK(src.ops->batches(src.impl) == (SAMPLES + BATCH - 1) / BATCH);
-    CHECK(src.ops->slots(src.impl) == 2 * 2 + 1);
+    CHECK(src.ops->slots(src.impl) == 2 * 2 + 2);
     CHECK(src.ops->start_epoch(src.impl, 0, 0) == FL_OK);
     static unsigned char seen[SAMPLES];
     memset(seen, 0, sizeof seen);
