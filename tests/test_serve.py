@@ -138,6 +138,37 @@ def test_queue_full_raises_at_once_at_the_bound():
             svc.result(job, timeout=5)
 
 
+def test_an_admitted_submit_keeps_its_slot_while_others_fill_the_queue():
+    gate = Gate()
+    with InferenceService(gate, workers=1, max_queue=2, max_batch=1, store=MemoryStore()) as svc:
+        running = svc.submit(np.zeros(2))
+        wait_for(lambda: svc.status(running) == "running")
+        admitted = svc.admit()  # what the HTTP front does before parsing a body
+        assert admitted is not None and admitted.held
+        queued = svc.submit(np.ones(2))  # takes the one slot left
+        assert svc.admit() is None and svc.reject_if_full()
+        with pytest.raises(fl.QueueFull, match="full"):
+            svc.submit(np.ones(2))
+        late = svc.submit(np.full(2, 3.0), admission=admitted)  # never refused: the slot was its own
+        stats = svc.stats()
+        assert not admitted.held and stats["queue_depth"] == 2 and stats["rejected"] == 3
+        gate.open.set()
+        assert [float(svc.result(job, timeout=5)[0]) for job in (running, queued, late)] == [0.0, 2.0, 6.0]
+
+
+def test_an_admission_comes_back_when_its_submit_fails_or_never_happens(mlp):
+    with InferenceService(mlp, workers=1, max_queue=1, store=MemoryStore()) as svc:
+        refused = svc.admit()
+        with pytest.raises(ValueError, match="shape"):
+            svc.submit(np.zeros(IN + 1, np.float32), admission=refused)
+        assert not refused.held
+        unused = svc.admit()
+        assert unused is not None and svc.admit() is None  # it holds the only slot
+        unused.release()
+        unused.release()  # a second release changes nothing
+        assert svc.result(svc.submit(sample(0), admission=svc.admit()), timeout=5).shape == (OUT,)
+
+
 def test_a_caller_given_id_is_idempotent():
     calls = []
     with InferenceService(lambda b: calls.append(len(b)) or b, store=MemoryStore()) as svc:
