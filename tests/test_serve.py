@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import fastloop as fl
-from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,
-                            StoreError)
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, JobRecord,
+                            MemoryStore, StoreError)
 
 IN, OUT = 16, 4
 
@@ -609,6 +609,31 @@ def test_restart_with_records_a_dead_process_left(tmp_path):
             svc.result("r", timeout=5)
         assert svc.result("d", timeout=5).tolist() == [7.0, 7.0]
     assert not any(name.startswith((".tmp-", ".new-")) for name in os.listdir(tmp_path))
+
+
+def test_a_memory_store_keeps_finished_jobs_out_of_the_garbage_collectors_scans():
+    # A full collection scans every tracked object: 10^5s of finished jobs kept for the
+    # result TTL would stall the whole server (the HTTP front included) on each one.
+    import gc
+
+    store = MemoryStore()
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
+        record = JobRecord.new(f"job-{i}", 1000.0 + i, (IN,), "<f4")
+        store.create(record, None)
+        record.status, record.finished = "done", 2000.0 + i
+        store.finish(record, np.full(OUT, i, np.float32))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 1000  # not one (or two) per job, as JobRecord objects were
+    record = store.get("job-42")
+    assert (record.status, record.submitted, record.finished, record.shape, record.dtype) == \
+        ("done", 1042.0, 2042.0, (IN,), "<f4")
+    assert store.get_result("job-42")[0] == 42
+    assert store.expire(now=2100.0, ttl_s=90.0, forget_after_s=1e9) == [f"job-{i}" for i in range(11)]
+    assert store.get("job-3").status == "expired" and store.get("job-3").expired_at == 2100.0
+    with pytest.raises(KeyError):
+        store.get_result("job-3")
 
 
 def test_file_store_files_are_json_and_npy_without_pickle(tmp_path):
