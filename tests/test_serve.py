@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import fastloop as fl
-from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,
-                            StoreError)
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, JobRecord,
+                            MemoryStore, StoreError)
 from waiting import wait_for
 
 IN, OUT = 16, 4
@@ -130,6 +130,37 @@ def test_queue_full_raises_at_once_at_the_bound():
         gate.open.set()
         for job in [running] + queued:
             svc.result(job, timeout=5)
+
+
+def test_an_admitted_submit_keeps_its_slot_while_others_fill_the_queue():
+    gate = Gate()
+    with InferenceService(gate, workers=1, max_queue=2, max_batch=1, store=MemoryStore()) as svc:
+        running = svc.submit(np.zeros(2))
+        wait_for(lambda: svc.status(running) == "running")
+        admitted = svc.admit()  # what the HTTP front does before parsing a body
+        assert admitted is not None and admitted.held
+        queued = svc.submit(np.ones(2))  # takes the one slot left
+        assert svc.admit() is None and svc.reject_if_full()
+        with pytest.raises(fl.QueueFull, match="full"):
+            svc.submit(np.ones(2))
+        late = svc.submit(np.full(2, 3.0), admission=admitted)  # never refused: the slot was its own
+        stats = svc.stats()
+        assert not admitted.held and stats["queue_depth"] == 2 and stats["rejected"] == 3
+        gate.open.set()
+        assert [float(svc.result(job, timeout=5)[0]) for job in (running, queued, late)] == [0.0, 2.0, 6.0]
+
+
+def test_an_admission_comes_back_when_its_submit_fails_or_never_happens(mlp):
+    with InferenceService(mlp, workers=1, max_queue=1, store=MemoryStore()) as svc:
+        refused = svc.admit()
+        with pytest.raises(ValueError, match="shape"):
+            svc.submit(np.zeros(IN + 1, np.float32), admission=refused)
+        assert not refused.held
+        unused = svc.admit()
+        assert unused is not None and svc.admit() is None  # it holds the only slot
+        unused.release()
+        unused.release()  # a second release changes nothing
+        assert svc.result(svc.submit(sample(0), admission=svc.admit()), timeout=5).shape == (OUT,)
 
 
 def test_a_caller_given_id_is_idempotent():
@@ -575,6 +606,31 @@ def test_restart_with_records_a_dead_process_left(tmp_path):
             svc.result("r", timeout=5)
         assert svc.result("d", timeout=5).tolist() == [7.0, 7.0]
     assert not any(name.startswith((".tmp-", ".new-")) for name in os.listdir(tmp_path))
+
+
+def test_a_memory_store_keeps_finished_jobs_out_of_the_garbage_collectors_scans():
+    # A full collection scans every tracked object: 10^5s of finished jobs kept for the
+    # result TTL would stall the whole server (the HTTP front included) on each one.
+    import gc
+
+    store = MemoryStore()
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
+        record = JobRecord.new(f"job-{i}", 1000.0 + i, (IN,), "<f4")
+        store.create(record, None)
+        record.status, record.finished = "done", 2000.0 + i
+        store.finish(record, np.full(OUT, i, np.float32))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 1000  # not one (or two) per job, as JobRecord objects were
+    record = store.get("job-42")
+    assert (record.status, record.submitted, record.finished, record.shape, record.dtype) == \
+        ("done", 1042.0, 2042.0, (IN,), "<f4")
+    assert store.get_result("job-42")[0] == 42
+    assert store.expire(now=2100.0, ttl_s=90.0, forget_after_s=1e9) == [f"job-{i}" for i in range(11)]
+    assert store.get("job-3").status == "expired" and store.get("job-3").expired_at == 2100.0
+    with pytest.raises(KeyError):
+        store.get_result("job-3")
 
 
 def test_file_store_files_are_json_and_npy_without_pickle(tmp_path):

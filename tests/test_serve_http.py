@@ -281,6 +281,50 @@ def test_unknown_job_is_404_and_healthz_is_ok(mlp_server):
 # ---------------------------------------------------------------- queue full, failures, cancel, expiry
 
 
+class SlowCreateStore(MemoryStore):
+    """A MemoryStore whose create() of the job "slow" waits until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def create(self, record, inputs):
+        if record.id == "slow":
+            assert self.release.wait(20), "the test never released the store"
+        return super().create(record, inputs)
+
+
+def test_a_request_admitted_on_the_loop_keeps_its_slot_while_it_waits_for_the_pool():
+    gate, store = Gate(), SlowCreateStore()
+    service = InferenceService(gate, workers=1, max_queue=2, max_batch=1, max_delay_ms=0, store=store)
+    answers = {}
+
+    def post(name, body):
+        answers[name] = call(base, "POST", "/v1/jobs", body)
+
+    with serving(App(service, threads=1)) as base, contextlib.ExitStack() as undo:  # one pool thread
+        undo.callback(gate.open.set)  # a failed assertion must not leave the threads waiting
+        undo.callback(store.release.set)
+        running = call(base, "POST", "/v1/jobs", {"inputs": [1.0]})[2]["id"]
+        wait_for(lambda: gate.calls == 1)  # the queue is empty again: 2 slots
+        posts = [threading.Thread(target=post, args=("slow", {"inputs": [2.0], "id": "slow"}))]
+        posts[0].start()  # holds slot 1 and the pool's thread until the store is released
+        wait_for(lambda: service.stats()["queue_depth"] == 1)
+        posts.append(threading.Thread(target=post, args=("admitted", {"inputs": [3.0]})))
+        posts[1].start()  # admitted on the loop: slot 2 is its own while it waits for the pool
+        wait_for(lambda: service.reject_if_full())
+        with pytest.raises(fl.QueueFull):
+            service.submit(np.array([4.0]))  # a later submit finds no slot
+        store.release.set()
+        for thread in posts:
+            thread.join(10)
+        assert answers["slow"][0] == 202 and answers["admitted"][0] == 202, answers
+        gate.open.set()
+        jobs = [running, "slow", answers["admitted"][2]["id"]]
+        assert [poll(base, job)["status"] for job in jobs] == ["done"] * 3
+    service.close(drain_s=5)
+
+
 def test_a_full_queue_answers_429_with_retry_after_and_stores_nothing(gate_server):
     base, service, gate = gate_server
     running = call(base, "POST", "/v1/jobs", {"inputs": [1.0]})[2]["id"]

@@ -27,12 +27,13 @@ from .http import App
 from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
 from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
-from .service import InferenceService
+from .service import Admission, InferenceService
 from .spec import Input
 from .stores import MemoryStore, Store
 
 __all__ = [
     "InferenceService",
+    "Admission",
     "Input",
     "FileStore",
     "MemoryStore",

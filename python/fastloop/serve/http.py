@@ -31,7 +31,7 @@ from ..errors import Closed, QueueFull
 from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
 from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
 from .outputs import as_json
-from .service import InferenceService
+from .service import Admission, InferenceService
 
 __all__ = ["App"]
 
@@ -270,15 +270,22 @@ class App:
         # A full queue is answered here, on the loop, before any parsing: a 429 must be
         # fast when the service is busiest. (A request naming its own id goes the long way,
         # so resubmitting a known job stays idempotent.)
+        # An admitted request holds a queue slot until its submit in the pool uses it, so it
+        # is never refused later (a 429 that waited behind the pool's parsing).
         named = given_id is not None if npy else b'"id"' in body
-        if not named and self.service.reject_if_full():
+        admission = None if named else self.service.admit()
+        if admission is None and not named:
             raise _Reply(429, {"error": f"the service's queue is full ({self.service.max_queue} jobs "
                                         "waiting): retry later"},
                          [("retry-after", str(self.retry_after_s))], rejection="queue_full")
-        if npy:
-            job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope))
-        else:
-            job_id = await self._call(self._submit, body)
+        try:
+            if npy:
+                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope), admission)
+            else:
+                job_id = await self._call(self._submit, body, admission)
+        finally:
+            if admission is not None:
+                admission.release()  # unused: the submit failed before it, or never ran
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}/v1/jobs/{job_id}")]
 
     async def _ep_job(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
@@ -325,7 +332,7 @@ class App:
             raise _Reply(503, {"error": f"the server is stopping: {error}"}) from None
 
     # ------------------------------------------------------------ the handlers (in the pool)
-    def _submit(self, body: bytes) -> str:
+    def _submit(self, body: bytes, admission: Admission | None = None) -> str:
         try:
             data = parse_body(body)
             if "path" in data:
@@ -333,13 +340,15 @@ class App:
             else:
                 inputs = data["inputs"]
             return self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s"),
-                                       priority=data.get("priority", "normal"))
+                                       priority=data.get("priority", "normal"), admission=admission)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
-    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None) -> str:
+    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None,
+                    admission: Admission | None = None) -> str:
         try:
-            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s)
+            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s,
+                                       admission=admission)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 

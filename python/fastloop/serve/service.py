@@ -36,7 +36,7 @@ from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
 
-__all__ = ["InferenceService"]
+__all__ = ["InferenceService", "Admission"]
 
 Listener = Callable[[str, str], None]
 
@@ -67,6 +67,28 @@ class _Job:
     @property
     def key(self) -> tuple[tuple[int, ...], str]:
         return self.inputs.shape, self.inputs.dtype  # a structured dtype holds its fields' shapes
+
+
+class Admission:
+    """A queue slot reserved for one submit by InferenceService.admit(): a front that
+    admits a request before parsing it answers every 429 at once, and a request it admitted
+    is not refused later for a queue that filled meanwhile. ``submit(..., admission=a)``
+    uses the slot; ``release()`` gives it back when no submit used it (a no-op otherwise, so
+    call it in a ``finally``).
+
+    >>> a = svc.admit()                   # None: the queue is full, answer 429
+    >>> try: svc.submit(parse(body), admission=a)
+    ... finally: a.release()
+    """
+
+    __slots__ = ("_service", "held")
+
+    def __init__(self, service: "InferenceService", held: bool) -> None:
+        self._service, self.held = service, held  # held: the slot is still reserved
+
+    def release(self) -> None:
+        if self.held:
+            self._service._release(self)
 
 
 class InferenceService:
@@ -134,6 +156,7 @@ class InferenceService:
         self._jobs: dict[str, _Job] = {}
         self._unsaved: dict[str, _Job] = {}  # ended while the store was down; also still in _jobs
         self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
+        self._admitted = 0  # slots reserved by admit() for submits not yet made: bound with _queued
         self._closed = False
         self._abandon = False  # close() ran out of drain time: fail instead of run
         self._listeners: list[Listener] = []
@@ -154,7 +177,7 @@ class InferenceService:
 
     # ------------------------------------------------------------ the public calls
     def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
-               priority: str = "normal") -> str:
+               priority: str = "normal", admission: Admission | None = None) -> str:
         """Queues one input; returns the job id (a new one, or `job_id`).
 
         ``timeout_s`` (default: the service's): the job fails ("deadline exceeded ...")
@@ -164,8 +187,18 @@ class InferenceService:
         Raises QueueFull at once when max_queue jobs wait, fastloop.Closed after close(),
         TypeError/ValueError for an input the model cannot take. Submitting a `job_id` that
         exists (queued, running or finished) returns it and queues nothing. ``priority``
-        other than "normal" needs the queue in Redis (queue=RedisQueue(...)).
+        other than "normal" needs the queue in Redis (queue=RedisQueue(...)). ``admission``
+        (from admit()): the slot it holds is used, so QueueFull is not raised; it is
+        released whatever happens.
         """
+        try:
+            return self._submit(inputs, job_id, timeout_s, priority, admission)
+        finally:
+            if admission is not None:
+                admission.release()
+
+    def _submit(self, inputs: Any, job_id: str | None, timeout_s: float | None, priority: str,
+                admission: Admission | None) -> str:
         if priority != "normal":
             raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
@@ -178,11 +211,15 @@ class InferenceService:
                 self._any_deadline = True
                 self._wake.set()  # the janitor starts looking for late jobs
         with self._lock:
+            reserved = admission is not None and admission.held
+            if reserved:  # the slot becomes this job's (or is freed below)
+                admission.held = False  # type: ignore[union-attr]
+                self._admitted -= 1
             if self._closed:
                 raise Closed("submit() on a closed InferenceService")
             if job_id in self._jobs:
                 return job_id
-            if self._queued >= self.max_queue:
+            if not reserved and self._queued + self._admitted >= self.max_queue:
                 self._stats.count("rejected")
                 raise QueueFull(f"the service's queue is full ({self.max_queue} jobs waiting): retry later")
             self._jobs[job_id] = job
@@ -284,15 +321,38 @@ class InferenceService:
             raise JobCancelled(job_id, record.error or "cancelled")
         raise JobFailed(job_id, record.error or "unknown error")
 
+    def admit(self) -> Admission | None:
+        """A reserved queue slot for one submit, or None (counting a rejection) when
+        max_queue jobs wait or hold a slot: a front calls it before parsing a request and
+        answers 429 at once for None. Never blocks on the store. See Admission.
+
+        >>> a = svc.admit()
+        >>> if a is None: answer_429()
+        """
+        with self._lock:
+            if self._closed:
+                return Admission(self, held=False)  # submit() raises Closed
+            if self._queued + self._admitted >= self.max_queue:
+                self._stats.count("rejected")
+                return None
+            self._admitted += 1
+        return Admission(self, held=True)
+
+    def _release(self, admission: Admission) -> None:
+        with self._lock:
+            if admission.held:
+                admission.held = False
+                self._admitted -= 1
+
     def reject_if_full(self) -> bool:
-        """True, counting a rejection, when max_queue jobs wait: a front answers 429 with it
-        before parsing a request (submit() would refuse the job anyway, after converting its
-        input). The answer is as current as any answer to "is it full?" can be.
+        """True, counting a rejection, when max_queue jobs wait (or hold a slot from admit()):
+        admit() without the reservation. The answer is as current as any answer to "is it
+        full?" can be: a submit that follows may still find the queue full.
 
         >>> if svc.reject_if_full(): answer_429()
         """
         with self._lock:
-            if self._queued >= self.max_queue and not self._closed:
+            if self._queued + self._admitted >= self.max_queue and not self._closed:
                 self._stats.count("rejected")
                 return True
         return False

@@ -32,7 +32,7 @@ from .batching import group_by_input, run_group
 from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id, new_job_id
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, check_level
-from .service import InferenceService, _join
+from .service import Admission, InferenceService, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -69,10 +69,11 @@ class SharedInferenceService(InferenceService):
 
     # ------------------------------------------------------------ the public calls
     def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
-               priority: str = "normal") -> str:
+               priority: str = "normal", admission: Admission | None = None) -> str:
         """Creates and queues a job in Redis; returns its id. ``priority``: "high", "normal"
         or "low" (workers take higher levels first). QueueFull when max_queue jobs wait or
-        are held across all processes; StoreUnavailable when Redis cannot be reached."""
+        are held across all processes (an ``admission`` reserves nothing here: Redis
+        decides); StoreUnavailable when Redis cannot be reached."""
         if timeout_s is not None or self.timeout_s is not None:
             raise ValueError("timeout_s (job deadlines) is not supported yet with the queue in Redis")
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
@@ -89,6 +90,12 @@ class SharedInferenceService(InferenceService):
             self._stats.count("submitted")
             self._notify(job_id, QUEUED)
         return job_id
+
+    def admit(self) -> Admission | None:
+        """None (counting a rejection) when reject_if_full(); else an Admission that holds
+        no slot: the queue's bound is kept in Redis, across processes, so a submit after it
+        may still raise QueueFull."""
+        return None if self.reject_if_full() else Admission(self, held=False)
 
     def reject_if_full(self) -> bool:
         """True (counting a rejection) when the keeper's last look found max_queue jobs
