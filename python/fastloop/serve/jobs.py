@@ -77,6 +77,7 @@ class JobRecord:
     shape: tuple[int, ...] = ()  # of the input
     dtype: str = ""  # of the input
     expired_at: float | None = None  # when the store dropped its result
+    deadline: float | None = None  # when it must have ended (time.time(), from submit's timeout_s)
 
     @classmethod
     def new(cls, job_id: str, submitted: float, shape: tuple[int, ...] = (), dtype: str = "") -> "JobRecord":

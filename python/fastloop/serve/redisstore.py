@@ -42,7 +42,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
+from .jobs import DONE, EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
 from .stores import Store
 
 __all__ = ["RedisStore", "StoreUnavailable"]
@@ -304,6 +304,16 @@ class RedisStore(Store):
         if data is None:
             raise KeyError(job_id)
         return self._parse(job_id, data)
+
+    def get_with_result(self, job_id: str) -> tuple[JobRecord, np.ndarray | None]:
+        with self._redis(f"read job {job_id!r}"):
+            data, result = self._client.hmget(self.key(job_id), ["record", "result"])
+        if data is None:
+            raise KeyError(job_id)
+        record = self._parse(job_id, data)
+        if record.status != DONE or result is None:
+            return record, None
+        return record, self._array(job_id, "result", result)
 
     def get_input(self, job_id: str) -> np.ndarray | None:
         with self._redis(f"read the input of job {job_id!r}"):

@@ -284,6 +284,24 @@ class InferenceService:
             raise JobCancelled(job_id, record.error or "cancelled")
         raise JobFailed(job_id, record.error or "unknown error")
 
+    def _outcome(self, job_id: str) -> tuple[JobRecord, np.ndarray | None]:
+        """record() and, for a done job, its result row (None otherwise, or when it is gone):
+        what a front answers a result request with, in one store read where the store allows
+        it. KeyError for an unknown id."""
+        with self._lock:
+            job, unsaved = self._jobs.get(job_id), self._unsaved.get(job_id)
+        if unsaved is not None:  # ended while the store was down: memory has the truth
+            record, row = JobRecord(**vars(unsaved.record)), unsaved.result
+        elif job is not None and job.visible and job.record.status in (QUEUED, RUNNING):
+            with job.lock:
+                record, row = JobRecord(**vars(job.record)), None
+            if record.status not in (QUEUED, RUNNING):  # ended meanwhile: the store has it
+                record, row = self.store.get_with_result(job_id)
+        else:
+            record, row = self.store.get_with_result(job_id)
+        record.status = self._status_of(record)
+        return record, (row if record.status == DONE else None)
+
     def reject_if_full(self) -> bool:
         """True, counting a rejection, when max_queue jobs wait: a front answers 429 with it
         before parsing a request (submit() would refuse the job anyway, after converting its

@@ -31,8 +31,8 @@ from ..errors import Closed, QueueFull
 from .batching import group_by_input, run_group
 from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id, new_job_id
 from .priority import apply_to_this_thread
-from .redisqueue import LEVELS, Entry, RedisQueue, check_level
-from .service import InferenceService, _join
+from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
+from .service import InferenceService, _check_timeout, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -72,15 +72,20 @@ class SharedInferenceService(InferenceService):
                priority: str = "normal") -> str:
         """Creates and queues a job in Redis; returns its id. ``priority``: "high", "normal"
         or "low" (workers take higher levels first). QueueFull when max_queue jobs wait or
-        are held across all processes; StoreUnavailable when Redis cannot be reached."""
-        if timeout_s is not None or self.timeout_s is not None:
-            raise ValueError("timeout_s (job deadlines) is not supported yet with the queue in Redis")
+        are held across all processes; StoreUnavailable when Redis cannot be reached.
+        ``timeout_s`` (default: the service's): the deadline, stored with the job (it holds
+        across processes and restarts): a job not yet started by then fails "deadline
+        exceeded" and never runs (the process that takes it fails it, or any process's
+        keeper within about a second when none takes it); a job already running finishes."""
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         level = check_level(priority)
         x = self._spec.check(inputs)
         if self._closed:
             raise Closed("submit() on a closed InferenceService")
         record = JobRecord.new(job_id, time.time(), x.shape, x.dtype.str)
+        if timeout_s is not None:
+            record.deadline = record.submitted + timeout_s
         answer = self.queue.push(record, x, level, self.max_queue)
         if answer < 0:
             self._stats.count("rejected")
@@ -190,29 +195,46 @@ class SharedInferenceService(InferenceService):
             pass  # InferenceService warns about it; here the worker runs at normal priority
         while not self._stop.is_set():
             try:
-                entries = self._collect()
+                started = self._collect()
             except StoreError:
                 self._stop.wait(_RETRY_S)
                 continue
-            if entries:
-                self._run_entries(entries)
+            if started:
+                self._run_started(started)
 
-    def _collect(self) -> list[Entry]:
-        """A batch: held-back entries first, then Redis (blocking for the first), then more
-        for up to max_delay_s while it is not full."""
-        entries = self._take_held_back(self.max_batch)
-        if not entries:
-            entries = self.queue.take(self.max_batch, _BLOCK_S)
+    def _collect(self) -> list[Started]:
+        """A batch, its jobs started: held-back (reclaimed) entries first, then Redis
+        (blocking for the first), then more for up to max_delay_s while it is not full. Each
+        take is one script that also starts the jobs (and fails those past their deadline)."""
+        started = self._take(self.max_batch, _BLOCK_S, self._take_held_back(self.max_batch))
         deadline = time.monotonic() + self.max_delay_s
-        while len(entries) < self.max_batch and time.monotonic() < deadline:
-            more = self.queue.take(self.max_batch - len(entries), 0)
+        while len(started) < self.max_batch and time.monotonic() < deadline:
+            try:
+                more = self._take(self.max_batch - len(started), 0, [])
+            except StoreError:
+                break  # run what is started; the next take waits for Redis
             if not more:
                 time.sleep(min(max(self.max_delay_s / 4, 2e-4), max(0.0, deadline - time.monotonic())))
-            entries += more
-        if len(entries) > self.max_batch:
-            self._held_back.extend(entries[self.max_batch:])
-            entries = entries[:self.max_batch]
-        return entries
+            started += more
+        return started
+
+    def _take(self, count: int, block_s: float, held: list[Entry]) -> list[Started]:
+        started, late = self.queue.take_start(count, block_s, held)
+        now = time.time()
+        for entry, record, _ in started:
+            self._waits[LEVELS[entry.level]].append(max(0.0, (record.started or now) - record.submitted))
+            self._notify(record.id, RUNNING)
+        if started:
+            with self._lock:
+                self._running += len(started)
+        self._failed_late(late)
+        return started
+
+    def _failed_late(self, records: list[JobRecord]) -> None:
+        for record in records:
+            self._stats.count("deadline_exceeded")
+            self._stats.count("failed")
+            self._notify(record.id, FAILED)
 
     def _take_held_back(self, count: int) -> list[Entry]:
         taken = []
@@ -223,18 +245,7 @@ class SharedInferenceService(InferenceService):
                 break
         return taken
 
-    def _run_entries(self, entries: list[Entry]) -> None:
-        now = time.time()
-        try:
-            started = self.queue.start(entries, now)
-        except StoreError:
-            self.queue.forget(entries)  # a reclaimer decides from what Redis holds
-            return
-        for entry, record, _ in started:
-            self._waits[LEVELS[entry.level]].append(max(0.0, now - record.submitted))
-            self._notify(record.id, RUNNING)
-        with self._lock:
-            self._running += len(started)
+    def _run_started(self, started: list[Started]) -> None:
         runnable = [item for item in started if item[2] is not None]
         missing = [item for item in started if item[2] is None]
         if missing:
@@ -293,6 +304,7 @@ class SharedInferenceService(InferenceService):
             try:
                 self.queue.heartbeat()
                 self._depth = self.queue.depth()
+                self._failed_late(self.queue.fail_late())
                 if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
                     next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
                     rerun, failed = self.queue.reclaim()
