@@ -66,14 +66,15 @@ class Client:
         integers); a nested list as JSON, converted to the model's dtype by the server. For
         a model of several inputs, a dict name -> value (arrays: one structured .npy row).
         QueueFull (``.retry_after``) when the queue is full. ``priority`` ("high", "normal",
-        "low"; a server whose queue is in Redis) travels in the JSON body, so an array with
-        it goes as a nested list."""
+        "low"; a server whose queue is in Redis) travels in the JSON body, or in the query of
+        a .npy body."""
         if (inputs is None) == (path is None):
             raise ValueError("give exactly one of inputs or path")
         if isinstance(inputs, dict) and inputs and all(isinstance(v, np.ndarray) for v in inputs.values()):
             inputs = _row_of(inputs)  # several named inputs travel as one structured .npy row
-        if isinstance(inputs, np.ndarray) and priority is None:
-            query = "" if job_id is None else "?" + urllib.parse.urlencode({"id": job_id})
+        if isinstance(inputs, np.ndarray):
+            params = {name: value for name, value in (("id", job_id), ("priority", priority)) if value is not None}
+            query = "?" + urllib.parse.urlencode(params) if params else ""
             return self._request("POST", "/v1/jobs" + query, npy_bytes(inputs))[1]["id"]
         body: dict[str, Any] = {"path": path} if path is not None else {"inputs": _as_lists(inputs)}
         if job_id is not None:

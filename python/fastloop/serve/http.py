@@ -300,7 +300,8 @@ class App:
                                         "waiting): retry later"},
                          [("retry-after", str(self.retry_after_s))], rejection="queue_full")
         if npy:
-            job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope))
+            job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope),
+                                      _query(scope, "priority") or "normal")
         else:
             job_id = await self._call(self._submit, body)
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}/v1/jobs/{job_id}")]
@@ -380,9 +381,10 @@ class App:
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
-    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None) -> str:
+    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None, priority: str) -> str:
         try:
-            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s)
+            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s,
+                                       priority=priority)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
