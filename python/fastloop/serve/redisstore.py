@@ -33,7 +33,6 @@ connection the restart closed is retried once on a fresh one).
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import time
@@ -43,6 +42,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .jobs import DONE, EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
+from . import npy_codec
 from .stores import Store
 
 __all__ = ["RedisStore", "StoreUnavailable"]
@@ -227,7 +227,7 @@ class RedisStore(Store):
 
     def _array(self, job_id: str, field: str, data: bytes) -> np.ndarray:
         try:
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            return npy_codec.decode(data)
         except (OSError, ValueError, EOFError) as error:
             raise StoreError(f"RedisStore: cannot read {self.key(job_id)!r} field {field!r}: {error}") from None
 
@@ -430,9 +430,7 @@ def _record_bytes(record: JobRecord) -> bytes:
 
 
 def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
+    return npy_codec.encode(array)
 
 
 def _str(member: bytes | str) -> str:
