@@ -551,6 +551,27 @@ def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
         assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
 
 
+def test_a_deadline_holds_across_a_restart(tmp_path):
+    """Queued jobs a dead process left, with their deadlines stored: the one past it fails
+    without running, the one before it runs."""
+    from fastloop.serve.jobs import JobRecord
+
+    store = FileStore(tmp_path)
+    now = time.time()
+    for job_id, deadline in (("late", now - 1), ("on-time", now + 60)):
+        record = JobRecord.new(job_id, now - 2, (2,), "<f4")
+        record.deadline = deadline
+        store.create(record, np.full(2, 3, np.float32))
+    store.close()
+    ran = []
+    with InferenceService(lambda b: ran.append(len(b)) or b * 2, store=FileStore(tmp_path)) as svc:
+        with pytest.raises(JobFailed, match="deadline exceeded: still queued after"):
+            svc.result("late", timeout=5)
+        np.testing.assert_array_equal(svc.result("on-time", timeout=5), np.full(2, 6, np.float32))
+        assert svc.record("on-time").deadline == now + 60 and svc.stats()["deadline_exceeded"] == 1
+    assert ran == [1]
+
+
 def test_restart_with_records_a_dead_process_left(tmp_path):
     """Records written as a dead process leaves them: queued with and without input,
     running, done, and leftover temporary files."""

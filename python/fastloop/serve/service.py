@@ -140,10 +140,10 @@ class InferenceService:
         self._stats = ServiceStats()
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
+        self._any_deadline = False  # a job has a deadline: the janitor looks for late jobs
         self._recover()
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
-        self._any_deadline = False  # a submit gave a timeout_s: the janitor looks for late jobs
         self._busy: dict[threading.Thread, list[_Job]] = {}  # a worker -> the group in its model call
         self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
         self._threads = [self._worker(i) for i in range(workers)]
@@ -174,6 +174,7 @@ class InferenceService:
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
         if timeout_s is not None:
             job.deadline = job.t0 + timeout_s
+            job.record.deadline = job.record.submitted + timeout_s  # stored: a restart keeps it
             if not self._any_deadline:
                 self._any_deadline = True
                 self._wake.set()  # the janitor starts looking for late jobs
@@ -606,6 +607,10 @@ class InferenceService:
                 self._queued -= len(jobs)
             if self._abandon:
                 continue  # close() fails them
+            if self._any_deadline:  # one taken past its deadline fails here, never runs
+                now = time.monotonic()
+                jobs = [job for job in jobs if job.deadline is None or job.deadline > now
+                        or not self._fail_queued_late(job, now)]
             started = self._start_all(jobs)
             for group in group_by_input(started, lambda job: job.key):
                 self._run(group)
@@ -633,11 +638,9 @@ class InferenceService:
             late = [job for job in self._jobs.values()
                     if job.deadline is not None and job.deadline <= now and job.visible]
         for job in late:
-            waited = now - job.t0
-            if self._end(job, QUEUED, FAILED, error=f"deadline exceeded: still queued after {waited:.3g} s"):
-                self._stats.count("deadline_exceeded")
-            elif self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
-                                                        f"{waited:.3g} s after submit"):
+            if not self._fail_queued_late(job, now) and \
+                    self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
+                                                          f"{now - job.t0:.3g} s after submit"):
                 self._stats.count("deadline_exceeded")
         for thread, group in list(self._busy.items()):
             if thread in self._stuck or not any(job.deadline is not None and job.deadline <= now for job in group):
@@ -651,6 +654,13 @@ class InferenceService:
                 replacement.start()
                 warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
                               f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+
+    def _fail_queued_late(self, job: _Job, now: float) -> bool:
+        """A queued job past its deadline fails; False (nothing done) if it is not queued."""
+        if not self._end(job, QUEUED, FAILED, error=f"deadline exceeded: still queued after {now - job.t0:.3g} s"):
+            return False
+        self._stats.count("deadline_exceeded")
+        return True
 
     def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
         """Stores a finished job: the record stored (failed "could not store the result"
@@ -747,6 +757,10 @@ class InferenceService:
                 self._stats.count("failed_at_start")
                 continue
             job = _Job(record, x)  # type: ignore[arg-type]
+            job.t0 -= max(0.0, time.time() - record.submitted)  # its waits count from the first submit
+            if record.deadline is not None:  # stored at submit: it holds across the restart
+                job.deadline = time.monotonic() + (record.deadline - time.time())
+                self._any_deadline = True
             job.visible = True
             self._jobs[record.id] = job
             self._queued += 1
