@@ -253,6 +253,18 @@ def test_a_queued_job_no_worker_takes_fails_at_its_deadline(front):
         front.submit(x(1), timeout_s=0)
 
 
+def test_a_job_still_in_the_model_at_its_deadline_fails_and_the_process_keeps_serving(front, server, prefix,
+                                                                                      children):
+    children.append(Child(server, prefix, "--workers", "1", "--model", "slow", "--model-s", "3"))
+    late = front.submit(x(1), timeout_s=0.5)
+    wait_for(lambda: front.status(late) == "running")
+    with pytest.raises(JobFailed, match="deadline exceeded: the model call was still running"):
+        front.result(late, timeout=2.5)  # the model call takes 3 s: its result would be "done"
+    after = front.submit(x(2))  # the replacement worker takes it while the stuck one sleeps
+    np.testing.assert_array_equal(front.result(after, timeout=20), x(2) * 2 + 1)
+    assert front.status(late) == "failed"  # the stuck call's late result was not written over it
+
+
 def test_a_deadline_outlives_the_process_that_took_the_submit(front, server, prefix, children, tmp_path):
     first = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
                              queue=RedisQueue(visibility_timeout_s=1.0), timeout_s=0.5)  # a service default

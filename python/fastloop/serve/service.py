@@ -144,7 +144,7 @@ class InferenceService:
         self._recover()
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
-        self._busy: dict[threading.Thread, list[_Job]] = {}  # a worker -> the group in its model call
+        self._busy: dict[threading.Thread, list[Any]] = {}  # a worker -> the group in its model call (_Jobs here)
         self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
         self._threads = [self._worker(i) for i in range(workers)]
         self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
@@ -643,17 +643,21 @@ class InferenceService:
                                                           f"{now - job.t0:.3g} s after submit"):
                 self._stats.count("deadline_exceeded")
         for thread, group in list(self._busy.items()):
-            if thread in self._stuck or not any(job.deadline is not None and job.deadline <= now for job in group):
-                continue
-            self._stuck.add(thread)
-            self._stats.count("workers_stuck")
-            alive_stuck = sum(t.is_alive() for t in list(self._stuck))
-            if alive_stuck <= self.workers and not self._closed:
-                replacement = self._worker(len(self._threads))
-                self._threads.append(replacement)
-                replacement.start()
-                warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
-                              f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+            if thread not in self._stuck and any(job.deadline is not None and job.deadline <= now for job in group):
+                self._replace_stuck(thread)
+
+    def _replace_stuck(self, thread: threading.Thread) -> None:
+        """Counts `thread` stuck in a model call past a deadline and starts a worker in its
+        place, unless `workers` stuck ones are alive already (health() says "degraded")."""
+        self._stuck.add(thread)
+        self._stats.count("workers_stuck")
+        alive_stuck = sum(t.is_alive() for t in list(self._stuck))
+        if alive_stuck <= self.workers and not self._closed:
+            replacement = self._worker(len(self._threads))
+            self._threads.append(replacement)
+            replacement.start()
+            warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
+                          f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
 
     def _fail_queued_late(self, job: _Job, now: float) -> bool:
         """A queued job past its deadline fails; False (nothing done) if it is not queued."""

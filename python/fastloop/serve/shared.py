@@ -76,7 +76,8 @@ class SharedInferenceService(InferenceService):
         ``timeout_s`` (default: the service's): the deadline, stored with the job (it holds
         across processes and restarts): a job not yet started by then fails "deadline
         exceeded" and never runs (the process that takes it fails it, or any process's
-        keeper within about a second when none takes it); a job already running finishes."""
+        keeper within about a second when none takes it); a job still in a model call then
+        fails and the process running it replaces the stuck worker (as InferenceService)."""
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         level = check_level(priority)
@@ -201,6 +202,8 @@ class SharedInferenceService(InferenceService):
                 continue
             if started:
                 self._run_started(started)
+            if threading.current_thread() in self._stuck:
+                return  # replaced while stuck past a deadline: its replacement serves
 
     def _collect(self) -> list[Started]:
         """A batch, its jobs started: held-back (reclaimed) entries first, then Redis
@@ -227,6 +230,9 @@ class SharedInferenceService(InferenceService):
         if started:
             with self._lock:
                 self._running += len(started)
+            if not self._any_deadline and any(record.deadline is not None for _, record, _ in started):
+                self._any_deadline = True
+                self._wake.set()  # the janitor starts looking for running jobs past their deadline
         self._failed_late(late)
         return started
 
@@ -250,13 +256,41 @@ class SharedInferenceService(InferenceService):
         missing = [item for item in started if item[2] is None]
         if missing:
             self._finish(missing, [(None, "the store kept no input for the job")] * len(missing))
+        me = threading.current_thread()
         for group in group_by_input(runnable, lambda item: (item[2].shape, item[2].dtype.str)):
+            self._busy[me] = group
             try:
                 outcomes = run_group(self._runner, [item[2] for item in group])
             except BaseException as error:  # not an Exception from the model
                 outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
+            finally:
+                self._busy.pop(me, None)
             self._stats.batch(len(group))
             self._finish(group, outcomes)
+
+    def _enforce_deadlines(self) -> None:
+        """The janitor's: a job of this process still in a model call at its deadline fails
+        (running -> failed, compare-and-set in Redis: the call's late result is then not
+        written) and the stuck worker is replaced, as with the in-memory queue. Queued jobs
+        past their deadline are the take script's and the keeper's."""
+        now = time.time()
+        for thread, group in list(self._busy.items()):
+            late = [record for _, record, _ in group if record.deadline is not None and record.deadline <= now]
+            if not late or thread in self._stuck:
+                continue
+            for record in late:
+                final = JobRecord(**vars(record))
+                final.status, final.finished = FAILED, now
+                final.error = f"deadline exceeded: the model call was still running {now - record.submitted:.3g} s after submit"
+                try:
+                    failed = self.queue.finish_if(final, None, RUNNING)
+                except StoreError:
+                    continue  # the next tick tries again
+                if failed:
+                    self._stats.count("deadline_exceeded")
+                    self._stats.count("failed")
+                    self._notify(record.id, FAILED)
+            self._replace_stuck(thread)
 
     def _finish(self, items: list[tuple[Entry, JobRecord, Any]], outcomes: list[tuple[Any, str | None]]) -> None:
         """Stores the final records of a group; retries while Redis is down, up to the
