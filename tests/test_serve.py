@@ -579,6 +579,27 @@ def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
         assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
 
 
+def test_a_deadline_holds_across_a_restart(tmp_path):
+    """Queued jobs a dead process left, with their deadlines stored: the one past it fails
+    without running, the one before it runs."""
+    from fastloop.serve.jobs import JobRecord
+
+    store = FileStore(tmp_path)
+    now = time.time()
+    for job_id, deadline in (("late", now - 1), ("on-time", now + 60)):
+        record = JobRecord.new(job_id, now - 2, (2,), "<f4")
+        record.deadline = deadline
+        store.create(record, np.full(2, 3, np.float32))
+    store.close()
+    ran = []
+    with InferenceService(lambda b: ran.append(len(b)) or b * 2, store=FileStore(tmp_path)) as svc:
+        with pytest.raises(JobFailed, match="deadline exceeded: still queued after"):
+            svc.result("late", timeout=5)
+        np.testing.assert_array_equal(svc.result("on-time", timeout=5), np.full(2, 6, np.float32))
+        assert svc.record("on-time").deadline == now + 60 and svc.stats()["deadline_exceeded"] == 1
+    assert ran == [1]
+
+
 def test_restart_with_records_a_dead_process_left(tmp_path):
     """Records written as a dead process leaves them: queued with and without input,
     running, done, and leftover temporary files."""
@@ -678,3 +699,26 @@ def test_result_with_no_wait_returns_a_job_whose_status_reads_done():
             while svc.status(job) != "done":
                 pass
             np.testing.assert_array_equal(svc.result(job, timeout=0), np.full(4, 2.0 * i, np.float32))
+
+
+def test_the_npy_codec_writes_np_saves_bytes_and_reads_every_layout_np_load_reads():
+    import io
+
+    from fastloop.serve import npy_codec
+
+    arrays = [np.arange(6, dtype=np.int64).reshape(2, 3), np.ones((), np.float32), np.ones((0, 3)),
+              np.zeros((), dtype=[("a", "<f4", (2,)), ("b", "<i2")]), np.array(["ab", "c"]),
+              np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.arange(5)[::2], np.arange(4, dtype=">i4")]
+    for array in arrays:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        for _ in range(2):  # the first call learns the header, the second takes the fast path
+            assert npy_codec.encode(array) == buffer.getvalue()
+            back = npy_codec.decode(buffer.getvalue())
+            assert back.dtype == array.dtype and back.shape == array.shape and back.flags.writeable
+            np.testing.assert_array_equal(back, array)
+    data = npy_codec.encode(np.ones(4, np.float32))
+    with pytest.raises(ValueError):  # a body shorter than its known header promises: NumPy's own error
+        npy_codec.decode(data[:-4])
+    with pytest.raises(ValueError):
+        npy_codec.decode(np.array([{"a": 1}], dtype=object).dumps())

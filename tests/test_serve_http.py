@@ -134,11 +134,16 @@ def mlp_server(mlp, inputs_dir):
     service.close()
 
 
+APPS: dict[str, App] = {}  # base URL -> the App it serves (for tests that look inside)
+
+
 @pytest.fixture()
 def gate_server():
     gate = Gate()
     service = InferenceService(gate, workers=1, max_queue=2, max_batch=1, max_delay_ms=0, store=MemoryStore())
-    with serving(App(service, retry_after_s=3)) as base:
+    app = App(service, retry_after_s=3)
+    with serving(app) as base:
+        APPS[base] = app
         yield base, service, gate
         gate.open.set()
     service.close(drain_s=5)
@@ -358,6 +363,28 @@ def test_a_model_error_fails_that_job_only_and_the_server_keeps_serving(gate_ser
     good = call(base, "POST", "/v1/jobs", {"inputs": [1.5]})[2]["id"]
     assert poll(base, good)["status"] == "done"
     assert call(base, "GET", f"/v1/jobs/{good}/result")[2]["result"] == [3.0]
+
+
+def test_a_long_poll_answers_when_the_job_ends_or_202_after_wait_s(gate_server):
+    base, service, gate = gate_server
+    job = call(base, "POST", "/v1/jobs", {"inputs": [1.5]})[2]["id"]
+    wait_for(lambda: gate.calls == 1)  # running, held in the model
+    started = time.monotonic()
+    status, response, body = call(base, "GET", f"/v1/jobs/{job}/result?wait_s=0.3")
+    assert (status, body) == (202, {"id": job, "status": "running"}) and time.monotonic() - started >= 0.3
+    answer: dict = {}
+    waiter = threading.Thread(target=lambda: answer.update(got=call(base, "GET", f"/v1/jobs/{job}/result?wait_s=20")))
+    waiter.start()
+    wait_for(lambda: job in APPS[base]._watchers)  # the long poll waits on the job's status events
+    gate.open.set()
+    waiter.join(20)
+    status, _, body = answer["got"]
+    assert status == 200 and body["result"] == [3.0]
+    assert call(base, "GET", f"/v1/jobs/{job}/result?wait_s=5")[2]["result"] == [3.0]  # done: at once
+    for bad in ("-1", "nan", "61", "soon"):
+        status, _, body = call(base, "GET", f"/v1/jobs/{job}/result?wait_s={bad}")
+        assert status == 400 and "wait_s" in body["error"], bad
+    assert call(base, "GET", "/v1/jobs/nosuchjob/result?wait_s=1")[0] == 404
 
 
 def test_delete_cancels_a_queued_job(gate_server):

@@ -24,7 +24,11 @@ from redis_fixtures import prefix, redis, server  # noqa: E402,F401 (fixtures; s
 from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, RedisQueue,  # noqa: E402
                             RedisStore)
 from fastloop.errors import QueueFull  # noqa: E402
+from fastloop.serve.http import App  # noqa: E402
+from fastloop.serve.http_inputs import NPY_TYPE, npy_bytes  # noqa: E402
+from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve.redisqueue import LEVELS  # noqa: E402
+from fastloop.serve.spec import Input  # noqa: E402
 from fastloop.serve.metrics import render, service_registry  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
@@ -186,6 +190,97 @@ def test_a_live_worker_slower_than_the_visibility_timeout_keeps_its_job(front, s
     wait_for(lambda: front.status(job) == "running")
     children.append(Child(server, prefix, "--workers", "1", "--visibility-timeout-s", "0.5"))
     np.testing.assert_array_equal(front.result(job, timeout=20), x(3) * 2 + 1)
+
+
+# ---------------------------------------------------------------- deadlines
+
+
+def test_the_deadline_is_stored_and_a_job_taken_after_it_fails_there_without_running(server, prefix):
+    store = RedisStore(server.url, prefix=prefix)
+    queue = RedisQueue()
+    queue.bind(store)
+    try:
+        now = time.time()
+        late, fresh = JobRecord.new("late", now - 1, (4,), "<f4"), JobRecord.new("fresh", now, (4,), "<f4")
+        late.deadline, fresh.deadline = now - 0.5, now + 60
+        for record in (late, fresh):
+            assert queue.push(record, x(1), LEVELS.index("normal"), 100) == 1
+        assert store.get("fresh").deadline == now + 60
+        started, failed = queue.take_start(8, 0)  # what any worker process does
+        assert [record.id for _, record, _ in started] == ["fresh"] and [r.id for r in failed] == ["late"]
+        record = store.get("late")
+        assert record.status == "failed" and record.error.startswith("deadline exceeded: still queued after 1")
+        assert store.get_input("late") is None and queue.depth()["normal"] == 0
+        assert queue.take_start(8, 0) == ([], [])  # its entry is gone: nobody runs it later
+    finally:
+        store.close()
+
+
+def test_a_queued_job_no_worker_takes_fails_at_its_deadline(front):
+    job = front.submit(x(1), timeout_s=0.3)
+    record = front.record(job)
+    assert record.deadline == pytest.approx(record.submitted + 0.3)
+    with pytest.raises(JobFailed, match="deadline exceeded: still queued after"):
+        front.result(job, timeout=10)  # failed by a process's keeper (no worker anywhere)
+    assert front.stats()["deadline_exceeded"] == 1 and front.stats()["queue_depth"] == 0
+    with pytest.raises(ValueError, match="timeout_s must be a number of seconds > 0"):
+        front.submit(x(1), timeout_s=0)
+
+
+def test_a_job_still_in_the_model_at_its_deadline_fails_and_the_process_keeps_serving(front, server, prefix,
+                                                                                      children):
+    children.append(Child(server, prefix, "--workers", "1", "--model", "slow", "--model-s", "3"))
+    late = front.submit(x(1), timeout_s=0.5)
+    wait_for(lambda: front.status(late) == "running")
+    with pytest.raises(JobFailed, match="deadline exceeded: the model call was still running"):
+        front.result(late, timeout=2.5)  # the model call takes 3 s: its result would be "done"
+    after = front.submit(x(2))  # the replacement worker takes it while the stuck one sleeps
+    np.testing.assert_array_equal(front.result(after, timeout=20), x(2) * 2 + 1)
+    assert front.status(late) == "failed"  # the stuck call's late result was not written over it
+
+
+def test_a_deadline_outlives_the_process_that_took_the_submit(front, server, prefix, children, tmp_path):
+    first = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                             queue=RedisQueue(visibility_timeout_s=1.0), timeout_s=0.5)  # a service default
+    late = first.submit(np.full(4, 7, np.float32))
+    deadline = first.record(late).deadline
+    first.close(drain_s=0)  # the process that accepted it is gone
+    on_time = front.submit(np.full(4, 8, np.float32), timeout_s=60)
+    wait_for(lambda: time.time() > deadline)
+    log = tmp_path / "ran.log"
+    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4", "--model", "logged",
+                          "--log", str(log)))
+    np.testing.assert_array_equal(front.result(on_time, timeout=20), np.full(4, 17, np.float32))
+    with pytest.raises(JobFailed, match="deadline exceeded: still queued"):
+        front.result(late, timeout=10)
+    assert log.read_text().split() == ["8"]  # the late job never reached the model
+
+
+def test_priority_reaches_the_shared_queue_from_every_input_encoding(server, prefix, tmp_path):
+    from test_serve_http import call, serving
+
+    np.save(tmp_path / "x.npy", x(3))
+    npy = {"content-type": NPY_TYPE}
+    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix), queue=RedisQueue())
+    named = InferenceService(lambda a, b: a + b, workers=0, store=RedisStore(server.url, prefix=prefix + "named:"),
+                             queue=RedisQueue(), inputs={"a": Input("float32", (2,)), "b": Input("float32", (2,))})
+    row = np.zeros((), dtype=[("a", "<f4", (2,)), ("b", "<f4", (2,))])
+    try:
+        with serving(App(svc, input_root=str(tmp_path))) as base:
+            assert call(base, "POST", "/v1/jobs", {"inputs": x(1).tolist(), "priority": "high"})[0] == 202
+            assert call(base, "POST", "/v1/jobs", {"path": "x.npy", "priority": "high"})[0] == 202
+            for query in ("?priority=high", "?priority=low", ""):
+                assert call(base, "POST", f"/v1/jobs{query}", raw=npy_bytes(x(2)), headers=npy)[0] == 202
+            status, _, body = call(base, "POST", "/v1/jobs?priority=urgent", raw=npy_bytes(x(2)), headers=npy)
+            assert status == 400 and "priority must be one of" in body["error"]
+        assert svc.stats()["queue_depth_by_priority"] == {"high": 3, "normal": 1, "low": 1}
+        with serving(App(named)) as base:
+            assert call(base, "POST", "/v1/jobs", {"inputs": {"a": [1, 2], "b": [3, 4]}, "priority": "low"})[0] == 202
+            assert call(base, "POST", "/v1/jobs?priority=high", raw=npy_bytes(row), headers=npy)[0] == 202
+        assert named.stats()["queue_depth_by_priority"] == {"high": 1, "normal": 0, "low": 1}
+    finally:
+        svc.close(drain_s=0)
+        named.close(drain_s=0)
 
 
 # ---------------------------------------------------------------- bad input

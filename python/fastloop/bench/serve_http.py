@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -222,17 +222,26 @@ def job_bodies(model: fl.nn.Sequential, count: int, body_format: str = "json") -
     return [json.dumps({"inputs": row.tolist()}).encode() for row in x]
 
 
-async def run_job(conn: Conn, body: bytes, accept: str = "") -> tuple[int, str | None]:
-    """One job as a polling client runs it: POST the body to /v1/jobs, then GET its result
-    until it is there (the first GET after 1 ms, the wait doubling up to 20 ms). Returns the
-    number of GETs and None, or a failure naming the request that got an unexpected answer."""
+async def run_job(conn: Conn, body: bytes, accept: str = "", wait_s: float | None = None,
+                  on_request: Callable[[], None] | None = None) -> tuple[int, str | None]:
+    """One job as a client runs it: POST the body to /v1/jobs, then GET its result until it
+    is there — polling (the first GET after 1 ms, the wait doubling up to 20 ms), or with
+    ``wait_s`` long-polling (GET .../result?wait_s=, no wait between). ``on_request`` is
+    called before each request. Returns the number of GETs and None, or a failure naming
+    the request that got an unexpected answer."""
+    count = on_request or (lambda: None)
+    count()
     status, reply = await conn.request("POST", "/v1/jobs", body)
     if status != 202:
         return 0, f"POST /v1/jobs answered {status}: {reply[:200]!r}"
     path = f"/v1/jobs/{json.loads(reply)['id']}/result"
+    if wait_s is not None:
+        path += f"?wait_s={wait_s:g}"
     wait, gets = 0.001, 0
     while True:
-        await asyncio.sleep(wait)
+        if wait_s is None:
+            await asyncio.sleep(wait)
+        count()
         status, reply = await conn.request("GET", path, accept=accept)
         gets += 1
         if status == 200:

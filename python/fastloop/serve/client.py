@@ -28,6 +28,9 @@ from .outputs import from_json, unpack
 __all__ = ["Client", "BadRequest", "ServiceUnavailable"]
 
 
+_LONG_POLL_S = 30.0  # the longest wait_s a result request asks for
+
+
 class BadRequest(Error, ValueError):
     """The server refused the request (400, 413, 405): ``status`` and the server's ``reason``.
 
@@ -66,14 +69,15 @@ class Client:
         integers); a nested list as JSON, converted to the model's dtype by the server. For
         a model of several inputs, a dict name -> value (arrays: one structured .npy row).
         QueueFull (``.retry_after``) when the queue is full. ``priority`` ("high", "normal",
-        "low"; a server whose queue is in Redis) travels in the JSON body, so an array with
-        it goes as a nested list."""
+        "low"; a server whose queue is in Redis) travels in the JSON body, or in the query of
+        a .npy body."""
         if (inputs is None) == (path is None):
             raise ValueError("give exactly one of inputs or path")
         if isinstance(inputs, dict) and inputs and all(isinstance(v, np.ndarray) for v in inputs.values()):
             inputs = _row_of(inputs)  # several named inputs travel as one structured .npy row
-        if isinstance(inputs, np.ndarray) and priority is None:
-            query = "" if job_id is None else "?" + urllib.parse.urlencode({"id": job_id})
+        if isinstance(inputs, np.ndarray):
+            params = {name: value for name, value in (("id", job_id), ("priority", priority)) if value is not None}
+            query = "?" + urllib.parse.urlencode(params) if params else ""
             return self._request("POST", "/v1/jobs" + query, npy_bytes(inputs))[1]["id"]
         body: dict[str, Any] = {"path": path} if path is not None else {"inputs": _as_lists(inputs)}
         if job_id is not None:
@@ -88,18 +92,25 @@ class Client:
         return body["status"]
 
     def result(self, job_id: str, timeout: float | None = 30.0, poll_s: float = 0.01) -> Any:
-        """Polls until the job finishes (waits grow from poll_s to 0.5 s); returns its output
-        row (a dict or tuple of arrays for a model that returns one). TimeoutError after `timeout` s; JobFailed, JobCancelled, JobExpired, KeyError."""
+        """Waits until the job finishes and returns its output row (a dict or tuple of arrays
+        for a model that returns one): long polls (``?wait_s=``, each at most half the
+        connection timeout), so the server answers when the job ends; a server that answers
+        at once instead is polled (waits growing from poll_s to 0.5 s). TimeoutError after
+        `timeout` s; JobFailed, JobCancelled, JobExpired, KeyError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = poll_s
         while True:
-            status, body = self._request("GET", f"/v1/jobs/{job_id}/result", ok=(200, 202))
+            left = _LONG_POLL_S if deadline is None else max(0.0, deadline - time.monotonic())
+            wait_s = min(left, self.timeout / 2, _LONG_POLL_S)
+            asked = time.monotonic()
+            status, body = self._request("GET", f"/v1/jobs/{job_id}/result?wait_s={wait_s:.3f}", ok=(200, 202))
             if status == 200:
                 return unpack(body) if isinstance(body, np.ndarray) else from_json(body)
-            if deadline is not None and time.monotonic() + wait > deadline:
+            if deadline is not None and time.monotonic() + (0 if wait_s else wait) >= deadline:
                 raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {body['status']})")
-            time.sleep(wait)
-            wait = min(wait * 1.5, 0.5)
+            if time.monotonic() - asked < wait_s / 2:  # the server did not hold the request
+                time.sleep(wait)
+                wait = min(wait * 1.5, 0.5)
 
     def cancel(self, job_id: str) -> bool:
         """Takes a queued job off the queue; False when it is already running or finished."""

@@ -21,6 +21,7 @@ import collections
 import contextlib
 import concurrent.futures
 import json
+import math
 import threading
 import urllib.parse
 from typing import Any, Awaitable, Callable
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..errors import Closed, QueueFull
 from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
-from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, StoreError, check_job_id
+from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, StoreError, check_job_id
 from .outputs import as_json
 from .service import Admission, InferenceService
 
@@ -42,6 +43,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _TERMINAL = (DONE, FAILED, EXPIRED)
 _ORDER = {QUEUED: 0, RUNNING: 1, DONE: 2, FAILED: 2, EXPIRED: 3}
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
+MAX_WAIT_S = 60.0  # the longest long poll (GET .../result?wait_s=)
+_RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
 
 
 def _header(scope: Scope, name: bytes) -> str:
@@ -65,6 +68,27 @@ def _query_timeout(scope: Scope) -> float | None:
     except ValueError:
         raise _Reply(400, {"error": f"timeout_s must be a number of seconds, not {text!r}"},
                      rejection="bad_input") from None
+
+
+def _query_wait(scope: Scope) -> float:
+    """A result request's ``?wait_s=`` (0: answer at once); 400 unless 0 <= wait_s <= MAX_WAIT_S."""
+    text = _query(scope, "wait_s")
+    if text is None:
+        return 0.0
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise _Reply(400, {"error": f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, not {text!r}"},
+                     rejection="bad_input")
+    return wait
+
+
+async def _ended(watcher: "_Watcher") -> None:
+    """Returns once the watched job's stream brings a terminal status."""
+    while (await watcher.get())[1] not in _TERMINAL:
+        pass
 
 
 def _query_flag(scope: Scope, name: str) -> bool:
@@ -280,7 +304,8 @@ class App:
                          [("retry-after", str(self.retry_after_s))], rejection="queue_full")
         try:
             if npy:
-                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope), admission)
+                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope),
+                                          _query(scope, "priority") or "normal", admission)
             else:
                 job_id = await self._call(self._submit, body, admission)
         finally:
@@ -294,7 +319,26 @@ class App:
 
     async def _ep_result(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         as_npy = NPY_TYPE in _header(scope, b"accept").lower()
-        return await self._call(self._result, scope["path_params"]["job_id"], as_npy)
+        job_id = scope["path_params"]["job_id"]
+        wait_s = _query_wait(scope)
+        if not wait_s:
+            return await self._call(self._result, job_id, as_npy)
+        # A long poll: answered when the job ends (its status event), or 202 after wait_s.
+        # The watcher is in place before the first read, so no ending falls between.
+        loop = asyncio.get_running_loop()
+        watcher = _Watcher(job_id, self.ws_buffer)
+        self._watch(watcher)
+        try:
+            until = loop.time() + wait_s
+            while True:
+                answer = await self._call(self._result, job_id, as_npy)
+                left = until - loop.time()
+                if answer[0] != 202 or left <= 0:
+                    return answer
+                with contextlib.suppress(asyncio.TimeoutError):  # re-read at least every second:
+                    await asyncio.wait_for(_ended(watcher), min(left, _RECHECK_S))  # an event may be lost
+        finally:
+            self._unwatch(watcher)
 
     async def _ep_events_http(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         return 405, {"error": f"{scope['method']} {scope['path']}: use a WebSocket"}, [("allow", "")]
@@ -344,11 +388,11 @@ class App:
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
-    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None,
+    def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None, priority: str,
                     admission: Admission | None = None) -> str:
         try:
             return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s,
-                                       admission=admission)
+                                       priority=priority, admission=admission)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
 
@@ -373,19 +417,19 @@ class App:
         return (410 if record.status == EXPIRED else 200), body, []
 
     def _result(self, job_id: str, as_npy: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
-        record = self._record(job_id)
+        """The answer to GET .../result: one store read (record and result together)."""
+        try:
+            record, row = self.service._outcome(check_job_id(job_id))
+        except (KeyError, TypeError, ValueError):
+            raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
         if record.status in (QUEUED, RUNNING):
             return 202, {"id": job_id, "status": record.status}, [("retry-after", "1")]
-        try:
-            row = self.service._result_row(job_id, timeout=0.0)
-        except JobCancelled as error:
-            return 422, {"id": job_id, "status": FAILED, "error": error.reason, "cancelled": True}, []
-        except JobFailed as error:
-            return 422, {"id": job_id, "status": FAILED, "error": error.reason, "cancelled": False}, []
-        except JobExpired as error:
-            return 410, {"id": job_id, "status": EXPIRED, "error": str(error)}, []
-        except KeyError:
-            raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
+        if record.status == FAILED:
+            reason = record.error or ("cancelled" if record.cancelled else "unknown error")
+            return 422, {"id": job_id, "status": FAILED, "error": reason, "cancelled": record.cancelled}, []
+        if row is None:  # expired, or done and its result dropped since
+            return 410, {"id": job_id, "status": EXPIRED, "error": f"job {job_id!r} expired: its result was kept "
+                                                                   f"{self.service.result_ttl_s:g} s"}, []
         if as_npy:
             return 200, npy_bytes(row), [("x-job-id", job_id)]
         return 200, {"id": job_id, "status": DONE, **as_json(row)}, []

@@ -10,7 +10,6 @@ encodes its record and arrays.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import time
@@ -18,7 +17,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .http_inputs import npy_bytes
+from .npy_codec import decode as _decode_npy
+from .npy_codec import encode as npy_bytes  # np.save's bytes, each header built once
 from .jobs import JobRecord, StoreError
 
 __all__ = ["StoreUnavailable", "RedisConnection", "RedisKeys", "record_bytes", "read_record", "npy_bytes",
@@ -93,6 +93,7 @@ class RedisKeys:
         self.finished = prefix + "finished"  # sorted set: done/failed job ids by finish time
         self.expired = prefix + "expired"  # sorted set: expired job ids by expiry time
         self.events = prefix + "events"  # pub/sub channel of status changes
+        self.deadlines = prefix + "deadlines"  # sorted set: ids of jobs with a deadline, by it
 
     def job(self, job_id: str) -> str:
         """The hash that holds the job."""
@@ -121,7 +122,7 @@ def read_record(key: str, job_id: str, data: bytes) -> JobRecord:
 def read_array(key: str, field: str, data: bytes) -> np.ndarray:
     """The .npy bytes of a hash's field, never unpickled; StoreError naming key and field."""
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return _decode_npy(data)
     except (OSError, ValueError, EOFError) as error:
         raise StoreError(f"RedisStore: cannot read {key!r} field {field!r}: {error}") from None
 

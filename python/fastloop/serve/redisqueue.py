@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .jobs import JobRecord, StoreError
+from .jobs import JobRecord
 from .redisconn import as_str, npy_bytes, read_array, read_record, record_bytes, seconds
 from .redisstore import FINISH_SCRIPT, RedisStore
 
@@ -57,8 +57,9 @@ GROUP = "workers"
 RECLAIMED_RUNNING = ("a worker process stopped while the job was running (no heartbeat for {v:g} s); "
                      "not retried: its input may be what stopped it")
 
-# KEYS: job, pending, its stream, then every stream. ARGV: id, record, input, submitted, ttl,
-# index_ttl, max_queue. 1: created and queued; 0: the id exists; -1: max_queue jobs wait.
+# KEYS: job, pending, its stream, deadlines, then every stream. ARGV: id, record, input,
+# submitted, ttl, index_ttl, max_queue, deadline ('' for none). 1: created and queued; 0: the
+# id exists; -1: max_queue jobs wait.
 _ENQUEUE = """
 local cur = redis.call('HGET', KEYS[1], 'record')
 if cur then
@@ -67,49 +68,18 @@ if cur then
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local depth = 0
-for i = 4, #KEYS do depth = depth + redis.call('XLEN', KEYS[i]) end
+for i = 5, #KEYS do depth = depth + redis.call('XLEN', KEYS[i]) end
 if depth >= tonumber(ARGV[7]) then return -1 end
 local entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[1])
 redis.call('HSET', KEYS[1], 'record', ARGV[2], 'input', ARGV[3], 'qkey', KEYS[3], 'qentry', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
-return 1
-"""
-
-# KEYS: the streams, highest priority first. ARGV: group, consumer, count. Up to `count` new
-# entries, from the first stream that has them on: {level, entry id, job id, ...}.
-_TAKE = """
-local n = tonumber(ARGV[3])
-local out = {}
-for i = 1, #KEYS do
-  if n <= 0 then break end
-  local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
-  if got then
-    for _, e in ipairs(got[1][2]) do
-      out[#out + 1] = i
-      out[#out + 1] = e[1]
-      out[#out + 1] = e[2][2]
-      n = n - 1
-    end
-  end
+if ARGV[8] ~= '' then
+  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
+  redis.call('EXPIRE', KEYS[4], ARGV[6])
 end
-return out
-"""
-
-# KEYS: job. ARGV: started. queued -> running: {1, record, input}; otherwise {0, status}
-# (running elsewhere, finished, cancelled, failed by a reclaimer) or {0} (gone).
-_START = """
-local cur = redis.call('HGET', KEYS[1], 'record')
-if not cur then return {0} end
-local ok, rec = pcall(cjson.decode, cur)
-if not ok or type(rec) ~= 'table' then return {0} end
-if rec['status'] ~= 'queued' then return {0, rec['status']} end
-rec['status'] = 'running'
-rec['started'] = tonumber(ARGV[1])
-local new = cjson.encode(rec)
-redis.call('HSET', KEYS[1], 'record', new)
-return {1, new, redis.call('HGET', KEYS[1], 'input')}
+return 1
 """
 
 # RedisStore's finish, only while the job has status ARGV[8] (0 otherwise); a job Redis lost
@@ -127,6 +97,113 @@ end
 """
 _FINISH_IF = _GUARD + FINISH_SCRIPT
 
+# _FINISH_IF as a Lua function (KEYS and ARGV become its parameters), for the scripts below
+# that finish several jobs in one call.
+_FINISH_IF_FN = "local function finish_if(KEYS, ARGV)\n" + _FINISH_IF + "end\n"
+
+# KEYS: the streams, highest priority first; pending; finished. ARGV: group, consumer, count,
+# now, job key prefix, finished ttl, index ttl, then the entries a blocking read took
+# (level, entry id, job id each). Takes up to `count` new entries (after those given), from the
+# first stream that has them on, and moves each one's job queued -> running, all in one call
+# (a worker's batch costs one round trip). A job past its deadline fails here instead
+# ("deadline exceeded"). Per entry {level, entry id, job id, outcome, record, input}; outcome
+# 1: started (record, input); 2: failed, late (its final record); 0: not started (record:
+# its status, or ''), its entry acknowledged and deleted unless the job is running (another
+# process holds it too; its owner acknowledges it).
+_TAKE_START = _FINISH_IF_FN + """
+local n = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local got = {}
+for i = 8, #ARGV, 3 do got[#got + 1] = {tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]} end
+n = n - #got
+for level = 1, #KEYS - 2 do
+  if n <= 0 then break end
+  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[level], '>')
+  if read then
+    for _, e in ipairs(read[1][2]) do
+      got[#got + 1] = {level, e[1], e[2][2]}
+      n = n - 1
+    end
+  end
+end
+local out = {}
+for _, g in ipairs(got) do
+  local key = ARGV[5] .. g[3]
+  local cur = redis.call('HGET', key, 'record')
+  local ok, rec = false, nil
+  if cur then ok, rec = pcall(cjson.decode, cur) end
+  local status = (ok and type(rec) == 'table') and rec['status'] or ''
+  local outcome, payload, input = 0, status, ''
+  if status == 'queued' and type(rec['deadline']) == 'number' and rec['deadline'] <= now then
+    rec['status'] = 'failed'
+    rec['finished'] = now
+    rec['error'] = string.format('deadline exceeded: still queued after %.3g s', now - rec['submitted'])
+    payload = cjson.encode(rec)
+    finish_if({key, KEYS[#KEYS - 1], KEYS[#KEYS]}, {g[3], payload, '', '0', ARGV[4], ARGV[6], ARGV[7], 'queued', '0'})
+    outcome = 2
+  elseif status == 'queued' then
+    rec['status'] = 'running'
+    rec['started'] = now
+    payload = cjson.encode(rec)
+    redis.call('HSET', key, 'record', payload)
+    outcome, input = 1, redis.call('HGET', key, 'input') or ''
+  end
+  if outcome ~= 1 and status ~= 'running' then
+    redis.call('XACK', KEYS[g[1]], ARGV[1], g[2])
+    redis.call('XDEL', KEYS[g[1]], g[2])
+  end
+  out[#out + 1] = g[1]
+  out[#out + 1] = g[2]
+  out[#out + 1] = g[3]
+  out[#out + 1] = outcome
+  out[#out + 1] = payload
+  out[#out + 1] = input
+end
+return out
+"""
+
+# KEYS: pending, finished. ARGV: group, then 12 per job: job key, stream, entry id, and
+# _FINISH_IF's 9 arguments. Finishes each job (only while its status is the one expected)
+# and acknowledges and deletes its entry, in one call. One 1 (written) or 0 per job.
+_FINISH_BATCH = _FINISH_IF_FN + """
+local out = {}
+for i = 2, #ARGV, 12 do
+  local args = {}
+  for j = 3, 11 do args[#args + 1] = ARGV[i + j] end
+  out[#out + 1] = finish_if({ARGV[i], KEYS[1], KEYS[2]}, args)
+  redis.call('XACK', ARGV[i + 1], ARGV[1], ARGV[i + 2])
+  redis.call('XDEL', ARGV[i + 1], ARGV[i + 2])
+end
+return out
+"""
+
+# KEYS: deadlines, pending, finished. ARGV: now, job key prefix, finished ttl, index ttl,
+# limit. Fails the queued jobs whose deadline has passed (no worker took them: all busy, or
+# none running), deleting their entries; forgets the deadlines passed. Returns their ids
+# and final records, flat.
+_FAIL_LATE = _FINISH_IF_FN + """
+local now = tonumber(ARGV[1])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[5]))
+local out = {}
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[1], id)
+  local key = ARGV[2] .. id
+  local cur = redis.call('HGET', key, 'record')
+  local ok, rec = false, nil
+  if cur then ok, rec = pcall(cjson.decode, cur) end
+  if ok and type(rec) == 'table' and rec['status'] == 'queued' then
+    rec['status'] = 'failed'
+    rec['finished'] = now
+    rec['error'] = string.format('deadline exceeded: still queued after %.3g s', now - rec['submitted'])
+    local new = cjson.encode(rec)
+    finish_if({key, KEYS[2], KEYS[3]}, {id, new, '', '0', ARGV[1], ARGV[3], ARGV[4], 'queued', '1'})
+    out[#out + 1] = id
+    out[#out + 1] = new
+  end
+end
+return out
+"""
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -136,6 +213,9 @@ class Entry:
     level: int
     entry_id: str
     job_id: str
+
+
+Started = tuple[Entry, JobRecord, "np.ndarray | None"]  # an entry whose job runs here, its record and input
 
 
 def check_level(priority: Any) -> int:
@@ -176,11 +256,13 @@ class RedisQueue:
         self.redis, self.keys = store.redis, store.keys  # one connection (and outage state) with the store
         self.streams = [self.keys.queue(level) for level in LEVELS]
         self.channel = self.keys.events
+        self.deadlines = self.keys.deadlines
         client = self.redis.client
         self._enqueue = client.register_script(_ENQUEUE)
-        self._take = client.register_script(_TAKE)
-        self._start = client.register_script(_START)
+        self._take_start = client.register_script(_TAKE_START)
         self._finish_if = client.register_script(_FINISH_IF)
+        self._finish_batch = client.register_script(_FINISH_BATCH)
+        self._fail_late = client.register_script(_FAIL_LATE)
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -205,9 +287,10 @@ class RedisQueue:
         """Creates the job in the store and queues it, in one script: 1 queued, 0 the id
         exists (nothing done), -1 the queue holds max_queue jobs (nothing done)."""
         store = self.store
-        keys = [self.keys.job(record.id), self.keys.pending, self.streams[level], *self.streams]
+        keys = [self.keys.job(record.id), self.keys.pending, self.streams[level], self.deadlines, *self.streams]
         args = [record.id, record_bytes(record), npy_bytes(inputs), repr(float(record.submitted)),
-                seconds(store.ttl_s), store.index_ttl(), max_queue]
+                seconds(store.ttl_s), store.index_ttl(), max_queue,
+                "" if record.deadline is None else repr(float(record.deadline))]
         with self._redis(f"queue job {record.id!r}"):
             return int(self._enqueue(keys=keys, args=args))
 
@@ -224,66 +307,80 @@ class RedisQueue:
         return self.store.finish_args(record, result) + [expected, "1" if unqueue else "0"]
 
     # ---- a worker's side
-    def take(self, count: int, block_s: float) -> list[Entry]:
-        """Up to `count` new entries, highest priority first; waits up to `block_s` for the
-        first when none is there."""
-        with self._redis("take jobs from the queue"):
-            entries = self._parse_take(self._take(keys=self.streams, args=[GROUP, self.consumer, count]))
-            if not entries and block_s > 0:
-                got = self._client.xreadgroup(GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=1,
-                                              block=max(1, int(block_s * 1e3)))
-                entries = [Entry(self.streams.index(as_str(stream)), as_str(eid), as_str(fields[b"id"]))
-                           for stream, items in got or () for eid, fields in items if fields]
-                entries.sort(key=lambda e: e.level)
-        self._hold(entries)
-        return entries
+    def take_start(self, count: int, block_s: float, held: list[Entry] | None = None
+                   ) -> tuple[list[Started], list[JobRecord]]:
+        """Moves the jobs of `held` (entries this process holds already: reclaimed ones) and
+        of up to `count` - len(held) new entries, highest priority first, queued -> running,
+        in one script (one round trip); with nothing to take, waits up to `block_s` for a
+        first entry (a blocking read; then a second script starts it with the others).
+        Returns the started (entry, record, input) and the final records of jobs past their
+        deadline (failed there, never run). Entries of jobs cancelled, finished or gone are
+        acknowledged and dropped; those of jobs running elsewhere are left to their owner."""
+        given = list(held or ())
+        try:
+            with self._redis("take jobs from the queue"):
+                flat = self._call_take_start(count, given)
+                if not flat and not given and block_s > 0:
+                    got = self._client.xreadgroup(GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=1,
+                                                  block=max(1, int(block_s * 1e3)))
+                    given = [Entry(self.streams.index(as_str(stream)), as_str(eid), as_str(fields[b"id"]))
+                             for stream, items in got or () for eid, fields in items if fields]
+                    if given:
+                        self._hold(given)  # until the script below answers for them
+                        flat = self._call_take_start(count, given)
+        except BaseException:
+            self._release(given)  # their fate is unknown here: a reclaimer decides after the timeout
+            raise
+        started, late = self._parse_take_start(flat)
+        ours = {entry for entry, _, _ in started}
+        self._release([entry for entry in given if entry not in ours])
+        return started, late
 
-    def _parse_take(self, flat: list[Any]) -> list[Entry]:
-        return [Entry(int(flat[i]) - 1, as_str(flat[i + 1]), as_str(flat[i + 2])) for i in range(0, len(flat), 3)]
+    def _call_take_start(self, count: int, taken: list[Entry]) -> list[Any]:
+        store = self.store
+        args: list[Any] = [GROUP, self.consumer, count, repr(time.time()), self.keys.job(""), store.finished_ttl(),
+                           store.index_ttl()]
+        for entry in taken:
+            args += [entry.level + 1, entry.entry_id, entry.job_id]
+        return self._take_start(keys=[*self.streams, self.keys.pending, self.keys.finished], args=args)
 
-    def start(self, entries: list[Entry], now: float) -> list[tuple[Entry, JobRecord, np.ndarray | None]]:
-        """queued -> running for each entry's job, in one round trip; returns those started
-        with their record and input. The others (cancelled, already finished, gone) are
-        acknowledged and dropped."""
-        with self._redis("start jobs"):
-            pipe = self._client.pipeline(transaction=False)
-            for entry in entries:
-                self._start(keys=[self.keys.job(entry.job_id)], args=[repr(now)], client=pipe)
-            answers = pipe.execute(raise_on_error=False)
-        started, dropped, elsewhere = [], [], []
-        for entry, answer in zip(entries, answers):
-            if isinstance(answer, Exception):
-                elsewhere.append(entry)  # unknown: a reclaimer decides after the timeout
-                continue
-            if not answer or int(answer[0]) != 1:
-                # running: another process holds this entry too (a reclaimer took it from a
-                # stalled worker); its owner acknowledges it, so that a death still gets it reclaimed
-                (elsewhere if len(answer) > 1 and as_str(answer[1]) == "running" else dropped).append(entry)
-                continue
-            key = self.keys.job(entry.job_id)
-            record = read_record(key, entry.job_id, answer[1])
-            inputs = read_array(key, "input", answer[2]) if answer[2] else None
-            started.append((entry, record, inputs))
-        self._release(elsewhere)
-        if dropped:
-            self.ack(dropped)
-        return started
+    def _parse_take_start(self, flat: list[Any]) -> tuple[list[Started], list[JobRecord]]:
+        started: list[Started] = []
+        late: list[JobRecord] = []
+        for i in range(0, len(flat), 6):
+            entry = Entry(int(flat[i]) - 1, as_str(flat[i + 1]), as_str(flat[i + 2]))
+            outcome = int(flat[i + 3])
+            if outcome == 1:
+                data = flat[i + 5]
+                inputs = read_array(self.keys.job(entry.job_id), "input", data) if data else None
+                started.append((entry, read_record(self.keys.job(entry.job_id), entry.job_id, flat[i + 4]), inputs))
+            elif outcome == 2:
+                late.append(read_record(self.keys.job(entry.job_id), entry.job_id, flat[i + 4]))
+        self._hold([entry for entry, _, _ in started])
+        return started, late
 
-    def finish_many(self, items: list[tuple[Entry, JobRecord, np.ndarray | None]]) -> list[bool]:
+    def finish_many(self, items: list[Started]) -> list[bool]:
         """Stores each running job's final record (and row) and acknowledges its entry, in one
-        round trip. False for a job no longer running (a reclaimer failed it): not written."""
+        script (one round trip). False for a job no longer running (a reclaimer failed it):
+        not written."""
+        args: list[Any] = [GROUP]
+        for entry, record, row in items:
+            args += [self.keys.job(record.id), self.streams[entry.level], entry.entry_id,
+                     *self._finish_args(record, row, "running", False)]
         with self._redis("finish jobs"):
-            pipe = self._client.pipeline(transaction=False)
-            for _, record, row in items:
-                self._finish_if(keys=self._finish_keys(record), args=self._finish_args(record, row, "running", False),
-                                client=pipe)
-            self._ack_into(pipe, [entry for entry, _, _ in items])
-            answers = pipe.execute(raise_on_error=False)
+            answers = self._finish_batch(keys=[self.keys.pending, self.keys.finished], args=args)
         self._release([entry for entry, _, _ in items])
-        errors = [a for a in answers[:len(items)] if isinstance(a, Exception)]
-        if errors:
-            raise StoreError(f"RedisQueue: could not finish {len(errors)} job(s): {errors[0]}")
-        return [bool(a) for a in answers[:len(items)]]
+        return [bool(a) for a in answers]
+
+    def fail_late(self, limit: int = 100) -> list[JobRecord]:
+        """Fails queued jobs whose deadline has passed (whichever process looks: no worker
+        may take them soon), up to `limit`; their final records."""
+        store = self.store
+        with self._redis("fail queued jobs past their deadline"):
+            flat = self._fail_late(keys=[self.deadlines, self.keys.pending, self.keys.finished],
+                                   args=[repr(time.time()), self.keys.job(""), store.finished_ttl(), store.index_ttl(),
+                                         limit])
+        return [read_record(self.keys.job(as_str(flat[i])), as_str(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
     def ack(self, entries: list[Entry]) -> None:
         """Acknowledges and deletes entries (their jobs are finished or gone)."""

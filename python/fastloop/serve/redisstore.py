@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
+from .jobs import DONE, EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
 from .redisconn import (RedisConnection, RedisKeys, StoreUnavailable, as_str, npy_bytes, read_array, read_record,
                         record_bytes, seconds)
 from .stores import Store
@@ -251,6 +251,16 @@ class RedisStore(Store):
         if data is None:
             raise KeyError(job_id)
         return self._parse(job_id, data)
+
+    def get_with_result(self, job_id: str) -> tuple[JobRecord, np.ndarray | None]:
+        with self.redis.call(f"read job {job_id!r}"):
+            data, result = self._client.hmget(self.key(job_id), ["record", "result"])
+        if data is None:
+            raise KeyError(job_id)
+        record = self._parse(job_id, data)
+        if record.status != DONE or result is None:
+            return record, None
+        return record, self._array(job_id, "result", result)
 
     def get_input(self, job_id: str) -> np.ndarray | None:
         with self.redis.call(f"read the input of job {job_id!r}"):

@@ -163,11 +163,11 @@ class InferenceService:
         self._stats = ServiceStats()
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
+        self._any_deadline = False  # a job has a deadline: the janitor looks for late jobs
         self._recover()
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
-        self._any_deadline = False  # a submit gave a timeout_s: the janitor looks for late jobs
-        self._busy: dict[threading.Thread, list[_Job]] = {}  # a worker -> the group in its model call
+        self._busy: dict[threading.Thread, list[Any]] = {}  # a worker -> the group in its model call (_Jobs here)
         self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
         self._threads = [self._worker(i) for i in range(workers)]
         self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
@@ -207,6 +207,7 @@ class InferenceService:
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
         if timeout_s is not None:
             job.deadline = job.t0 + timeout_s
+            job.record.deadline = job.record.submitted + timeout_s  # stored: a restart keeps it
             if not self._any_deadline:
                 self._any_deadline = True
                 self._wake.set()  # the janitor starts looking for late jobs
@@ -343,6 +344,24 @@ class InferenceService:
             if admission.held:
                 admission.held = False
                 self._admitted -= 1
+
+    def _outcome(self, job_id: str) -> tuple[JobRecord, np.ndarray | None]:
+        """record() and, for a done job, its result row (None otherwise, or when it is gone):
+        what a front answers a result request with, in one store read where the store allows
+        it. KeyError for an unknown id."""
+        with self._lock:
+            job, unsaved = self._jobs.get(job_id), self._unsaved.get(job_id)
+        if unsaved is not None:  # ended while the store was down: memory has the truth
+            record, row = JobRecord(**vars(unsaved.record)), unsaved.result
+        elif job is not None and job.visible and job.record.status in (QUEUED, RUNNING):
+            with job.lock:
+                record, row = JobRecord(**vars(job.record)), None
+            if record.status not in (QUEUED, RUNNING):  # ended meanwhile: the store has it
+                record, row = self.store.get_with_result(job_id)
+        else:
+            record, row = self.store.get_with_result(job_id)
+        record.status = self._status_of(record)
+        return record, (row if record.status == DONE else None)
 
     def reject_if_full(self) -> bool:
         """True, counting a rejection, when max_queue jobs wait (or hold a slot from admit()):
@@ -648,6 +667,10 @@ class InferenceService:
                 self._queued -= len(jobs)
             if self._abandon:
                 continue  # close() fails them
+            if self._any_deadline:  # one taken past its deadline fails here, never runs
+                now = time.monotonic()
+                jobs = [job for job in jobs if job.deadline is None or job.deadline > now
+                        or not self._fail_queued_late(job, now)]
             started = self._start_all(jobs)
             for group in group_by_input(started, lambda job: job.key):
                 self._run(group)
@@ -675,24 +698,33 @@ class InferenceService:
             late = [job for job in self._jobs.values()
                     if job.deadline is not None and job.deadline <= now and job.visible]
         for job in late:
-            waited = now - job.t0
-            if self._end(job, QUEUED, FAILED, error=f"deadline exceeded: still queued after {waited:.3g} s"):
-                self._stats.count("deadline_exceeded")
-            elif self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
-                                                        f"{waited:.3g} s after submit"):
+            if not self._fail_queued_late(job, now) and \
+                    self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
+                                                          f"{now - job.t0:.3g} s after submit"):
                 self._stats.count("deadline_exceeded")
         for thread, group in list(self._busy.items()):
-            if thread in self._stuck or not any(job.deadline is not None and job.deadline <= now for job in group):
-                continue
-            self._stuck.add(thread)
-            self._stats.count("workers_stuck")
-            alive_stuck = sum(t.is_alive() for t in list(self._stuck))
-            if alive_stuck <= self.workers and not self._closed:
-                replacement = self._worker(len(self._threads))
-                self._threads.append(replacement)
-                replacement.start()
-                warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
-                              f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+            if thread not in self._stuck and any(job.deadline is not None and job.deadline <= now for job in group):
+                self._replace_stuck(thread)
+
+    def _replace_stuck(self, thread: threading.Thread) -> None:
+        """Counts `thread` stuck in a model call past a deadline and starts a worker in its
+        place, unless `workers` stuck ones are alive already (health() says "degraded")."""
+        self._stuck.add(thread)
+        self._stats.count("workers_stuck")
+        alive_stuck = sum(t.is_alive() for t in list(self._stuck))
+        if alive_stuck <= self.workers and not self._closed:
+            replacement = self._worker(len(self._threads))
+            self._threads.append(replacement)
+            replacement.start()
+            warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
+                          f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+
+    def _fail_queued_late(self, job: _Job, now: float) -> bool:
+        """A queued job past its deadline fails; False (nothing done) if it is not queued."""
+        if not self._end(job, QUEUED, FAILED, error=f"deadline exceeded: still queued after {now - job.t0:.3g} s"):
+            return False
+        self._stats.count("deadline_exceeded")
+        return True
 
     def _store_final(self, record: JobRecord, result: np.ndarray | None) -> JobRecord | None:
         """Stores a finished job: the record stored (failed "could not store the result"
@@ -789,6 +821,10 @@ class InferenceService:
                 self._stats.count("failed_at_start")
                 continue
             job = _Job(record, x)  # type: ignore[arg-type]
+            job.t0 -= max(0.0, time.time() - record.submitted)  # its waits count from the first submit
+            if record.deadline is not None:  # stored at submit: it holds across the restart
+                job.deadline = time.monotonic() + (record.deadline - time.time())
+                self._any_deadline = True
             job.visible = True
             self._jobs[record.id] = job
             self._queued += 1

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord
+from .jobs import DONE, EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord
 
 __all__ = ["Store", "MemoryStore"]
 
@@ -64,6 +64,18 @@ class Store(abc.ABC):
     def get(self, job_id: str) -> JobRecord:
         """The job's record; KeyError for an unknown (or forgotten) id, StoreError for an
         unreadable one."""
+
+    def get_with_result(self, job_id: str) -> tuple[JobRecord, np.ndarray | None]:
+        """The job's record and, when it is done, its result (None when it is not done or
+        its result is gone); KeyError for an unknown id. One read where the store allows it
+        (Redis: one round trip): a front answering a result calls it once per request."""
+        record = self.get(job_id)
+        if record.status != DONE:
+            return record, None
+        try:
+            return record, self.get_result(job_id)
+        except KeyError:  # expired since the record was read
+            return record, None
 
     @abc.abstractmethod
     def get_input(self, job_id: str) -> np.ndarray | None:
