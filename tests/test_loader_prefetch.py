@@ -4,47 +4,22 @@ batch, the current and the previous one, or keeps a list of them."""
 
 from __future__ import annotations
 
-import mmap
-import time
-
 import numpy as np
 import pytest
 
 import fastloop
+from recording import RecordsFetches
+from waiting import wait_until
 
 N, BATCH = 400, 4
 IMAGES = np.arange(N * 6, dtype=np.float32).reshape(N, 6)
 LABELS = np.arange(N, dtype=np.int64)
 
 
-class RecordsFetches:
-    """Marks each index it is asked for in memory shared with the worker processes."""
-
-    def __init__(self, n: int) -> None:
-        self._map = mmap.mmap(-1, n)
-        self.fetched = np.frombuffer(self._map, np.uint8)
-
-    def __len__(self) -> int:
-        return len(self.fetched)
-
-    def __getitem__(self, i: int):
-        self.fetched[i] = 1
-        return IMAGES[i], LABELS[i]
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)  # polls a real condition
-    return True
-
-
 def make_loader(mode: str, workers: int, prefetch: int) -> tuple[fastloop.Loader, RecordsFetches | None]:
     if mode == "threads":
         return fastloop.Loader((IMAGES, LABELS), batch_size=BATCH, workers=workers, prefetch=prefetch), None
-    dataset = RecordsFetches(N)
+    dataset = RecordsFetches(N, lambda i: (IMAGES[i], LABELS[i]))
     return fastloop.Loader(dataset, batch_size=BATCH, workers=workers, prefetch=prefetch, timeout=60), dataset
 
 

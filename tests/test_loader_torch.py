@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fastloop
+from recording import RecordsFetches
 from waiting import wait_until
 
 torch = pytest.importorskip("torch")
@@ -454,25 +455,8 @@ def test_a_bfloat16_sample_field_is_refused_naming_the_field_and_dtype(workers):
         fastloop.Loader(BFloat16Samples(), batch_size=4, num_workers=workers)
 
 
-class RecordsFetches:
-    """Marks each index it is asked for in memory shared with the worker processes."""
-
-    def __init__(self, n: int) -> None:
-        import mmap
-
-        self._map = mmap.mmap(-1, n)
-        self.fetched = np.frombuffer(self._map, np.uint8)
-
-    def __len__(self) -> int:
-        return len(self.fetched)
-
-    def __getitem__(self, i: int):
-        self.fetched[i] = 1
-        return np.float32(i)
-
-
 def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one():
-    dataset = RecordsFetches(40)
+    dataset = RecordsFetches(40, lambda i: np.float32(i))
     loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=2, timeout=60)
     it = iter(loader)
     held = next(it)  # batch 0, still in use: batches 1 and 2 must be made meanwhile (prefetch 2)
@@ -484,7 +468,7 @@ def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one
 
 
 def test_a_dropped_batch_frees_its_slot_for_the_next_batch_at_once():
-    dataset = RecordsFetches(40)
+    dataset = RecordsFetches(40, lambda i: np.float32(i))
     loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch_factor=1, timeout=60)
     it = iter(loader)
     held = next(it)
