@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -17,6 +16,7 @@ import pytest
 
 import fastloop
 from fastloop import monitor as monitor_module
+from waiting import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -31,13 +31,11 @@ def read_csv(path):
 
 
 def wait_for_rounds(mon, rounds: int, timeout: float = 10.0) -> None:
-    """Waits until the monitor has sampled `rounds` more times (polling its real count, never
-    a fixed sleep: a loaded machine or a sanitizer build only makes it take longer)."""
-    target = mon.stats()["samples"] + rounds
-    deadline = time.monotonic() + timeout
-    while mon.stats()["samples"] < target:
-        assert time.monotonic() < deadline, f"the monitor sampled {rounds} times in no {timeout} s"
-        time.sleep(0.002)
+    """Waits until `rounds` whole sampling rounds ran after the call: the round in progress
+    when it is called may have started before, so it does not count (its samples can
+    predate what the test just did)."""
+    target = mon.stats()["samples"] + 1 + rounds
+    wait_for(lambda: mon.stats()["samples"] >= target, timeout)
 
 
 def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
