@@ -30,7 +30,7 @@ def test_quick_scale_suite_measures_every_row():
     from fastloop.bench import serve_scale
 
     runs = serve_scale.compare(quick=True)
-    assert len(runs) == 6 and all(r.jobs > 0 and math.isfinite(r.p99_ms) for r in runs)
+    assert len(runs) == 7 and all(r.jobs > 0 and math.isfinite(r.p99_ms) for r in runs)
     assert all(math.isfinite(r.measured) for r in serve_scale.results(runs))
 
 

@@ -25,6 +25,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -101,12 +102,14 @@ def _set_threads(model: Any, blas_threads: int, torch_threads: int | None) -> No
         torch.set_num_threads(torch_threads)
 
 
-def _store(spec: str | None) -> Any:
+def _store(spec: str | None, index: int = 0, peers: list[str] | None = None) -> Any:
+    """The store `spec` names; for share-nothing process `index` (peers given), its own."""
     from .filestore import FileStore
     if spec is None:
         return None
     if spec.startswith("file:"):
-        return FileStore(spec[len("file:"):])
+        root = spec[len("file:"):]
+        return FileStore(root if peers is None else os.path.join(root, f"process-{index}"))
     if spec == "memory":
         from .stores import MemoryStore
         return MemoryStore()
@@ -165,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="idle: the workers run under SCHED_IDLE (Linux), so the HTTP front preempts them "
                              "at once under load; for a machine that serves and does little else")
     parser.add_argument("--processes", type=int, default=1,
-                        help="server processes sharing the port (N > 1 needs --store redis://: they share "
-                             "its jobs and its queue)")
+                        help="server processes sharing the port: with --store redis:// they share its jobs and "
+                             "queue; otherwise each keeps its own (memory, or file:DIR/process-I) and a request "
+                             "for another process's job is forwarded to it")
     parser.add_argument("--queue", choices=("memory", "redis"),
                         help="where the queue lives: memory (this process; the default for one process) or "
                              "redis (shared with every process and host on the same --store redis://)")
@@ -175,11 +179,19 @@ def main(argv: list[str] | None = None) -> int:
                              "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    redis_store = (args.store or "").startswith("redis://")
+    if args.processes < 1:
+        print(f"--processes must be >= 1, not {args.processes}", file=sys.stderr)
+        return 2
     if args.queue is None:
-        args.queue = "redis" if args.processes > 1 else "memory"
-    if args.queue == "redis" and not (args.store or "").startswith("redis://"):
-        print("--processes > 1 and --queue redis need --store redis://HOST:PORT/DB (the processes share "
-              "its jobs and queue)", file=sys.stderr)
+        args.queue = "redis" if args.processes > 1 and redis_store else "memory"
+    if args.queue == "redis" and not redis_store:
+        print("--queue redis needs --store redis://HOST:PORT/DB (the processes share its jobs and queue)",
+              file=sys.stderr)
+        return 2
+    if args.processes > 1 and args.queue == "memory" and redis_store:
+        print("--processes > 1 with --store redis:// share the queue in Redis: drop --queue memory",
+              file=sys.stderr)
         return 2
     if args.processes > 1:
         from .processes import listen, run_processes
@@ -188,16 +200,25 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(str(error), file=sys.stderr)
             return 2
-        return run_processes(args.processes, sock, lambda s: _serve(args, s), grace_s=args.drain_s + 20)
+        if args.queue == "redis":
+            return run_processes(args.processes, sock, lambda s, i: _serve(args, s), grace_s=args.drain_s + 20)
+        with tempfile.TemporaryDirectory(prefix="fastloop-serve-") as rundir:  # the processes' unix sockets
+            peers = [os.path.join(rundir, f"process-{i}.sock") for i in range(args.processes)]
+            return run_processes(args.processes, sock, lambda s, i: _serve(args, s, i, peers),
+                                 grace_s=args.drain_s + 20)
     return _serve(args, None)
 
 
-def _serve(args: argparse.Namespace, sock: Any) -> int:
-    """One server process: the model, the service, the front; on `sock` when given."""
+def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str] | None = None) -> int:
+    """One server process: the model, the service, the front; on `sock` when given. With
+    `peers` (share-nothing processes, peers.py): process `index` of them, its own store, the
+    jobs it creates its own, and requests for the others' jobs forwarded to their sockets."""
     import uvicorn
 
     from .http import App
     from .http_limits import uvicorn_config
+    from .peers import PeerRouter, owned_id
+    from .processes import listen_unix
     from .service import InferenceService
 
     queue = None
@@ -207,14 +228,19 @@ def _serve(args: argparse.Namespace, sock: Any) -> int:
     try:
         model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
         _set_threads(model, args.blas_threads, args.torch_threads)
+        extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
         service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                                   max_delay_ms=args.max_delay_ms, store=_store(args.store),
+                                   max_delay_ms=args.max_delay_ms, store=_store(args.store, index, peers), **extra,
                                    result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
                                    inputs=inputs, timeout_s=args.timeout_s, queue=queue)
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
         return 2
-    app = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    app: Any = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    sockets = None if sock is None else [sock]
+    if peers is not None:
+        app = PeerRouter(app, index, peers)
+        sockets.append(listen_unix(peers[index]))
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
                             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s,
@@ -228,7 +254,7 @@ def _serve(args: argparse.Namespace, sock: Any) -> int:
         from .processes import when_stopped
         when_stopped(lambda: setattr(server, "should_exit", True))
     try:
-        server.run(sockets=None if sock is None else [sock])
+        server.run(sockets=sockets)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
         pass
     finally:

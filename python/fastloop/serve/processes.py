@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Callable
 
-__all__ = ["run_processes", "listen", "when_stopped"]
+__all__ = ["run_processes", "listen", "listen_unix", "when_stopped"]
 
 _CRASH_WINDOW_S, _CRASH_LIMIT = 10.0, 5
 
@@ -42,6 +42,20 @@ def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
         raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
     sock.listen(backlog)
     sock.set_inheritable(True)
+    return sock
+
+
+def listen_unix(path: str, backlog: int = 2048) -> socket.socket:
+    """A listening unix socket at `path` (a stale one, left by a killed process, is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as error:
+        sock.close()
+        raise OSError(error.errno, f"cannot listen on {path}: {error.strerror}") from None
+    sock.listen(backlog)
     return sock
 
 
@@ -73,7 +87,7 @@ def when_stopped(fn: Callable[[], None]) -> None:
         fn()
 
 
-def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int], mask: set[int]) -> int:
+def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket, int], int], index: int, mask: set[int]) -> int:
     """Forks a server process; called with SIGTERM and SIGINT blocked, so that a stop cannot
     reach the child while it still has the parent's handlers (`mask`: the mask to restore)."""
     parent = os.getpid()
@@ -92,7 +106,7 @@ def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket], int], mask:
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(1)
-        code = serve_one(sock)
+        code = serve_one(sock, index)
     except BaseException as error:  # the child never returns into the parent's code
         print(f"fastloop serve: process {os.getpid()} failed: {type(error).__name__}: {error}", file=sys.stderr)
     finally:
@@ -125,9 +139,10 @@ def _reap_until(children: set[int], deadline: float) -> list[int]:
     return left
 
 
-def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket], int],
+def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socket, int], int],
                   grace_s: float = 30.0) -> int:
-    """Forks n children serving `sock` and supervises them until SIGTERM/SIGINT; returns 0,
+    """Forks n children serving `sock` (``serve_one(sock, index)``, index 0..n-1: a child
+    that replaces a dead one gets its index) and supervises them until SIGTERM/SIGINT; returns 0,
     or 1 when children kept dying or one was still running `grace_s` after the stop (it is
     then killed: nothing hangs at exit). Call it before the process starts threads."""
     if n < 1:
@@ -143,32 +158,32 @@ def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socke
             except ProcessLookupError:
                 pass
 
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> index
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     crashes: collections.deque[float] = collections.deque()
     failed = False
     try:
-        def spawn() -> None:
+        def spawn(index: int) -> None:
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
             try:
-                children.add(_spawn(sock, serve_one, mask))
+                children[_spawn(sock, serve_one, index, mask)] = index
             finally:  # the new child is in `children` before stop() can run
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-        for _ in range(n):
-            spawn()
+        for index in range(n):
+            spawn(index)
         while children:
             if stopping:
                 stop(signal.SIGTERM, None)  # again: reaches any child started since (a second SIGTERM is harmless)
-                killed = _reap_until(children, time.monotonic() + grace_s)
+                killed = _reap_until(set(children), time.monotonic() + grace_s)
                 failed = failed or bool(killed)
                 break
             try:
                 pid, status = os.wait()
             except ChildProcessError:
                 break
-            children.discard(pid)
-            if stopping or failed:
+            index = children.pop(pid, None)
+            if stopping or failed or index is None:
                 continue
             how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit code {os.WEXITSTATUS(status)}")
@@ -183,7 +198,7 @@ def run_processes(n: int, sock: socket.socket, serve_one: Callable[[socket.socke
                 stop(signal.SIGTERM, None)
                 continue
             print(f"fastloop serve: server process {pid} died ({how}); starting another", file=sys.stderr)
-            spawn()
+            spawn(index)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

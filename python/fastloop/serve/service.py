@@ -116,6 +116,8 @@ class InferenceService:
     ``workers`` stuck at once; beyond that health() reports "degraded"). ``queue``: None (the in-memory queue of this
     process), or a RedisQueue: the queue then lives in Redis beside a RedisStore, shared by
     every process and machine serving it, with priorities (shared.py says more).
+    ``new_id``: how submit() names a job given no id (a fresh 32-hex id by default; the
+    share-nothing processes of peers.py give each process ids it owns).
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
@@ -132,7 +134,8 @@ class InferenceService:
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
                  worker_priority: str = "normal", timeout_s: float | None = None,
-                 inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None) -> None:
+                 inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None,
+                 new_id: Callable[[], str] = new_job_id) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             least = 0 if name == "workers" and queue is not None else 1  # a front-only process of a shared queue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -145,6 +148,7 @@ class InferenceService:
         self.timeout_s = _check_timeout(timeout_s)
         self._spec = spec_for(model, inputs)
         self.model = model
+        self.new_id = new_id  # names a job submitted without an id
         self._runner = runner_for(model, self._spec)
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
         self.max_delay_s = max_delay_ms / 1e3
@@ -201,7 +205,7 @@ class InferenceService:
                 admission: Admission | None) -> str:
         if priority != "normal":
             raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
-        job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         x = self._spec.check(inputs)
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import Closed, QueueFull
 from .batching import group_by_input, run_group
-from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id, new_job_id
+from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
 from .service import Admission, InferenceService, _check_timeout, _join
@@ -79,7 +79,7 @@ class SharedInferenceService(InferenceService):
         exceeded" and never runs (the process that takes it fails it, or any process's
         keeper within about a second when none takes it); a job still in a model call then
         fails and the process running it replaces the stuck worker (as InferenceService)."""
-        job_id = new_job_id() if job_id is None else check_job_id(job_id)
+        job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         level = check_level(priority)
         x = self._spec.check(inputs)
