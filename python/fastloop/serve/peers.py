@@ -239,7 +239,7 @@ class PeerRouter:
         if (await receive())["type"] != "websocket.connect":
             return
         try:
-            peer = await asyncio.wait_for(unix_connect(self.peers[owner], self._peer_uri(scope),
+            peer = await asyncio.wait_for(unix_connect(self.peers[owner], self._peer_uri(scope), close_timeout=1,
                                                        additional_headers={FORWARDED.decode(): "1"}), _CONNECT_S)
         except InvalidStatus:  # the owner refused it before accepting (an unknown job)
             await send({"type": "websocket.close", "code": 1008, "reason": f"unknown job {scope['path'].split('/')[3]}"})
@@ -265,9 +265,15 @@ class PeerRouter:
 
     async def _merged_events(self, scope: Scope, receive: Receive, send: Send) -> None:
         """This process's /v1/events (the app's own stream, its slow-client rule included)
-        with the other processes' streams sent beside it."""
+        with the other processes' streams sent beside it. The other streams are joined
+        before the client is accepted, so no event after the accept is missed (what they
+        send meanwhile waits in their connections)."""
+        from websockets.asyncio.client import unix_connect
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
         accepted = asyncio.Event()
         lock = asyncio.Lock()
+        lost = (OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError)
 
         async def locked_send(message: dict[str, Any]) -> None:
             async with lock:
@@ -275,28 +281,43 @@ class PeerRouter:
             if message["type"] == "websocket.accept":
                 accepted.set()
 
-        async def relay_peer(path: str) -> None:
-            from websockets.asyncio.client import unix_connect
-            from websockets.exceptions import ConnectionClosed, InvalidHandshake
+        async def join(path: str) -> Any:
+            try:
+                return await asyncio.wait_for(unix_connect(path, self._peer_uri(scope),
+                                                           additional_headers={FORWARDED.decode(): "1"}, close_timeout=1),
+                                          _CONNECT_S)
+            except lost:
+                return None  # being restarted: relay() tries again
 
-            await accepted.wait()
-            while True:  # a peer being restarted is joined again once it is back
-                try:
-                    async with unix_connect(path, self._peer_uri(scope),
-                                            additional_headers={FORWARDED.decode(): "1"}) as peer:
-                        async for text in peer:
-                            await locked_send({"type": "websocket.send", "text": text})
-                except (OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError):
-                    pass
-                await asyncio.sleep(_RESUBSCRIBE_S)  # then try that peer again
+        async def relay(path: str, peer: Any) -> None:
+            try:
+                await accepted.wait()
+                while True:
+                    if peer is not None:
+                        try:
+                            async for text in peer:
+                                await locked_send({"type": "websocket.send", "text": text})
+                        except lost:
+                            pass
+                        await peer.close()
+                    await asyncio.sleep(_RESUBSCRIBE_S)  # a peer gone (restarting) is joined again
+                    peer = await join(path)
+            finally:
+                if peer is not None:
+                    await peer.close()
 
-        relays = [asyncio.ensure_future(relay_peer(path)) for i, path in enumerate(self.peers) if i != self.index]
+        others = [path for i, path in enumerate(self.peers) if i != self.index]
+        joined = await asyncio.gather(*(join(path) for path in others))
+        relays = [asyncio.ensure_future(relay(path, peer)) for path, peer in zip(others, joined)]
         try:
             await self.app(scope, receive, locked_send)
         finally:
             for task in relays:
                 task.cancel()
             await asyncio.gather(*relays, return_exceptions=True)
+            for peer in joined:
+                if peer is not None:
+                    await peer.close()
 
     def close(self) -> None:
         for client in self._clients:
