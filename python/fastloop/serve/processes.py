@@ -1,6 +1,6 @@
 """Several server processes on one port: a pre-forking supervisor (gunicorn's model).
 
-The parent binds and listens on the port, then forks ``n`` children; each builds its own
+The parent binds the port, then forks ``n`` children; each builds its own
 service and serves the port with uvicorn (a listening socket of its own where SO_REUSEPORT
 exists, else the inherited one), so the kernel spreads connections over
 them. The parent only supervises: a child that dies (a crash, kill -9) is replaced, unless
@@ -10,7 +10,7 @@ parent returns when they are gone. A child whose parent dies gets SIGTERM (Linux
 PR_SET_PDEATHSIG), so no orphan keeps the port. ``kill -USR1 <pid>`` makes a server process
 print every thread's stack to stderr.
 
-    >>> run_processes(4, "0.0.0.0", 8000, serve_one)   # serve_one(sock) -> exit code
+    >>> run_processes(4, listen("0.0.0.0", 8000), serve_one)   # serve_one(sock, index) -> exit code
 """
 
 from __future__ import annotations
