@@ -124,7 +124,7 @@ test: build ctest pytest-asan pytest
 # background job (`yes`, one per core, ended on every way out); not part of make test.
 STRESS_RUNS ?= 20
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_gc_cycles.py tests/test_monitor.py \
-	tests/test_checkpoint.py tests/test_serve.py
+	tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 stress: build
 	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
 	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \
