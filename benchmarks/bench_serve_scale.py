@@ -1,5 +1,6 @@
-"""fastloop.serve scaled out on the queue in Redis: 2 server processes vs 1 on one port (the
-front-bound small MLP over HTTP; target >= 1.6x on 2 cores, p99 stated), and a second "host"
+"""fastloop.serve scaled out: 2 server processes vs 1 on one port, share-nothing (each its own
+queue in memory) and on the queue in Redis (the front-bound small MLP over HTTP; target
+>= 1.6x on 2 cores, p99 stated), and a second "host"
 (server process on its own port) when the model's cost is a GIL-free device wait (target: it
 adds >= 0.8x of one host's jobs/s). fastloop.bench.serve_scale says what is measured.
 

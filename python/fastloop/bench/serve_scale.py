@@ -10,10 +10,11 @@ a request the front parses and, with the queue in Redis, a Redis round trip, so 
 clients the fronts' CPU goes to polls (5-7 requests per job) instead of jobs.
 
 1. **Processes** (the front-bound 784-512-512-10 MLP, max_batch 32): ``python -m fastloop
-   serve`` with the queue in memory (today's single process), with ``--queue redis`` (one
-   process), and ``--processes 2`` (two processes on one port, the kernel spreading the
-   connections). Target: 2 processes >= 1.6x the one with the queue in Redis, on 2 cores;
-   p99 stated; also stated against the best one-process run (the in-memory queue). The
+   serve`` with the queue in memory (one process), ``--processes 2`` without Redis (two
+   share-nothing processes on one port, each its own queue in memory: peers.py), with
+   ``--queue redis`` (one process), and ``--processes 2`` on the queue in Redis. Targets, on
+   2 cores, p99 stated: 2 share-nothing processes >= 1.6x one in-memory process; 2 processes
+   on Redis >= 1.6x one on Redis (also stated against the best one-process run). The
    server's CPU column counts every server process and redis-server.
 2. **Hosts** (the model's cost is device time: each batch of up to 4 waits ``DEVICE_MS`` ms
    with the GIL released, as a GPU call does, then runs the small MLP): one server process
