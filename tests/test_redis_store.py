@@ -481,11 +481,13 @@ def test_a_second_service_requeues_queued_jobs_and_fails_running_ones(server, pr
     finally:
         child.kill()
         child.wait()
+    # The timeouts bound a hang; they are not the expected wait (one run under a load of ~15
+    # needed more than 5 s to recover and run three jobs).
     with InferenceService(mlp, store=RedisStore(server.url, prefix=prefix)) as svc:
         with pytest.raises(JobFailed, match="server restarted while the job was running"):
-            svc.result("job0", timeout=5)
+            svc.result("job0", timeout=30)
         for i in range(1, 4):
-            np.testing.assert_allclose(svc.result(f"job{i}", timeout=5), mlp(sample(i)), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(svc.result(f"job{i}", timeout=30), mlp(sample(i)), rtol=1e-5, atol=1e-6)
         stats = svc.stats()
         assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
 
