@@ -81,18 +81,24 @@ class _PeerHTTP:
         reused = bool(self._idle)
         conn = self._idle.pop() if reused else await self._connect()
         try:
-            answer = await self._exchange(conn, message)
+            answer, reusable = await self._exchange(conn, message)
         except (OSError, asyncio.IncompleteReadError, ValueError):
             conn[1].close()
             if not reused:
                 raise _Unavailable(f"the connection to {self.path} broke") from None
             conn = await self._connect()  # a kept-alive connection the peer had closed: once more, fresh
             try:
-                answer = await self._exchange(conn, message)
+                answer, reusable = await self._exchange(conn, message)
             except (OSError, asyncio.IncompleteReadError, ValueError):
                 conn[1].close()
                 raise _Unavailable(f"the connection to {self.path} broke") from None
-        if len(self._idle) < _IDLE_PER_PEER:
+            except BaseException:
+                conn[1].close()
+                raise
+        except BaseException:  # cancelled mid-answer: the connection's state is unknown
+            conn[1].close()
+            raise
+        if reusable and len(self._idle) < _IDLE_PER_PEER:
             self._idle.append(conn)
         else:
             conn[1].close()
@@ -106,13 +112,14 @@ class _PeerHTTP:
 
     @staticmethod
     async def _exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                        message: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+                        message: bytes) -> tuple[tuple[int, list[tuple[bytes, bytes]], bytes], bool]:
+        """(status, headers, body) of the answer, and whether the connection can carry another."""
         reader, writer = conn
         writer.write(message)
         await writer.drain()
         lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
-        headers, length = [], 0
+        headers, length, close = [], None, False
         for line in lines[1:]:
             if not line:
                 continue
@@ -120,9 +127,13 @@ class _PeerHTTP:
             name, value = name.strip().lower(), value.strip()
             if name == b"content-length":
                 length = int(value)
+            elif name == b"connection":
+                close = value.lower() == b"close"
             elif name not in _DROPPED:
                 headers.append((name, value))
-        return status, headers, await reader.readexactly(length)
+        if length is None:  # not one of the app's answers (they all have a length): read to the end
+            return (status, headers, await reader.read()), False
+        return (status, headers, await reader.readexactly(length)), not close
 
     def close(self) -> None:
         for _, writer in self._idle:
