@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import zlib
 
 import pytest
 
 from fastloop.serve.jobs import check_job_id
-from fastloop.serve.peers import PROCESS, PeerRouter, owned_id, owner_of
+from fastloop.serve.peers import PROCESS, ConnectionShares, PeerRouter, owned_id, owner_of
 
 
 def test_owned_ids_are_fresh_valid_ids_of_their_owner():
@@ -137,3 +138,35 @@ def test_a_kept_alive_connection_the_peer_closed_is_replaced_and_the_request_ans
 def test_the_router_checks_its_index():
     with pytest.raises(ValueError, match="index"):
         PeerRouter(Recorder(), 2, ["a", "b"])
+
+
+def test_connection_shares_are_shared_across_fork_and_name_the_process_over_its_share():
+    shares = ConnectionShares(2)
+    shares.add(0, 3)
+    pid = os.fork()
+    if pid == 0:  # the child counts its connections where the parent sees them
+        shares.add(1, 2)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert (shares.count(0), shares.count(1)) == (3, 2)
+    assert not shares.over_share(0) and not shares.over_share(1)  # 3 of 5: the fair 3, within one
+    shares.add(0, 2)
+    assert not shares.over_share(0)  # 5 of 7: the fair 4, within one
+    shares.add(0, 1)
+    assert shares.over_share(0) and not shares.over_share(1)  # 6 of 8 > 4 + 1
+    shares.reset(0)
+    assert shares.count(0) == 0 and not shares.over_share(1)  # 2 of 2: the fair 1, within one
+    shares.add(1, 2)
+    assert shares.over_share(1)  # 4 of 4 > 2 + 1
+
+
+def test_an_answer_of_a_process_over_its_share_asks_the_client_to_reconnect(tmp_path):
+    shares = ConnectionShares(2)
+    router = PeerRouter(Recorder(), 0, [str(tmp_path / "p0.sock"), str(tmp_path / "p1.sock")], shares)
+    shares.add(0, 4)
+    shares.add(1, 2)
+    assert b"connection" not in _call(router, "GET", "/healthz")[1]  # 4 of 6: within one of 3
+    shares.add(0, 2)
+    assert _call(router, "GET", "/healthz")[1][b"connection"] == b"close"  # 6 of 8 > 4 + 1
+    forwarded = _call(router, "GET", "/healthz", headers=[(b"x-fastloop-forwarded", b"1")])[1]
+    assert b"connection" not in forwarded  # another process's connection is not a client's to move

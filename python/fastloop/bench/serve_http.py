@@ -140,7 +140,8 @@ def checkpoint(model: fl.nn.Sequential) -> Iterator[str]:
 # ------------------------------------------------------------ a minimal keep-alive HTTP/1.1 client
 class Conn:
     """One keep-alive connection on asyncio streams; request() sends one request and reads
-    the whole response (the server always sends Content-Length)."""
+    the whole response (the server always sends Content-Length), and reconnects when the
+    answer says ``connection: close`` (server processes rebalancing their connections)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -166,7 +167,11 @@ class Conn:
         status = int(header[9:12])
         at = header.lower().find(b"content-length:")
         length = int(header[at + 15:header.index(b"\r\n", at)]) if at >= 0 else 0
-        return status, await self.reader.readexactly(length)  # type: ignore[union-attr]
+        body = await self.reader.readexactly(length)  # type: ignore[union-attr]
+        if b"\r\nconnection: close\r\n" in header.lower():  # the server moves this client: reconnect
+            self.close()
+            await self.open()
+        return status, body
 
     def close(self) -> None:
         if self.writer is not None:

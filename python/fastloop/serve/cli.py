@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.processes > 1:
+        from .peers import ConnectionShares
         from .processes import listen, run_processes
         try:
             sock = listen(args.host, args.port)
@@ -202,14 +203,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.queue == "redis":
             return run_processes(args.processes, sock, lambda s, i: _serve(args, s), grace_s=args.drain_s + 20)
+        shares = ConnectionShares(args.processes)  # before the fork: the children share it
         with tempfile.TemporaryDirectory(prefix="fastloop-serve-") as rundir:  # the processes' unix sockets
             peers = [os.path.join(rundir, f"process-{i}.sock") for i in range(args.processes)]
-            return run_processes(args.processes, sock, lambda s, i: _serve(args, s, i, peers),
+            return run_processes(args.processes, sock, lambda s, i: _serve(args, s, i, peers, shares),
                                  grace_s=args.drain_s + 20)
     return _serve(args, None)
 
 
-def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str] | None = None) -> int:
+def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str] | None = None,
+           shares: Any = None) -> int:
     """One server process: the model, the service, the front; on `sock` when given. With
     `peers` (share-nothing processes, peers.py): process `index` of them, its own store, the
     jobs it creates its own, and requests for the others' jobs forwarded to their sockets."""
@@ -238,13 +241,16 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
         return 2
     app: Any = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     sockets = None if sock is None else [sock]
+    on_connections = None
     if peers is not None:
-        app = PeerRouter(app, index, peers)
+        shares.reset(index)
+        app = PeerRouter(app, index, peers, shares)
         sockets.append(listen_unix(peers[index]))
+        on_connections = lambda delta: shares.add(index, delta)  # noqa: E731
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
                             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s,
-                            timeout_graceful_shutdown=args.drain_s)  # a stuck connection does not hold the stop
+                            timeout_graceful_shutdown=args.drain_s, on_connections=on_connections)  # a stuck connection does not hold the stop
     # What exists now (modules, the model) lives as long as the server: frozen, the garbage
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()

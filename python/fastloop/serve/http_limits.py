@@ -16,7 +16,7 @@ Idle keep-alive connections close after uvicorn's ``timeout_keep_alive``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -42,6 +42,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     max_header_bytes = LIMITS["max_header_bytes"]
     header_timeout_s = LIMITS["header_timeout_s"]
     body_timeout_s = LIMITS["body_timeout_s"]
+    on_connections: Callable[[int], None] | None = None  # told +1 / -1 as TCP connections open and close
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,10 +73,20 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(self.header_timeout_s)  # a client that connects and sends nothing
+        # a TCP client's connection (a unix socket's are other server processes) is counted
+        self._counted = self.on_connections is not None and not isinstance(transport.get_extra_info("sockname"), str)
+        if self._counted:
+            self.on_connections(1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._uncount()
         super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.on_connections(-1)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -134,21 +145,25 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm()  # the WebSocket protocol has its own pings and timeouts
+        self._uncount()  # a WebSocket is not a keep-alive connection to move
         super().handle_websocket_upgrade()
 
 
 def uvicorn_config(app: Any, max_header_bytes: int = LIMITS["max_header_bytes"],
                    header_timeout_s: float = LIMITS["header_timeout_s"],
                    body_timeout_s: float = LIMITS["body_timeout_s"],
-                   keep_alive_s: float = LIMITS["keep_alive_s"], **kwargs: Any) -> Any:
-    """A uvicorn.Config serving `app` with the limits above; other keywords go to uvicorn."""
+                   keep_alive_s: float = LIMITS["keep_alive_s"],
+                   on_connections: Callable[[int], None] | None = None, **kwargs: Any) -> Any:
+    """A uvicorn.Config serving `app` with the limits above; other keywords go to uvicorn.
+    ``on_connections(+1 / -1)`` hears TCP client connections open and close (peers.py)."""
     import uvicorn
 
     if max_header_bytes < 1 or header_timeout_s <= 0 or body_timeout_s <= 0 or keep_alive_s <= 0:
         raise ValueError("max_header_bytes and the timeouts must be > 0")
     protocol = type("LimitedHttpProtocol", (LimitedHttpProtocol,),
                     {"max_header_bytes": max_header_bytes, "header_timeout_s": header_timeout_s,
-                     "body_timeout_s": body_timeout_s})
+                     "body_timeout_s": body_timeout_s,
+                     "on_connections": None if on_connections is None else staticmethod(on_connections)})
     kwargs.setdefault("lifespan", "on")
     return uvicorn.Config(app, http=protocol, timeout_keep_alive=keep_alive_s,
                           h11_max_incomplete_event_size=max_header_bytes, **kwargs)

@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import mmap
 import re
 import uuid
 import zlib
 from typing import Any, Awaitable, Callable
 
-__all__ = ["owner_of", "owned_id", "PeerRouter", "FORWARDED", "PROCESS"]
+__all__ = ["owner_of", "owned_id", "PeerRouter", "ConnectionShares", "FORWARDED", "PROCESS"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -60,6 +61,35 @@ def owned_id(index: int, n: int) -> str:
         job_id = uuid.uuid4().hex
         if owner_of(job_id, n) == index:
             return job_id
+
+
+class ConnectionShares:
+    """How many client connections each of n processes holds, in memory shared across fork
+    (make it before forking): a process holding more than its fair share asks a client to
+    reconnect (``connection: close`` on an answer), and the kernel places the new connection
+    afresh. Keep-alive clients that connect at once are otherwise split by chance (40 to 24
+    of 64 in one run) and stay so: the busier process caps the throughput. Each process
+    writes only its own count (from its event loop); a stale read only delays a move."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._map = mmap.mmap(-1, 8 * n)  # anonymous and MAP_SHARED: the forked children share it
+        self._counts = memoryview(self._map).cast("q")
+
+    def reset(self, index: int) -> None:
+        """A (re)started process holds none yet (a killed one's count would stay)."""
+        self._counts[index] = 0
+
+    def add(self, index: int, delta: int) -> None:
+        self._counts[index] += delta
+
+    def count(self, index: int) -> int:
+        return self._counts[index]
+
+    def over_share(self, index: int) -> bool:
+        """True while process `index` holds more than one connection over its fair share."""
+        total = sum(self._counts)
+        return self._counts[index] > -(-total // self.n) + 1
 
 
 class _Unavailable(Exception):
@@ -146,10 +176,10 @@ class PeerRouter:
     what this process holds; requests naming another process's job go to that process's
     unix socket (``peers[i]``); /v1/events merges every process's events."""
 
-    def __init__(self, app: Any, index: int, peers: list[str]) -> None:
+    def __init__(self, app: Any, index: int, peers: list[str], shares: ConnectionShares | None = None) -> None:
         if not 0 <= index < len(peers):
             raise ValueError(f"index must be in [0, {len(peers)}), not {index}")
-        self.app, self.index, self.peers = app, index, list(peers)
+        self.app, self.index, self.peers, self.shares = app, index, list(peers), shares
         self._name = str(index).encode()
         self._clients = [_PeerHTTP(path) for path in self.peers]
 
@@ -158,7 +188,7 @@ class PeerRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or any(name == FORWARDED for name, _ in scope.get("headers", ())):
-            return await self.app(scope, receive, self._named(send))
+            return await self.app(scope, receive, self._named(send, forwarded=True))
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send)
         match = _JOB_PATH.fullmatch(scope["path"])
@@ -172,10 +202,15 @@ class PeerRouter:
             return await self.app(scope, receive, self._named(send))
         await self._forward_http(owner, scope, receive, send)
 
-    def _named(self, send: Send) -> Send:
+    def _named(self, send: Send, forwarded: bool = False) -> Send:
+        """`send` with this process's name on the answer, and ``connection: close`` on a
+        client's while this process holds more than its share of connections."""
         async def named(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": list(message.get("headers", ())) + [(PROCESS, self._name)]}
+                extra = [(PROCESS, self._name)]
+                if not forwarded and self.shares is not None and self.shares.over_share(self.index):
+                    extra.append((b"connection", b"close"))
+                message = {**message, "headers": list(message.get("headers", ())) + extra}
             await send(message)
         return named
 
@@ -224,6 +259,8 @@ class PeerRouter:
                                                      f"answering ({error}); retry later"}).encode()
             answer_headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (PROCESS, self._name)]
         answer_headers.append((b"content-length", str(len(body)).encode()))
+        if self.shares is not None and self.shares.over_share(self.index):
+            answer_headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": answer_headers})
         await send({"type": "http.response.body", "body": body})
 
