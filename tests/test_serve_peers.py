@@ -12,7 +12,7 @@ import zlib
 import pytest
 
 from fastloop.serve.jobs import check_job_id
-from fastloop.serve.peers import PROCESS, ConnectionShares, PeerRouter, owned_id, owner_of
+from fastloop.serve.peers import PROCESS, ConnectionShares, KeepShares, PeerRouter, owned_id, owner_of
 
 
 def test_owned_ids_are_fresh_valid_ids_of_their_owner():
@@ -170,3 +170,12 @@ def test_an_answer_of_a_process_over_its_share_asks_the_client_to_reconnect(tmp_
     assert _call(router, "GET", "/healthz")[1][b"connection"] == b"close"  # 6 of 8 > 4 + 1
     forwarded = _call(router, "GET", "/healthz", headers=[(b"x-fastloop-forwarded", b"1")])[1]
     assert b"connection" not in forwarded  # another process's connection is not a client's to move
+
+
+def test_processes_sharing_a_queue_move_clients_too():
+    shares = ConnectionShares(2)
+    app = KeepShares(Recorder(), 1, shares)
+    shares.add(1, 4)
+    assert _call(app, "GET", "/healthz")[1] == {b"content-length": b"2", b"connection": b"close"}  # 4 of 4 > 2 + 1
+    shares.add(0, 4)
+    assert _call(app, "GET", "/healthz")[1] == {b"content-length": b"2"}

@@ -201,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(str(error), file=sys.stderr)
             return 2
-        if args.queue == "redis":
-            return run_processes(args.processes, sock, lambda s, i: _serve(args, s), grace_s=args.drain_s + 20)
         shares = ConnectionShares(args.processes)  # before the fork: the children share it
+        if args.queue == "redis":
+            return run_processes(args.processes, sock, lambda s, i: _serve(args, s, i, None, shares),
+                                 grace_s=args.drain_s + 20)
         with tempfile.TemporaryDirectory(prefix="fastloop-serve-") as rundir:  # the processes' unix sockets
             peers = [os.path.join(rundir, f"process-{i}.sock") for i in range(args.processes)]
             return run_processes(args.processes, sock, lambda s, i: _serve(args, s, i, peers, shares),
@@ -220,7 +221,7 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
 
     from .http import App
     from .http_limits import uvicorn_config
-    from .peers import PeerRouter, owned_id
+    from .peers import KeepShares, PeerRouter, owned_id
     from .processes import listen_unix
     from .service import InferenceService
 
@@ -242,11 +243,12 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     app: Any = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     sockets = None if sock is None else [sock]
     on_connections = None
-    if peers is not None:
+    if shares is not None:  # one of --processes N: clients are moved off a process over its share
         shares.reset(index)
-        app = PeerRouter(app, index, peers, shares)
-        sockets.append(listen_unix(peers[index]))
         on_connections = lambda delta: shares.add(index, delta)  # noqa: E731
+        app = KeepShares(app, index, shares) if peers is None else PeerRouter(app, index, peers, shares)
+    if peers is not None:
+        sockets.append(listen_unix(peers[index]))
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                             max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
                             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s,

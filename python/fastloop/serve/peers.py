@@ -35,7 +35,7 @@ import uuid
 import zlib
 from typing import Any, Awaitable, Callable
 
-__all__ = ["owner_of", "owned_id", "PeerRouter", "ConnectionShares", "FORWARDED", "PROCESS"]
+__all__ = ["owner_of", "owned_id", "PeerRouter", "ConnectionShares", "KeepShares", "FORWARDED", "PROCESS"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -90,6 +90,25 @@ class ConnectionShares:
         """True while process `index` holds more than one connection over its fair share."""
         total = sum(self._counts)
         return self._counts[index] > -(-total // self.n) + 1
+
+
+class KeepShares:
+    """ASGI middleware for server processes that share a queue (not their jobs): answers a
+    client with ``connection: close`` while this process holds more than its share of
+    connections (ConnectionShares). PeerRouter does the same for share-nothing processes."""
+
+    def __init__(self, app: Any, index: int, shares: ConnectionShares) -> None:
+        self.app, self.index, self.shares = app, index, shares
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def moving(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and self.shares.over_share(self.index):
+                message = {**message, "headers": list(message.get("headers", ())) + [(b"connection", b"close")]}
+            await send(message)
+        await self.app(scope, receive, moving)
 
 
 class _Unavailable(Exception):
