@@ -43,7 +43,7 @@ class Recorder:
         await send({"type": "http.response.body", "body": b"{}"})
 
 
-def _call(app, method: str, path: str, body: bytes = b"", chunks: int = 1, headers=()):
+def _call(app, method: str, path: str, body: bytes = b"", chunks: int = 1, headers=(), server=("127.0.0.1", 8000)):
     """(status, headers, body) of one HTTP request through the ASGI app."""
     size = -(-len(body) // chunks) or 1
     pieces = [body[i:i + size] for i in range(0, len(body), size)] or [b""]
@@ -57,7 +57,7 @@ def _call(app, method: str, path: str, body: bytes = b"", chunks: int = 1, heade
         sent.append(message)
 
     scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), *headers]}
+             "headers": [(b"content-type", b"application/json"), *headers], "server": server}
     asyncio.run(app(scope, receive, send))
     start = sent[0]
     return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
@@ -168,7 +168,7 @@ def test_an_answer_of_a_process_over_its_share_asks_the_client_to_reconnect(tmp_
     assert b"connection" not in _call(router, "GET", "/healthz")[1]  # 4 of 6: within one of 3
     shares.add(0, 2)
     assert _call(router, "GET", "/healthz")[1][b"connection"] == b"close"  # 6 of 8 > 4 + 1
-    forwarded = _call(router, "GET", "/healthz", headers=[(b"x-fastloop-forwarded", b"1")])[1]
+    forwarded = _call(router, "GET", "/healthz", headers=[(b"x-fastloop-forwarded", b"1")], server=("/run/p0.sock", None))[1]
     assert b"connection" not in forwarded  # another process's connection is not a client's to move
 
 
@@ -179,3 +179,16 @@ def test_processes_sharing_a_queue_move_clients_too():
     assert _call(app, "GET", "/healthz")[1] == {b"content-length": b"2", b"connection": b"close"}  # 4 of 4 > 2 + 1
     shares.add(0, 4)
     assert _call(app, "GET", "/healthz")[1] == {b"content-length": b"2"}
+
+
+def test_only_the_unix_socket_takes_a_request_as_forwarded(tmp_path):
+    """A TCP client sending the peers' header is still routed to the job's owner (it cannot
+    make a process hold another's job); on the unix socket the header is a peer's."""
+    inner = Recorder()
+    router = PeerRouter(inner, 0, [str(tmp_path / "p0.sock"), str(tmp_path / "p1.sock")])
+    body = json.dumps({"inputs": [1], "id": _id_of(1)}).encode()
+    marked = [(b"x-fastloop-forwarded", b"1")]
+    assert _call(router, "POST", "/v1/jobs", body, headers=marked)[0] == 503  # owner 1 is not there
+    assert inner.bodies == []
+    assert _call(router, "POST", "/v1/jobs", body, headers=marked, server=("/run/p0.sock", None))[0] == 200
+    assert inner.bodies == [body]

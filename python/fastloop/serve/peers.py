@@ -206,7 +206,7 @@ class PeerRouter:
         return owner_of(job_id, len(self.peers))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" or any(name == FORWARDED for name, _ in scope.get("headers", ())):
+        if scope["type"] == "lifespan" or _from_a_peer(scope):
             return await self.app(scope, receive, self._named(send, forwarded=True))
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send)
@@ -406,6 +406,14 @@ async def _relay(peer: Any, send: Send) -> tuple[int, str]:
 async def _client_left(receive: Receive) -> None:
     while (await receive())["type"] != "websocket.disconnect":
         pass
+
+
+def _from_a_peer(scope: Scope) -> bool:
+    """A request another process forwarded: marked so, on the unix socket (whose server
+    address uvicorn gives as (path, None); a TCP client cannot pass for a peer)."""
+    server = scope.get("server")
+    on_unix = server is None or server[1] is None
+    return on_unix and any(name == FORWARDED for name, _ in scope.get("headers", ()))
 
 
 def _replay(messages: list[dict[str, Any]], receive: Receive) -> Receive:
