@@ -68,19 +68,24 @@ ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
 ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
-# The .npy parser's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
+# The .npy parser's, the JSON fast path's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
 # under ASan/UBSan with gcc.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
+
+$(BIN)/replay_json_numbers: tests/fuzz/replay_json_numbers.c tests/fuzz/fuzz_json_numbers.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/serve/*.c csrc/base/fl_error.c -lm -pthread
 
 $(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
 	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_dl.c -lm -ldl
 
-fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_image
+fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_json_numbers $(BIN)/replay_image
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
+	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_json_numbers tests/fuzz/corpus/json
 	$(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_image tests/fuzz/corpus/image
 
 ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
