@@ -257,3 +257,35 @@ def test_the_binding_takes_only_bytes_and_owns_its_array():
 def test_a_bad_body_still_raises_bad_input_with_the_json_message():
     with pytest.raises(BadInput, match="not valid JSON"):
         parse_body(body_of("[1,]"), np.dtype(np.float32))
+
+
+TOKENS = [b"[", b"]", b"{", b"}", b",", b":", b'"', b"\\", b"-", b"0", b"1", b".", b"e", b"E+", b"1e999", b" ",
+          b"\n", b"null", b"true", b'"inputs"', b'"id"', b"\\u00e9", b"\xc3\xa9", b"\xff", b"\x00", b"9" * 17]
+
+
+def mutate(r: random.Random, body: bytes) -> bytes:
+    """One to three random edits: a byte flipped, a token inserted, a span cut or doubled."""
+    for _ in range(r.randrange(1, 4)):
+        at = r.randrange(len(body) + 1)
+        edit = r.randrange(4)
+        if edit == 0 and body:
+            at = min(at, len(body) - 1)
+            body = body[:at] + bytes([r.randrange(256)]) + body[at + 1:]
+        elif edit == 1:
+            body = body[:at] + r.choice(TOKENS) + body[at:]
+        elif edit == 2:
+            body = body[:at] + body[at + r.randrange(1, 8):]
+        else:
+            end = min(len(body), at + r.randrange(1, 12))
+            body = body[:end] + body[at:end] + body[end:]
+    return body
+
+
+def test_random_mutations_of_the_bodies_end_as_json_loads():
+    r = random.Random(3)
+    seeds = [b for b in FAST_BODIES + SLOW_BODIES + REFUSED_BY_CHECKS if len(b) < 400]
+    paths = set()
+    for _ in range(4000):
+        body = mutate(r, r.choice(seeds))
+        paths.add(assert_same(body, FLOATS[r.randrange(3)]))
+    assert paths == {"fast", "slow"}
