@@ -32,11 +32,9 @@ static void add_digit(decimal *d, unsigned char ch, int fraction) {
         d->exponent -= fraction;
         return;
     }
-    if (d->digits++ < MAX_DIGITS) {
+    if (d->digits++ < MAX_DIGITS) { /* past that the decimal is unused: strtod_l reads the text */
         d->mantissa = d->mantissa * 10 + (uint64_t)(ch - '0');
         d->exponent -= fraction;
-    } else if (!fraction) { /* too many digits: strtod_l reads them; keep the scale sane */
-        d->exponent++;
     }
 }
 

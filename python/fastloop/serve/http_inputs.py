@@ -2,7 +2,9 @@
 (``Content-Type: application/x-npy``: no number parsing, the dtype kept exactly), or a
 ``.npy`` file named by a path under the configured input root. Everything here raises
 BadInput (a ValueError) with the reason the client gets in its 400, or TooLarge for its 413;
-nothing is read with pickle.
+nothing is read with pickle. The usual body, "inputs" a rectangular array of numbers for a
+float model, is parsed in C without the GIL (fastloop._core.parse_json_inputs); every other
+body goes through json.loads, as before.
 
     >>> payload = parse_body(b'{"path": "images/cat.npy"}')
     >>> x = load_npy_under("/srv/inputs", payload["path"], max_bytes=1 << 20)
