@@ -9,18 +9,19 @@
 #ifndef FL_ERROR_H
 #define FL_ERROR_H
 
-#define FL_ERRNO_MAP(X)                           \
-    X(EINVAL, "invalid argument")                 \
-    X(ENOMEM, "out of memory")                    \
-    X(EAGAIN, "would block: queue full or empty") \
-    X(ETIMEDOUT, "timed out")                     \
-    X(ECLOSED, "closed")                          \
-    X(EINTR, "interrupted")                       \
-    X(ESYS, "system call failed")                 \
-    X(EOVERFLOW, "size overflow")                 \
-    X(EEND, "end of data")                        \
-    X(EWORKER, "a worker process failed")         \
-    X(EUNAVAILABLE, "a library is not available")
+#define FL_ERRNO_MAP(X)                                               \
+    X(EINVAL, "invalid argument")                                     \
+    X(ENOMEM, "out of memory")                                        \
+    X(EAGAIN, "would block: queue full or empty")                     \
+    X(ETIMEDOUT, "timed out")                                         \
+    X(ECLOSED, "closed")                                              \
+    X(EINTR, "interrupted")                                           \
+    X(ESYS, "system call failed")                                     \
+    X(EOVERFLOW, "size overflow")                                     \
+    X(EEND, "end of data")                                            \
+    X(EWORKER, "a worker process failed")                             \
+    X(EUNAVAILABLE, "a library is not available")                     \
+    X(ENOTSUP, "not handled by this fast path: take the general one")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

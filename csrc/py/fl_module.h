@@ -176,5 +176,6 @@ int fl_nn_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
 int fl_image_module_init(PyObject *module);
+int fl_json_numbers_module_init(PyObject *module);
 
 #endif

@@ -378,7 +378,7 @@ class App:
     # ------------------------------------------------------------ the handlers (in the pool)
     def _submit(self, body: bytes, admission: Admission | None = None) -> str:
         try:
-            data = parse_body(body)
+            data = parse_body(body, self.service._spec.dtype)
             if "path" in data:
                 inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:

@@ -1,0 +1,193 @@
+/* fl_json_numbers.c - the body's top-level object and its "inputs" array of numbers
+ * (fl_json_numbers.h); json_lex.c and json_number.c do the tokens. */
+#include "serve/fl_json_numbers.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/fl_error.h"
+#include "serve/json_lex.h"
+#include "serve/json_number.h"
+
+/* Refuses the body: the caller takes its general path. */
+static int not_here(const json_cursor *c, const char *why) {
+    return fl_error_set(FL_ENOTSUP, "byte %td: %s", c->at - c->start, why);
+}
+
+/* The numbers of "inputs" as they are read, and the shape they have shown so far. */
+typedef struct numbers {
+    double *values;
+    size_t count, cap;
+    int ndim;                        /* 0 until the first number says how deep numbers sit */
+    int64_t shape[FL_JSON_MAX_DIMS]; /* -1 until an array at that depth has closed */
+} numbers;
+
+static int append(numbers *n, double value) {
+    if (n->count == n->cap) {
+        size_t cap = n->cap ? 2 * n->cap : 1024;
+        double *grown = realloc(n->values, cap * sizeof *grown);
+        if (grown == NULL)
+            return fl_error_set(FL_ENOMEM, "%zu numbers", cap);
+        n->values = grown;
+        n->cap = cap;
+    }
+    n->values[n->count++] = value;
+    return FL_OK;
+}
+
+/* One element of an array at `depth`: a nested array or a number, as the shape requires. */
+static int read_array(json_cursor *c, numbers *n, int depth);
+
+static int read_element(json_cursor *c, numbers *n, int depth) {
+    if (json_peek(c, '[')) {
+        if (n->ndim != 0 && depth + 1 >= n->ndim)
+            return not_here(c, "an array where the other rows hold numbers (ragged)");
+        return read_array(c, n, depth + 1);
+    }
+    if (n->ndim == 0)
+        n->ndim = depth + 1;
+    else if (n->ndim != depth + 1)
+        return not_here(c, "a number where the other rows hold arrays (ragged)");
+    double value;
+    if (!json_read_number(c, &value))
+        return not_here(c, "not a number the fast path reads");
+    return append(n, value);
+}
+
+/* An array at `depth` (its '[' at the cursor): its elements, then its length checked
+ * against the other arrays at that depth. */
+static int read_array(json_cursor *c, numbers *n, int depth) {
+    if (depth >= FL_JSON_MAX_DIMS)
+        return not_here(c, "'inputs' nested too deep");
+    c->at++;
+    json_skip_ws(c);
+    if (json_peek(c, ']'))
+        return not_here(c, "an empty array");
+    int64_t length = 0;
+    for (;;) {
+        int rc = read_element(c, n, depth);
+        if (rc != FL_OK)
+            return rc;
+        length++;
+        json_skip_ws(c);
+        if (json_peek(c, ']'))
+            break;
+        if (!json_peek(c, ','))
+            return not_here(c, "expected ',' or ']'");
+        c->at++;
+        json_skip_ws(c);
+    }
+    c->at++;
+    if (n->shape[depth] < 0)
+        n->shape[depth] = length;
+    else if (n->shape[depth] != length)
+        return not_here(c, "rows of different lengths (ragged)");
+    return FL_OK;
+}
+
+/* The "inputs" value at the cursor into out. */
+static int read_inputs(json_cursor *c, fl_json_inputs *out) {
+    if (!json_peek(c, '['))
+        return not_here(c, "'inputs' is not an array");
+    numbers n = {.values = NULL};
+    for (int d = 0; d < FL_JSON_MAX_DIMS; d++)
+        n.shape[d] = -1;
+    int rc = read_array(c, &n, 0);
+    if (rc != FL_OK) {
+        free(n.values);
+        return rc;
+    }
+    out->values = n.values;
+    out->count = n.count;
+    out->ndim = n.ndim;
+    memcpy(out->shape, n.shape, sizeof out->shape);
+    return FL_OK;
+}
+
+static int same_name(const unsigned char *body, fl_json_span a, fl_json_span b) {
+    return a.len == b.len && memcmp(body + a.start, body + b.start, a.len) == 0;
+}
+
+/* Another top-level key: its value is checked as JSON and its span kept. */
+static int read_other(json_cursor *c, fl_json_span name, fl_json_inputs *out) {
+    for (int i = 0; i < out->nkeys; i++)
+        if (same_name(c->start, out->keys[i].name, name))
+            return not_here(c, "a duplicate key");
+    if (out->nkeys == FL_JSON_MAX_KEYS)
+        return not_here(c, "too many keys");
+    const unsigned char *value = c->at;
+    if (!json_skip_value(c, FL_JSON_MAX_DEPTH))
+        return not_here(c, "not a JSON value the fast path takes");
+    out->keys[out->nkeys++] =
+        (fl_json_key){name, {(size_t)(value - c->start), (size_t)(c->at - value)}};
+    return FL_OK;
+}
+
+/* One member of the top-level object: a key without escapes, ':', its value. */
+static int read_member(json_cursor *c, fl_json_inputs *out) {
+    const unsigned char *name = c->at + 1;
+    int escaped;
+    if (!json_skip_string(c, &escaped))
+        return not_here(c, "expected a key");
+    if (escaped) /* "\u0069nputs" is "inputs": the general path decodes it */
+        return not_here(c, "a key with escapes");
+    fl_json_span span = {(size_t)(name - c->start), (size_t)(c->at - 1 - name)};
+    json_skip_ws(c);
+    if (!json_peek(c, ':'))
+        return not_here(c, "expected ':'");
+    c->at++;
+    json_skip_ws(c);
+    if (span.len == 6 && memcmp(name, "inputs", 6) == 0) {
+        if (out->values != NULL)
+            return not_here(c, "a duplicate key");
+        return read_inputs(c, out);
+    }
+    return read_other(c, span, out);
+}
+
+/* The whole body: ws '{' member (',' member)* '}' ws. */
+static int read_body(json_cursor *c, fl_json_inputs *out) {
+    json_skip_ws(c);
+    if (!json_peek(c, '{'))
+        return not_here(c, "not an object");
+    c->at++;
+    json_skip_ws(c);
+    if (json_peek(c, '}'))
+        return not_here(c, "no 'inputs'");
+    for (;;) {
+        int rc = read_member(c, out);
+        if (rc != FL_OK)
+            return rc;
+        json_skip_ws(c);
+        if (json_peek(c, '}'))
+            break;
+        if (!json_peek(c, ','))
+            return not_here(c, "expected ',' or '}'");
+        c->at++;
+        json_skip_ws(c);
+    }
+    c->at++;
+    json_skip_ws(c);
+    if (c->at != c->end)
+        return not_here(c, "bytes after the object");
+    if (out->values == NULL)
+        return not_here(c, "no 'inputs'");
+    return FL_OK;
+}
+
+int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out) {
+    memset(out, 0, sizeof *out);
+    if (body == NULL)
+        return fl_error_set(FL_ENOTSUP, "no body");
+    const unsigned char *start = body;
+    json_cursor c = {start, start + len, start};
+    int rc = read_body(&c, out);
+    if (rc != FL_OK)
+        fl_json_inputs_free(out);
+    return rc;
+}
+
+void fl_json_inputs_free(fl_json_inputs *out) {
+    free(out->values);
+    memset(out, 0, sizeof *out);
+}

@@ -1,0 +1,297 @@
+/* test_json_numbers.c - the JSON fast path: the usual body parses into its numbers, shape and
+ * the spans of its other keys; every other body (wrong shape, not JSON, a number left to
+ * Python, past the limits) is FL_ENOTSUP with a detail, never a crash or an over-read (each
+ * body is parsed from an exact-size heap copy, so ASan sees one byte too far); threads parse
+ * at once (TSan). */
+#include <locale.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "base/fl_error.h"
+#include "serve/fl_json_numbers.h"
+
+/* Parses an exact-size heap copy of text (no NUL after it). */
+static int parse(const char *text, fl_json_inputs *out) {
+    size_t len = strlen(text);
+    char *copy = malloc(len > 0 ? len : 1);
+    memcpy(copy, text, len);
+    fl_error_clear();
+    int rc = fl_json_parse_inputs(copy, len, out);
+    free(copy);
+    return rc;
+}
+
+/* 1 when text is refused with FL_ENOTSUP and a detail, and leaves *out empty. */
+static int refused(const char *text) {
+    fl_json_inputs out;
+    int rc = parse(text, &out);
+    int ok = rc == FL_ENOTSUP && fl_error_detail()[0] != '\0' && out.values == NULL && out.nkeys == 0;
+    if (!ok)
+        fprintf(stderr, "  %s: %s\n", fl_err_name(rc), text);
+    fl_json_inputs_free(&out);
+    return ok;
+}
+
+static int same_bits(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static void test_a_row_of_numbers_parses_with_the_other_keys_spans(void) {
+    const char *body = " {\"id\" : \"a\\\"b\", \"inputs\": [0.5, -2, 1e2, -0.0, 0],\n\"timeout_s\":2.5}\r\n";
+    fl_json_inputs out;
+    CHECK(parse(body, &out) == FL_OK);
+    CHECK(out.ndim == 1 && out.shape[0] == 5 && out.count == 5);
+    CHECK(out.values[0] == 0.5 && out.values[1] == -2.0 && out.values[2] == 100.0);
+    CHECK(same_bits(out.values[3], -0.0) && same_bits(out.values[4], 0.0));
+    CHECK(out.nkeys == 2);
+    CHECK(out.keys[0].name.len == 2 && memcmp(body + out.keys[0].name.start, "id", 2) == 0);
+    CHECK(out.keys[0].value.len == 6 && memcmp(body + out.keys[0].value.start, "\"a\\\"b\"", 6) == 0);
+    CHECK(out.keys[1].name.len == 9 && memcmp(body + out.keys[1].name.start, "timeout_s", 9) == 0);
+    CHECK(out.keys[1].value.len == 3 && memcmp(body + out.keys[1].value.start, "2.5", 3) == 0);
+    fl_json_inputs_free(&out);
+    CHECK(out.values == NULL);
+    fl_json_inputs_free(&out); /* twice is safe */
+}
+
+static void test_nested_arrays_give_their_shape_in_c_order(void) {
+    fl_json_inputs out;
+    CHECK(parse("{\"inputs\": [[[1], [2]], [[3], [4]], [[5], [6]]]}", &out) == FL_OK);
+    CHECK(out.ndim == 3 && out.shape[0] == 3 && out.shape[1] == 2 && out.shape[2] == 1);
+    for (size_t i = 0; i < out.count; i++)
+        CHECK(out.values[i] == (double)(i + 1));
+    fl_json_inputs_free(&out);
+}
+
+static void test_an_integer_minus_zero_is_plus_zero_and_a_float_one_keeps_its_sign(void) {
+    fl_json_inputs out;
+    CHECK(parse("{\"inputs\": [-0, -0.0, -0e5, 0]}", &out) == FL_OK);
+    CHECK(same_bits(out.values[0], 0.0) && same_bits(out.values[1], -0.0));
+    CHECK(same_bits(out.values[2], -0.0) && same_bits(out.values[3], 0.0));
+    fl_json_inputs_free(&out);
+}
+
+static void test_numbers_round_correctly(void) {
+    const struct {
+        const char *text;
+        double value;
+    } cases[] = {
+        {"0.1", 0.1},
+        {"1.7976931348623157e308", 1.7976931348623157e308},
+        {"4.9e-324", 4.9e-324},
+        {"2.2250738585072011e-308", 2.2250738585072011e-308},
+        {"9007199254740993.0", 9007199254740992.0}, /* a tie, to even */
+        {"9007199254740995.0", 9007199254740996.0},
+        {"1e-400", 0.0},
+        {"123456789012345678901234567890e-30", 0.12345678901234568},
+        {"3.141592653589793238462643383279", 3.141592653589793},
+        {"9007199254740991", 9007199254740991.0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"inputs\": [%s]}", cases[i].text);
+        fl_json_inputs out;
+        CHECK(parse(body, &out) == FL_OK && same_bits(out.values[0], cases[i].value));
+        fl_json_inputs_free(&out);
+    }
+}
+
+static void test_numbers_ignore_the_locale(void) {
+    /* A locale with a decimal comma changes strtod(); none may be installed: then this
+     * checks the "C" path only. */
+    const char *names[] = {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "ru_RU.UTF-8"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (setlocale(LC_NUMERIC, names[i]) != NULL)
+            break;
+    fl_json_inputs out;
+    CHECK(parse("{\"inputs\": [1.5, 2.5e-1, 0.12345678901234567890123]}", &out) == FL_OK);
+    CHECK(out.values[0] == 1.5 && out.values[1] == 0.25 && out.values[2] == 0.12345678901234568);
+    fl_json_inputs_free(&out);
+    setlocale(LC_NUMERIC, "C");
+}
+
+static void test_other_shapes_of_inputs_are_refused(void) {
+    CHECK(refused("{\"inputs\": {\"a\": [1]}}"));
+    CHECK(refused("{\"inputs\": 5}"));
+    CHECK(refused("{\"inputs\": \"abc\"}"));
+    CHECK(refused("{\"inputs\": [1, null]}"));
+    CHECK(refused("{\"inputs\": [true]}"));
+    CHECK(refused("{\"inputs\": [\"1\"]}"));
+    CHECK(refused("{\"inputs\": [[1, 2], [3]]}"));
+    CHECK(refused("{\"inputs\": [[1], [2, 3]]}"));
+    CHECK(refused("{\"inputs\": [[1], 2]}"));
+    CHECK(refused("{\"inputs\": [1, [2]]}"));
+    CHECK(refused("{\"inputs\": [[[1]], [2]]}"));
+    CHECK(refused("{\"inputs\": []}"));
+    CHECK(refused("{\"inputs\": [[]]}"));
+    CHECK(refused("{\"inputs\": [[1], []]}"));
+    CHECK(refused("{\"inputs\": [1], \"inputs\": [1]}"));
+    CHECK(refused("{\"id\": \"a\", \"inputs\": [1], \"id\": \"b\"}"));
+    CHECK(refused("{\"\\u0069nputs\": [1]}"));
+    CHECK(refused("{\"id\": \"a\"}"));
+    CHECK(refused("{}"));
+}
+
+static void test_numbers_left_to_python_are_refused(void) {
+    CHECK(refused("{\"inputs\": [1e999]}"));
+    CHECK(refused("{\"inputs\": [-1e309]}"));
+    CHECK(refused("{\"inputs\": [9007199254740992]}"));
+    CHECK(refused("{\"inputs\": [-9007199254740992]}"));
+    CHECK(refused("{\"inputs\": [18446744073709551617]}"));
+    char body[600] = "{\"inputs\": [";
+    memset(body + strlen(body), '9', 400);
+    strcat(body, "]}");
+    CHECK(refused(body));
+    strcpy(body, "{\"inputs\": [0.");
+    memset(body + strlen(body), '0', 200);
+    strcat(body, "1]}");
+    CHECK(refused(body)); /* longer than JSON_NUMBER_MAX_CHARS */
+}
+
+static void test_syntax_errors_are_refused(void) {
+    const char *bodies[] = {
+        "", " ", "null", "[1]", "{\"inputs\": [NaN]}", "{\"inputs\": [Infinity]}",
+        "{\"inputs\": [-Infinity]}", "{\"inputs\": [01]}", "{\"inputs\": [-01]}", "{\"inputs\": [1.]}",
+        "{\"inputs\": [.5]}", "{\"inputs\": [+1]}", "{\"inputs\": [1e]}", "{\"inputs\": [1e+]}",
+        "{\"inputs\": [-]}", "{\"inputs\": [1,]}", "{\"inputs\": [1,,2]}", "{\"inputs\": [1 2]}",
+        "{\"inputs\": [1],}", "{\"inputs\": [1] \"id\": 1}", "{\"inputs\" [1]}", "{'inputs': [1]}",
+        "{\"inputs\": [1]} {}", "{\"inputs\": [1]}x", "{\"inputs\": [1]\f}", "{\"inputs\": [1]\v}",
+        "\xef\xbb\xbf{\"inputs\": [1]}", "{\"inputs\": [1], \"id\": \"a\x01\"}",
+        "{\"inputs\": [1], \"id\": \"\\x41\"}", "{\"inputs\": [1], \"id\": \"\\u12\"}",
+        "{\"inputs\": [1], \"id\": \"\\u12g4\"}", "{\"inputs\": [1], \"id\": \"\xff\"}",
+        "{\"inputs\": [1], \"id\": \"\xc0\x80\"}", "{\"inputs\": [1], \"id\": \"\xed\xa0\x80\"}",
+        "{\"inputs\": [1], \"id\": \"\xf4\x90\x80\x80\"}", "{\"inputs\": [1], \"id\": \"\xe2\x82\"}",
+        "{\"inputs\": [1], \"id\": \"\x80\"}", "{\"inputs\": [1], \"id\": \"abc",
+        "{\"inputs\": [1], \"id\": tru}", "{\"inputs\": [1], \"id\": True}", "{\"inputs\": [1], \"id\": [1,]}",
+        "{\"inputs\": [1], \"id\": {\"a\" 1}}", "{\"inputs\": [1], \"id\": {1: 2}}",
+        "{\"inputs\": [1], \"id\": {\"a\": 1,}}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++)
+        CHECK(refused(bodies[i]));
+}
+
+static void test_valid_other_values_are_kept_as_written(void) {
+    const char *values[] = {
+        "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"", "\"\\ud83d\\ude00\\n\\/\"", "true", "false", "null",
+        "-1.5e-3", "{\"a\": [1, {\"b\": null}], \"c\": []}", "[]", "{}",
+    };
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"inputs\": [1], \"x\": %s}", values[i]);
+        fl_json_inputs out;
+        CHECK(parse(body, &out) == FL_OK && out.nkeys == 1);
+        CHECK(out.keys[0].value.len == strlen(values[i]));
+        CHECK(memcmp(body + out.keys[0].value.start, values[i], strlen(values[i])) == 0);
+        fl_json_inputs_free(&out);
+    }
+}
+
+/* "[" x n, then 1, then "]" x n, inside {"<key>": ...}. */
+static char *nested(const char *key, int n) {
+    char *body = malloc((size_t)(2 * n + 64));
+    int at = sprintf(body, "{\"inputs\": [1], \"%s\": ", key);
+    if (strcmp(key, "inputs") == 0)
+        at = sprintf(body, "{\"inputs\": ");
+    memset(body + at, '[', (size_t)n);
+    at += n;
+    body[at++] = '1';
+    memset(body + at, ']', (size_t)n);
+    strcpy(body + at + n, "}");
+    return body;
+}
+
+static void test_nesting_past_the_limits_is_refused(void) {
+    char *ok_inputs = nested("inputs", FL_JSON_MAX_DIMS), *deep_inputs = nested("inputs", FL_JSON_MAX_DIMS + 1);
+    char *ok_id = nested("id", FL_JSON_MAX_DEPTH), *deep_id = nested("id", FL_JSON_MAX_DEPTH + 1);
+    char *very_deep = nested("id", 100000);
+    fl_json_inputs out;
+    CHECK(parse(ok_inputs, &out) == FL_OK && out.ndim == FL_JSON_MAX_DIMS && out.count == 1);
+    fl_json_inputs_free(&out);
+    CHECK(parse(ok_id, &out) == FL_OK);
+    fl_json_inputs_free(&out);
+    CHECK(refused(deep_inputs) && refused(deep_id) && refused(very_deep));
+    free(ok_inputs), free(deep_inputs), free(ok_id), free(deep_id), free(very_deep);
+}
+
+static void test_too_many_keys_are_refused(void) {
+    char body[512] = "{\"inputs\": [1]";
+    for (int i = 0; i <= FL_JSON_MAX_KEYS; i++)
+        sprintf(body + strlen(body), ", \"k%d\": %d", i, i);
+    strcat(body, "}");
+    CHECK(refused(body));
+}
+
+static void test_every_truncation_is_refused(void) {
+    const char *body = "{\"id\": \"\xc3\xa9\\u00e9\", \"inputs\": [[1.5e-3, -2], [3, 4E+1]], \"t\": [true, null]}";
+    size_t len = strlen(body);
+    for (size_t cut = 0; cut < len; cut++) {
+        char *copy = malloc(cut > 0 ? cut : 1);
+        memcpy(copy, body, cut);
+        fl_json_inputs out;
+        CHECK(fl_json_parse_inputs(copy, cut, &out) == FL_ENOTSUP && out.values == NULL);
+        free(copy);
+    }
+    fl_json_inputs out;
+    CHECK(refused("{\"inputs\": [1]") && parse("{\"inputs\": [1]}", &out) == FL_OK);
+    fl_json_inputs_free(&out);
+}
+
+static void test_a_large_body_grows_its_buffer(void) {
+    size_t rows = 300, cols = 784;
+    char *body = malloc(rows * cols * 8 + 64), *at = body;
+    at += sprintf(at, "{\"inputs\": [");
+    for (size_t r = 0; r < rows; r++) {
+        *at++ = '[';
+        for (size_t c = 0; c < cols; c++)
+            at += sprintf(at, c + 1 < cols ? "%zu," : "%zu", (r * cols + c) % 1000);
+        at += sprintf(at, r + 1 < rows ? "]," : "]");
+    }
+    strcpy(at, "]}");
+    fl_json_inputs out;
+    CHECK(parse(body, &out) == FL_OK && out.ndim == 2 && out.shape[0] == (int64_t)rows &&
+          out.shape[1] == (int64_t)cols);
+    for (size_t i = 0; i < out.count; i++)
+        CHECK(out.values[i] == (double)(i % 1000));
+    fl_json_inputs_free(&out);
+    free(body);
+}
+
+static void *parse_many(void *arg) {
+    const char *body = arg;
+    for (int i = 0; i < 2000; i++) {
+        fl_json_inputs out;
+        if (fl_json_parse_inputs(body, strlen(body), &out) != FL_OK || out.values[2] != 0.3)
+            abort();
+        fl_json_inputs_free(&out);
+        if (fl_json_parse_inputs(body, strlen(body) - 1, &out) != FL_ENOTSUP)
+            abort();
+    }
+    return NULL;
+}
+
+static void test_threads_parse_at_once(void) {
+    const char *body = "{\"inputs\": [[0.1, 0.2, 0.3, 1e-310, 12345678901234567890.5]], \"id\": \"t\"}";
+    pthread_t threads[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&threads[i], NULL, parse_many, (void *)body) == 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+}
+
+int main(void) {
+    RUN(test_a_row_of_numbers_parses_with_the_other_keys_spans);
+    RUN(test_nested_arrays_give_their_shape_in_c_order);
+    RUN(test_an_integer_minus_zero_is_plus_zero_and_a_float_one_keeps_its_sign);
+    RUN(test_numbers_round_correctly);
+    RUN(test_numbers_ignore_the_locale);
+    RUN(test_other_shapes_of_inputs_are_refused);
+    RUN(test_numbers_left_to_python_are_refused);
+    RUN(test_syntax_errors_are_refused);
+    RUN(test_valid_other_values_are_kept_as_written);
+    RUN(test_nesting_past_the_limits_is_refused);
+    RUN(test_too_many_keys_are_refused);
+    RUN(test_every_truncation_is_refused);
+    RUN(test_a_large_body_grows_its_buffer);
+    RUN(test_threads_parse_at_once);
+    return check_failures != 0;
+}
