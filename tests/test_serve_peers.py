@@ -135,9 +135,19 @@ def test_a_kept_alive_connection_the_peer_closed_is_replaced_and_the_request_ans
     assert len(served) == 3
 
 
-def test_the_router_checks_its_index():
-    with pytest.raises(ValueError, match="index"):
+def test_bad_process_counts_indexes_and_ids_are_refused_by_name():
+    with pytest.raises(ValueError, match="process index"):
         PeerRouter(Recorder(), 2, ["a", "b"])
+    with pytest.raises(ValueError, match="process index"):
+        owned_id(2, 2)  # no id could ever be its: refused, not searched for forever
+    with pytest.raises(ValueError, match="number of processes"):
+        owner_of("a", 0)
+    with pytest.raises(ValueError, match="number of processes"):
+        ConnectionShares(0)
+    with pytest.raises(ValueError, match="number of processes"):
+        PeerRouter(Recorder(), 0, [])
+    with pytest.raises(TypeError, match="job_id must be a str"):
+        owner_of(b"a", 2)
 
 
 def test_connection_shares_are_shared_across_fork_and_name_the_process_over_its_share():

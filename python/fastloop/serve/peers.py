@@ -50,13 +50,24 @@ _IDLE_PER_PEER = 16  # kept-alive connections to each peer
 _RESUBSCRIBE_S = 1.0  # /v1/events: a peer down is tried again this often
 
 
+def _check_processes(n: int, index: int = 0) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"the number of processes must be an int >= 1, not {n!r}")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
+        raise ValueError(f"the process index must be an int in [0, {n}), not {index!r}")
+
+
 def owner_of(job_id: str, n: int) -> int:
     """The index of the process (of n) that holds job `job_id`."""
+    _check_processes(n)
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
     return zlib.crc32(job_id.encode()) % n
 
 
 def owned_id(index: int, n: int) -> str:
     """A fresh random id (32 hex digits) that process `index` of n owns (n tries on average)."""
+    _check_processes(n, index)
     while True:
         job_id = uuid.uuid4().hex
         if owner_of(job_id, n) == index:
@@ -72,6 +83,7 @@ class ConnectionShares:
     writes only its own count (from its event loop); a stale read only delays a move."""
 
     def __init__(self, n: int) -> None:
+        _check_processes(n)
         self.n = n
         self._map = mmap.mmap(-1, 8 * n)  # anonymous and MAP_SHARED: the forked children share it
         self._counts = memoryview(self._map).cast("q")
@@ -196,8 +208,7 @@ class PeerRouter:
     unix socket (``peers[i]``); /v1/events merges every process's events."""
 
     def __init__(self, app: Any, index: int, peers: list[str], shares: ConnectionShares | None = None) -> None:
-        if not 0 <= index < len(peers):
-            raise ValueError(f"index must be in [0, {len(peers)}), not {index}")
+        _check_processes(len(peers), index)
         self.app, self.index, self.peers, self.shares = app, index, list(peers), shares
         self._name = str(index).encode()
         self._clients = [_PeerHTTP(path) for path in self.peers]
