@@ -195,7 +195,7 @@ DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
 
 DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const char *arg) {
     if (!PyObject_TypeCheck(obj, state->device_array_type)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must be a fastloop.cuda.DeviceArray, not %T", arg, obj);
+        PyErr_Format(PyExc_TypeError, "'%s' must be a fastloop.cuda.DeviceArray, not %.200s", arg, Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return (DeviceArray *)obj;

@@ -139,7 +139,7 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
     if (obj == Py_None)
         return 0;
     if (!PyArray_Check(obj) || !PyArray_ISINTEGER((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_TypeError, "'offsets' must be an integer NumPy array (N, 2), not %T", obj);
+        PyErr_Format(PyExc_TypeError, "'offsets' must be an integer NumPy array (N, 2), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     PyArrayObject *values = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 2, 2, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
@@ -174,7 +174,7 @@ static int parse_flips(preprocess_args *a, PyObject *obj) {
         return 0;
     PyArrayObject *flips = (PyArrayObject *)obj;
     if (!PyArray_Check(obj) || (PyArray_TYPE(flips) != NPY_BOOL && PyArray_TYPE(flips) != NPY_UINT8)) {
-        PyErr_Format(PyExc_TypeError, "'flips' must be a bool or uint8 NumPy array (N,), not %T", obj);
+        PyErr_Format(PyExc_TypeError, "'flips' must be a bool or uint8 NumPy array (N,), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     if (PyArray_NDIM(flips) != 1 || PyArray_DIM(flips, 0) != (npy_intp)a->job.n) {
