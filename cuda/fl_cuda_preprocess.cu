@@ -4,46 +4,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fl_cuda_mem.h"
-
-#define MAX_DEVICES 64
-
-/* Per-device pools for the staging buffers, made on first use and kept for the life of the
- * process, so a batch's staging memory is a pool hit, not a cudaMalloc. */
-static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
-static cudaMemPool_t pools[MAX_DEVICES];
-static int pools_tried[MAX_DEVICES];
-
-/* *pool = the device's staging pool, or NULL where the device has no memory pools. */
-static cudaError_t staging_pool(int device, cudaMemPool_t *pool) {
-    cudaError_t rc = cudaSuccess;
-    *pool = NULL;
-    if (device < 0 || device >= MAX_DEVICES)
-        return cudaErrorInvalidDevice;
-    pthread_mutex_lock(&pools_lock);
-    if (!pools_tried[device]) {
-        int supported = 0;
-        rc = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
-        if (rc == cudaSuccess && supported) {
-            cudaMemPoolProps props = {};
-            props.allocType = cudaMemAllocationTypePinned;
-            props.location.type = cudaMemLocationTypeDevice;
-            props.location.id = device;
-            rc = cudaMemPoolCreate(&pools[device], &props);
-            unsigned long long keep = ~0ull;
-            if (rc == cudaSuccess)
-                rc = cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep);
-        }
-        pools_tried[device] = rc == cudaSuccess;
-    }
-    *pool = pools[device];
-    pthread_mutex_unlock(&pools_lock);
-    return rc;
-}
 
 typedef struct preprocess_params {
     const uint8_t *src;
@@ -159,24 +123,15 @@ static cudaError_t queue_kernel(const fl_cuda_preprocess_job *j, const params_la
 int fl_cuda_preprocess(const fl_cuda_preprocess_job *job, void **event) {
     const cudaStream_t stream = (cudaStream_t)job->stream;
     const params_layout l = layout_of(job);
-    cudaMemPool_t pool = NULL;
     uint8_t *staging = NULL;
-    cudaError_t rc = cudaSetDevice(job->device);
-    if (rc == cudaSuccess)
-        rc = staging_pool(job->device, &pool);
-    if (rc == cudaSuccess)
-        rc = pool ? cudaMallocFromPoolAsync((void **)&staging, l.total, pool, stream)
-                  : cudaMalloc((void **)&staging, l.total);
+    cudaError_t rc = (cudaError_t)fl_cuda_alloc_async(job->device, l.total, job->stream, (void **)&staging);
     if (rc == cudaSuccess)
         rc = queue_copies(job, &l, staging, stream);
     if (rc == cudaSuccess)
         rc = queue_kernel(job, &l, staging, stream);
-    if (staging != NULL && pool != NULL) {
-        cudaError_t freed = cudaFreeAsync(staging, stream);
+    if (staging != NULL) {
+        cudaError_t freed = (cudaError_t)fl_cuda_free_async(job->device, staging, job->stream);
         rc = rc == cudaSuccess ? freed : rc;
-    } else if (staging != NULL) { /* no pools: plain cudaMalloc, freed after a wait */
-        cudaStreamSynchronize(stream);
-        cudaFree(staging);
     }
     if (rc == cudaSuccess && event != NULL)
         rc = (cudaError_t)fl_cuda_event_record(job->device, event, job->stream);
