@@ -278,7 +278,21 @@ static PyType_Spec decoder_spec = {
     .slots = decoder_slots,
 };
 
+/* _check_staged(entries, out_h, out_w): decode()'s checks alone (no GPU needed), for tests. */
+static PyObject *check_staged(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *entries;
+    Py_ssize_t out_h, out_w;
+    if (!PyArg_ParseTuple(args, "Onn:_check_staged", &entries, &out_h, &out_w))
+        return NULL;
+    if (out_h < 1 || out_w < 1)
+        return PyErr_Format(PyExc_ValueError, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
+    return check_entries(entries, (size_t)out_h, (size_t)out_w) ? Py_NewRef(Py_None) : NULL;
+}
+
 static PyMethodDef decode_functions[] = {
+    {"_check_staged", check_staged, METH_VARARGS,
+     "_check_staged(entries, out_h, out_w, /)\n--\n\nJpegDecoder.decode's checks of staged entries."},
     {"nvjpeg_load", (PyCFunction)(void (*)(void))nvjpeg_load, METH_VARARGS | METH_KEYWORDS,
      "nvjpeg_load(path=None)\n--\n\nLoad nvJPEG (path, then $FASTLOOP_NVJPEG, then\n"
      "libnvjpeg.so.13/.12/.so) unless loaded; returns the file loaded. Raises\n"

@@ -114,6 +114,7 @@ class DeviceFeed:
         self.device, self.finish, self.pin = device, finish, pin
         self.pinner = SlotPinner(batch_size) if pin else None
         self._stream: Any = None
+        self.jpeg: Any = None  # _gpu_decode.GpuJpeg when field 0 holds staged images (decode="gpu")
 
     @property
     def stream(self) -> Any:
@@ -136,8 +137,28 @@ class DeviceFeed:
     def hand_out(self, batch: tuple) -> tuple:
         return batch
 
-    def iterate(self, host_batches: Iterator[tuple]) -> Iterator[tuple]:
+    def image_shape(self, field: np.ndarray, channels_first: bool) -> tuple[int, int, int, int]:
+        """The (n, c, h, w) or (n, h, w, c) shape of field 0 on the device: staged images
+        (decode="gpu") have the pipeline's fixed size; others their own, in the finish's layout."""
+        assert self.finish is not None
+        if self.jpeg is not None:
+            n, c, h, w = len(field), 3, self.jpeg.out_h, self.jpeg.out_w
+        else:
+            n, a, b, c_or_w = field.shape
+            h, w, c = (a, b, c_or_w) if self.finish.source_layout == "HWC" else (b, c_or_w, a)
+        return (n, c, h, w) if channels_first else (n, h, w, c)
+
+    def decode_images(self, field: np.ndarray, out_ptr: int, itemsize: int, dtype: str, channels_first: bool,
+                      stream: Any) -> np.ndarray:
+        """Staged images decoded on the GPU into out_ptr; returns the rows kept (see GpuJpeg)."""
+        self._pin(field)
+        row_bytes = 3 * self.jpeg.out_h * self.jpeg.out_w * itemsize
+        return self.jpeg.decode(field, out_ptr, row_bytes, dtype, channels_first, stream)
+
+    def iterate(self, host_batches: Iterator[tuple], epoch: int = 0) -> Iterator[tuple]:
         """Yields device batches, the next one's copy queued before the current is handed out."""
+        if self.jpeg is not None:
+            self.jpeg.start_epoch(epoch)
         pending = None
         for host in host_batches:
             queued = self.upload(tuple(host))
@@ -177,6 +198,9 @@ class DeviceArrayFeed(DeviceFeed):
     def upload(self, fields: tuple) -> tuple:
         out = []
         for i, field in enumerate(fields):
+            if i == 0 and self.jpeg is not None:
+                out.append(self._decode(field))
+                continue
             self._pin(field)
             if i == 0 and self.finish is not None:
                 f = self.finish
@@ -185,6 +209,16 @@ class DeviceArrayFeed(DeviceFeed):
             else:
                 out.append(self.cuda.to_device(field, self.device, stream=self.stream))
         return tuple(out)
+
+    def _decode(self, field: np.ndarray) -> Any:
+        f = self.finish
+        out = self.cuda.empty(self.image_shape(field, f.channels_first), f.dtype, self.device)
+        keep = self.decode_images(field, out.ptr, out.dtype.itemsize, f.dtype, f.channels_first, self.stream)
+        if not keep.all():
+            raise ValueError("on_error='skip' drops undecodable images from torch batches only (output='torch'); "
+                             "with DeviceArrays the batch keeps its size: use on_error='raise'")
+        # the staged entries are read by queued work: the array keeps them until it is settled
+        return out._queued(self.stream, field)
 
     def synchronize(self) -> None:
         if self._stream is not None:

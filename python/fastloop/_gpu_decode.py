@@ -42,7 +42,7 @@ def payload(entries: np.ndarray, i: int) -> np.ndarray:
     return entries[i, RECORD_BYTES:]
 
 
-def unavailable_reason(device: int | None, output: str, pipeline: Any, finish: Any, encoded: bool) -> str | None:
+def unavailable_reason(device: int | None, pipeline: Any, finish: Any, encoded: bool) -> str | None:
     """Why decode="gpu" cannot run for this Loader, or None when it can."""
     if device is None:
         return "decode='gpu' decodes on a CUDA device: pass device='cuda'"
@@ -70,17 +70,80 @@ def unavailable_reason(device: int | None, output: str, pipeline: Any, finish: A
     return None
 
 
-def choose(decode: str, device: int | None, output: str, pipeline: Any, finish: Any, encoded: bool) -> bool:
+def choose(decode: str, device: int | None, pipeline: Any, finish: Any, encoded: bool) -> bool:
     """True to decode on the GPU: always for "gpu" (ValueError saying why it cannot), where
     it can for "auto", never for "cpu"."""
     if decode not in DECODES:
         raise ValueError(f"'decode' must be 'cpu', 'gpu' or 'auto', not {decode!r}")
     if decode == "cpu":
         return False
-    why = unavailable_reason(device, output, pipeline, finish, encoded)
+    why = unavailable_reason(device, pipeline, finish, encoded)
     if why is not None and decode == "gpu":
         from .errors import CudaUnavailable
 
         error = CudaUnavailable if "nvJPEG" in why or "CUDA" in why else ValueError
         raise error(why)
     return why is None
+
+
+class GpuJpeg:
+    """A loader's nvJPEG decoder: one staged batch into an output batch on the device, and
+    the CPU path for the images nvJPEG refused there."""
+
+    def __init__(self, device: int, pipeline: Any, finish: Any, seed: int, on_error: str) -> None:
+        from . import cuda
+
+        self.module = cuda.require()
+        self.decoder = self.module.JpegDecoder(device)
+        self.device, self.finish, self.on_error = device, finish, on_error
+        self.out_h, self.out_w = pipeline.fixed_size()
+        self.geometry = pipeline.geometry
+        self.flips = pipeline._core(3) if pipeline._rest else None
+        self.seed = seed
+        self.epoch_seed = 0
+
+    def start_epoch(self, epoch: int) -> None:
+        from ._core import _epoch_seed
+
+        self.epoch_seed = _epoch_seed(self.seed, epoch)
+
+    def decode(self, entries: np.ndarray, out_ptr: int, row_bytes: int, dtype: str, channels_first: bool,
+               stream: Any) -> np.ndarray:
+        """Queues the batch into out_ptr (rows of row_bytes); returns the rows to keep (all,
+        unless on_error="skip" dropped an image neither nvJPEG nor the CPU could decode)."""
+        f = self.finish
+        failed = self.decoder.decode(entries, out_ptr=out_ptr, out_nbytes=row_bytes * len(entries), out_h=self.out_h,
+                                     out_w=self.out_w, mean=f.mean, std=f.std, dtype=dtype,
+                                     channels_first=channels_first, stream=stream)
+        keep = np.ones(len(entries), bool)
+        for i in np.flatnonzero(failed):
+            keep[i] = self._decode_on_cpu(entries, int(i), out_ptr + int(i) * row_bytes, row_bytes, dtype,
+                                          channels_first, stream)
+        return keep
+
+    def _decode_on_cpu(self, entries: np.ndarray, i: int, row_ptr: int, row_bytes: int, dtype: str,
+                       channels_first: bool, stream: Any) -> bool:
+        """The CPU path for image i (its decode, crop/resize, flips), normalized into its row;
+        False when on_error="skip" drops it."""
+        from ._core import _image_decode, _image_transform
+
+        record = records(entries[i:i + 1])[0]
+        data = payload(entries, i)[:int(record["length"])].tobytes()
+        try:
+            pixels = _image_transform(self.geometry, _image_decode(data), self.epoch_seed, int(record["id"]))
+        except ValueError as error:
+            if self.on_error == "skip":
+                return False
+            raise ValueError(f"sample {int(record['id'])}: {error}") from None
+        if self.flips is not None:
+            pixels = self.flips.run(pixels[None], self.epoch_seed, np.array([record["id"]], np.int64), 1)[0]
+        layout = "HWC->CHW" if channels_first else "HWC"
+        self.module.preprocess(np.ascontiguousarray(pixels[None]), mean=self.finish.mean, std=self.finish.std,
+                               layout=layout, stream=stream, device=self.device, dtype=dtype,
+                               _out_ptr=row_ptr, _out_nbytes=row_bytes)
+        return True
+
+    @property
+    def decoded(self) -> dict:
+        """Images decoded so far: {'hardware', 'cuda', 'cpu'} (cpu: by the workers)."""
+        return self.decoder.decoded

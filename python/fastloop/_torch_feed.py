@@ -39,9 +39,6 @@ def require_torch_cuda(device: int) -> Any:
     return torch
 
 
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
 class TorchFeed(DeviceFeed):
     """output="torch" with a device: torch CUDA tensors ordered after the loading stream."""
 
@@ -70,12 +67,9 @@ class TorchFeed(DeviceFeed):
         """The empty output tensor of the first field, in the finish's dtype and layout."""
         f, torch = self.finish, self.torch
         assert f is not None
-        n, a, b, c = field.shape
-        h, w, channels = (a, b, c) if f.source_layout == "HWC" else (b, c, a)
-        shape = (n, channels, h, w) if f.channels_first else (n, h, w, channels)
         memory = torch.channels_last if self.channels_last else torch.contiguous_format
-        return torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[f.dtype]), device=f"cuda:{self.device}",
-                           memory_format=memory)
+        return torch.empty(self.image_shape(field, f.channels_first), dtype=getattr(torch, f.dtype),
+                           device=f"cuda:{self.device}", memory_format=memory)
 
     def _finish_image(self, field: np.ndarray) -> Any:
         from . import cuda
@@ -88,11 +82,26 @@ class TorchFeed(DeviceFeed):
             _normalize_with_torch(self.torch, field, out, self.finish)
         return out
 
+    def _decode_images(self, field: np.ndarray) -> tuple[Any, np.ndarray]:
+        """Staged images decoded by nvJPEG into a new output tensor; and the rows kept."""
+        out = self._image_out(field)
+        channels_first = self.finish.channels_first and not self.channels_last  # channels_last: NHWC memory
+        keep = self.decode_images(field, out.data_ptr(), out.element_size(), self.finish.dtype, channels_first,
+                                  self.stream)
+        return out, keep
+
     def upload(self, fields: tuple) -> tuple:
         self._release_copied()
         torch, out = self.torch, []
         with torch.cuda.stream(self.stream):
+            keep = None
             for i, field in enumerate(fields):
+                if i == 0 and self.jpeg is not None:
+                    images, keep = self._decode_images(field)
+                    out.append(images if keep.all() else images[torch.from_numpy(keep).to(images.device)])
+                    continue
+                if keep is not None and not keep.all():  # on_error="skip" dropped an image: its row everywhere
+                    field = field[keep]
                 self._pin(field)
                 if i == 0 and self.finish is not None:
                     out.append(self._finish_image(field))

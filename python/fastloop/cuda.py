@@ -47,10 +47,11 @@ __all__ = [
     "preprocess",
     "memcpy_benchmark",
     "load_cublas",
+    "load_nvjpeg",
     "nn_backend",
 ]
 
-_TYPES = ("DeviceArray", "Stream", "PinnedRegion")
+_TYPES = ("DeviceArray", "Stream", "PinnedRegion", "JpegDecoder")
 
 
 @dataclass(frozen=True)
@@ -302,22 +303,36 @@ def memcpy_benchmark(nbytes: int, pinned: bool = True, repeats: int = 10, device
     return _module().memcpy_benchmark(nbytes, pinned, repeats, device)
 
 
-def _cublas_candidates() -> list[str]:
-    """cuBLAS files shipped in Python packages: the nvidia-cublas wheels (nvidia/cu13/lib,
-    nvidia/cublas/lib) and torch's lib directory, newest major version first."""
+def _library_candidates(name: str, patterns: Sequence[str]) -> list[str]:
+    """Copies of lib<name>.so.N shipped in Python packages (the nvidia-* wheels' nvidia/cu13/lib
+    or nvidia/<lib>/lib, torch's or torchvision's lib folders) found on sys.path, newest major
+    version first."""
     found: dict[str, str] = {}
     for entry in sys.path:
         if not entry or not os.path.isdir(entry):
             continue
-        for pattern in ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"):
+        for pattern in patterns:
             for path in glob.glob(os.path.join(entry, pattern)):
                 found.setdefault(os.path.realpath(path), path)
 
     def major(path: str) -> int:
-        match = re.search(r"libcublas\.so\.(\d+)", path)
+        match = re.search(rf"lib{name}[^/]*?\.so\.(\d+)", path)
         return int(match.group(1)) if match else 0
 
     return sorted(found.values(), key=lambda p: (-major(p), len(p)))
+
+
+def _load_library(load: Any, env: str, name: str, patterns: Sequence[str], install: str) -> str:
+    """Calls the extension's loader on each candidate (each try also falls back to $env and
+    the system's names); raises CudaUnavailable naming what was tried and how to get it."""
+    paths: list[str | None] = [] if os.environ.get(env) else list(_library_candidates(name, patterns))
+    error: CudaUnavailable | None = None
+    for path in paths + [None]:
+        try:
+            return load(path)
+        except CudaUnavailable as failed:
+            error = failed
+    raise CudaUnavailable(f"{error}; {install}, or set {env} to the path of lib{name}.so") from None
 
 
 def load_cublas() -> str:
@@ -328,16 +343,24 @@ def load_cublas() -> str:
     >>> fastloop.cuda.load_cublas()
     '.../site-packages/nvidia/cu13/lib/libcublas.so.13'
     """
-    module = require()
-    paths: list[str | None] = [] if os.environ.get("FASTLOOP_CUBLAS") else list(_cublas_candidates())
-    error: CudaUnavailable | None = None
-    for path in paths + [None]:  # each try also falls back to $FASTLOOP_CUBLAS and the system
-        try:
-            return module.cublas_load(path)
-        except CudaUnavailable as failed:
-            error = failed
-    raise CudaUnavailable(f"{error}; install the nvidia-cublas wheel (or torch with CUDA), or set "
-                          "FASTLOOP_CUBLAS to the path of libcublas.so") from None
+    return _load_library(require().cublas_load, "FASTLOOP_CUBLAS", "cublas",
+                         ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"),
+                         "install the nvidia-cublas wheel (or torch with CUDA)")
+
+
+def load_nvjpeg() -> str:
+    """Loads nvJPEG (once) for Loader(decode="gpu") and returns the file loaded:
+    $FASTLOOP_NVJPEG when set, else the nvidia-nvjpeg wheel's, torch's or torchvision's copy
+    found on sys.path, else libnvjpeg.so.13/.12/.so from the system (the CUDA Toolkit).
+    Raises CudaUnavailable naming what was tried and the fix.
+
+    >>> fastloop.cuda.load_nvjpeg()
+    '.../site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12'
+    """
+    return _load_library(require().nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg",
+                         ("nvidia/*/lib/libnvjpeg.so.*", "torch/lib/libnvjpeg*.so*",
+                          "torchvision.libs/libnvjpeg*.so*"),
+                         "install the nvidia-nvjpeg-cu12 wheel (nvidia-nvjpeg for CUDA 13) or the CUDA Toolkit")
 
 
 def nn_backend() -> Any:

@@ -111,9 +111,10 @@ def _is_encoded(source: Any) -> bool:
     return hasattr(source, "_encoded_spec") and not isinstance(source, type)
 
 
-def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
+def _encoded_field(source: Any, pipeline: Pipeline | None, index: int, staged: bool = False) -> tuple:
     """The C loader's spec of an image source: where each sample's bytes are, and the fused
-    decode -> crop -> resize that gives every image the same size."""
+    decode -> crop -> resize that gives every image the same size; `staged`: the workers stage
+    the images for the GPU decoder instead (_gpu_decode.py)."""
     from . import images
 
     size = pipeline.fixed_size() if pipeline is not None else None
@@ -123,8 +124,11 @@ def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
                          f"RandomResizedCrop(224), Resize((h, w)), or Resize(256) then CenterCrop(224)")
     images.ensure_loaded()
     paths, file_index, offsets, lengths = source._encoded_spec()
+    from ._gpu_decode import CAPACITY
+
     return ("encoded", [os.fsencode(p) for p in paths], np.ascontiguousarray(file_index, np.int32),
-            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry)
+            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry,
+            CAPACITY if staged else 0)
 
 
 def _fused_geometry(pipeline: Pipeline) -> Callable[[Any, int, int], np.ndarray]:
@@ -277,6 +281,7 @@ class Loader:
         split_by: str = "sample",
         dtype: Any = None,
         memory_format: Any = None,
+        decode: str | None = None,
     ) -> None:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
@@ -310,6 +315,12 @@ class Loader:
         self._device_dtype, self._memory_format = dtype_name(dtype), memory_format_name(memory_format)
         if self.device is None and (dtype is not None or memory_format is not None):
             raise ValueError("'dtype' and 'memory_format' shape the batches on a GPU: pass device='cuda' too")
+        if decode not in (None, "cpu", "gpu", "auto"):
+            raise ValueError(f"'decode' must be 'cpu', 'gpu' or 'auto', not {decode!r}")
+        if decode == "gpu" and self.device is None:
+            raise ValueError("decode='gpu' decodes JPEGs on a CUDA device: pass device='cuda' too")
+        self.decode = decode or ("auto" if self.device is not None else "cpu")
+        self._jpeg: Any = None  # the nvJPEG decoder when decode="gpu" (or "auto") decodes on the GPU
         if self.device is not None and collate_fn is not None:
             raise ValueError("device='cuda' copies the batch's fields as the workers made them, which a collate_fn "
                              "would change: use device=None and move the collated batch yourself")
@@ -366,7 +377,7 @@ class Loader:
                              "Folders or image sources")
         if dataset is None:
             self._structure = SampleStructure(0 if self._single else ())
-            pipeline = self._start_feed(pipeline, _field_dtype(fields[0]))
+            pipeline = self._start_feed(pipeline, _field_dtype(fields[0]), _is_encoded(fields[0]))
             self._core = self._threads(fields, pipeline, workers, prefetch)
             return
         fetch = Fetcher(dataset, python_transform, target_transform, order)
@@ -376,7 +387,7 @@ class Loader:
         self._structure, self._single = fetch.structure, fetch.structure.single
         if self.device is not None:  # the first field as the workers' pipeline gets it
             geometry = pipeline is not None and pipeline.geometry is not None
-            pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype)
+            pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype, False)
         if mode == "processes":
             self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
         else:
@@ -384,14 +395,18 @@ class Loader:
 
     # ---- construction ----
 
-    def _start_feed(self, pipeline: Pipeline | None, field_dtype: Any) -> Pipeline | None:
-        """With a device: makes the feed (what the GPU finishes) and returns the part of
-        `pipeline` the workers still run; without one, `pipeline` as it is."""
+    def _start_feed(self, pipeline: Pipeline | None, field_dtype: Any, encoded: bool) -> Pipeline | None:
+        """With a device: makes the feed (what the GPU finishes, and with decode="gpu" the
+        nvJPEG decoder) and returns the part of `pipeline` the workers still run; without
+        one, `pipeline` as it is."""
         if self.device is None:
             return pipeline
+        from . import _gpu_decode
         from ._device_feed import DeviceArrayFeed, split_for_device
 
         host, finish = split_for_device(pipeline, field_dtype, self._device_dtype)
+        if _gpu_decode.choose(self.decode, self.device, host, finish, encoded):
+            self._jpeg = _gpu_decode.GpuJpeg(self.device, host, finish, self.seed, self.on_error)
         if finish is None and self._device_dtype is not None:
             raise ValueError("'dtype' is the type the GPU normalizes the images to: the transform must be a Pipeline "
                              "ending in Normalize (optionally Cast) on uint8 images")
@@ -403,6 +418,7 @@ class Loader:
             raise ValueError("memory_format='channels_last' needs output='torch' (a DeviceArray is C-ordered)")
         else:
             self._feed = DeviceArrayFeed(self.device, finish, self.pin_memory, self.batch_size)
+        self._feed.jpeg = self._jpeg
         return host
 
     def _classify(self, source: Any) -> tuple[list, Any]:
@@ -428,7 +444,7 @@ class Loader:
         specs = []
         for i, field in enumerate(fields):
             if _is_encoded(field):
-                specs.append(_encoded_field(field, pipeline, i))
+                specs.append(_encoded_field(field, pipeline, i, self._jpeg is not None and i == 0))
             elif isinstance(field, Folder):
                 specs.append(field._field())
             else:
@@ -501,7 +517,7 @@ class Loader:
         active = _Epoch(self, epoch, first_batch)
         self._active = weakref.ref(active)
         if self._feed is not None:
-            return (self._structure.build(batch) for batch in self._feed.iterate(active))
+            return (self._structure.build(batch) for batch in self._feed.iterate(active, epoch))
         return active
 
     def _abandon_active(self) -> None:
