@@ -108,8 +108,9 @@ __device__ inline void store(__nv_bfloat16 *d, long long i, float v) { d[i] = __
 template <typename Out>
 __global__ void vertical_pass(kernel_params p) {
     const image_desc d = p.descs[blockIdx.y];
-    const int32_t *table_y = d.tables + (long long)p.out_w * (2 + d.taps_x);
-    const int32_t *lo = table_y, *count = lo + p.out_h, *k = count + p.out_h;
+    /* the vertical table follows the horizontal one (CPU pixels have none) */
+    const int32_t *lo = d.resample ? d.tables + (long long)p.out_w * (2 + d.taps_x) : NULL;
+    const int32_t *count = d.resample ? lo + p.out_h : NULL, *k = d.resample ? count + p.out_h : NULL;
     const long long plane = (long long)p.out_h * p.out_w;
     Out *out = (Out *)p.dst + (long long)d.index * 3 * plane;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += (long long)gridDim.x * blockDim.x) {

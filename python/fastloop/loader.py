@@ -236,14 +236,23 @@ class Loader:
     batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
-    device: None/"cpu" (NumPy batches) or "cuda"/"cuda:N": batches become
-      fastloop.cuda.DeviceArrays, copied from pinned slots on a loading stream one batch
-      ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
-      then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device);
-      with output="torch" and no device, batches are pinned tensors where torch sees CUDA
-      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True);
-      where torch sees no CUDA, or with NumPy output and no device, a UserWarning says that
-      nothing is pinned (DataLoader too warns and goes on unpinned).
+    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU, copied from
+      slots pinned once on a loading stream, one batch ahead of the consumer. A Pipeline
+      ending in Normalize (and maybe Cast) on uint8 images is split: the workers stop at
+      uint8 (same code, same random draws) and one kernel normalizes, lays out and casts on
+      the GPU. output="torch" gives torch CUDA tensors, ready on the current stream;
+      output="numpy" gives fastloop.cuda.DeviceArrays. dtype: the image batch's type on the
+      GPU (float32, float16, bfloat16); memory_format: "contiguous" or "channels_last".
+      decode: "cpu" (the workers decode), "gpu" (nvJPEG decodes JPEG batches on the GPU; the
+      workers read files, parse headers and draw the crops; what nvJPEG cannot take is
+      decoded by the workers as usual) or "auto" (the default with a device: the GPU where
+      it can). See docs/loader.md, "Feeding a GPU".
+    pin_memory: pin the slots (default: with a device); with output="torch" and no device,
+      batches are tensors over pinned slots (pinned once, never copied per batch) where
+      torch sees CUDA, ready for .to("cuda", non_blocking=True), each slot held until the
+      copies queued from it on the current stream are done; where torch sees no CUDA, or
+      with NumPy output and no device, a UserWarning says that nothing is pinned
+      (DataLoader too warns and goes on unpinned).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
     process to learn the batch layout (every sample must have the same shapes), with torch
