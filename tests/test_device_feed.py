@@ -310,3 +310,67 @@ def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
     del tensor
     pinned.close()
     assert core.lent == 0 and registry.pinned == {}
+
+
+class FakeFeed:
+    """A DeviceFeed whose "device" is the host: uploads keep the host fields in flight until
+    `copies_done` batches later, as a slow copy would."""
+
+    def __new__(cls, lag: int):
+        from fastloop._device_feed import DeviceFeed
+
+        class Feed(DeviceFeed):
+            def __init__(self) -> None:
+                super().__init__(0, None, False, 4)
+                self.in_flight, self.views = [], []
+
+            def upload(self, fields: tuple) -> tuple:
+                from fastloop._core import _SlotLease
+
+                self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
+                self.in_flight.append(fields)
+                return tuple(np.array(f) for f in fields)
+
+            def release_copied(self) -> None:
+                del self.in_flight[:max(0, len(self.in_flight) - lag)]
+
+            def synchronize(self) -> None:
+                self.in_flight.clear()
+
+        return Feed()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_feed_never_makes_the_loader_copy_a_batch_out(workers, lag):
+    """Held host batches count against the loader's two lendable slots: the feed lets go of
+    the ones already copied before taking the next, so every batch stays a view (a copy-out
+    would be a memcpy of the whole batch in the main thread, into unpinned memory)."""
+    data = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
+    loader = fastloop.Loader((data, np.arange(64)), batch_size=4, workers=workers)
+    loader._feed = feed = FakeFeed(lag)
+    for epoch in range(2):
+        got = [x for x, _ in loader]
+        np.testing.assert_array_equal(np.concatenate(got), data)
+    assert len(feed.views) == 32 and all(feed.views)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pinned_batches_stay_views_in_a_training_loop(workers):
+    """pin_memory without a device: the user's loop copies each batch and drops it; the slot
+    comes back once the copy's event passed, before the next batch is taken."""
+    from fastloop._torch_feed import PinnedBatches
+
+    data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
+    loader = fastloop.Loader(data, batch_size=4, workers=workers)
+    loader._pinned = pinned = PinnedBatches(4, torch=FakeTorch, register=FakeRegistry())
+    views = []
+    real_pin = pinned.pinner.pin
+    pinned.pinner.pin = lambda array: views.append(real_pin(array)) or views[-1]
+    FakeEvent.done = True  # each copy is done by the time the next batch is asked for
+    seen = []
+    for x in loader:
+        seen.append(np.array(x))  # "x.to('cuda', non_blocking=True)"
+    np.testing.assert_array_equal(np.concatenate(seen), data)
+    assert len(views) == 12 and all(views)
+    loader.close()

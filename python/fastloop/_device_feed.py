@@ -14,6 +14,7 @@ or torch CUDA tensors (output="torch", _torch_feed.py) ordered after that stream
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -155,13 +156,24 @@ class DeviceFeed:
         row_bytes = 3 * self.jpeg.out_h * self.jpeg.out_w * itemsize
         return self.jpeg.decode(field, out_ptr, row_bytes, dtype, channels_first, stream)
 
+    def release_copied(self) -> None:
+        """Lets go of the host batches whose copies are done, so their slots go back to the
+        workers before the next batch is taken (a slot still held then would make the loader
+        hand out a copy: it keeps slots for at most two lent batches)."""
+        raise NotImplementedError
+
     def iterate(self, host_batches: Iterator[tuple], epoch: int = 0) -> Iterator[tuple]:
         """Yields device batches, the next one's copy queued before the current is handed out."""
         if self.jpeg is not None:
             self.jpeg.start_epoch(epoch)
-        pending = None
-        for host in host_batches:
+        batches, pending = iter(host_batches), None
+        while True:
+            self.release_copied()
+            host = next(batches, None)
+            if host is None:
+                break
             queued = self.upload(tuple(host))
+            del host  # the feed holds the host fields only until their copies are done
             if pending is not None:
                 yield self.hand_out(pending)
             pending = queued
@@ -191,9 +203,15 @@ class DeviceArrayFeed(DeviceFeed):
         if finish is not None and finish.dtype == "bfloat16":
             raise ValueError("dtype='bfloat16' needs output='torch' (a DeviceArray holds NumPy dtypes)")
         super().__init__(device, finish, pin, batch_size)
+        self.in_flight: collections.deque = collections.deque()  # batches whose arrays still read their slot
 
     def _new_stream(self) -> Any:
         return self.cuda.Stream(self.device)
+
+    def release_copied(self) -> None:
+        # ready() settles an array whose write is done: it drops the slot view it kept
+        while self.in_flight and all(array.ready() for array in self.in_flight[0]):
+            self.in_flight.popleft()
 
     def upload(self, fields: tuple) -> tuple:
         out = []
@@ -208,6 +226,7 @@ class DeviceArrayFeed(DeviceFeed):
                                                 stream=self.stream, device=self.device))
             else:
                 out.append(self.cuda.to_device(field, self.device, stream=self.stream))
+        self.in_flight.append(tuple(out))
         return tuple(out)
 
     def _decode(self, field: np.ndarray) -> Any:
@@ -223,3 +242,4 @@ class DeviceArrayFeed(DeviceFeed):
     def synchronize(self) -> None:
         if self._stream is not None:
             self._stream.synchronize()
+        self.in_flight.clear()

@@ -58,8 +58,7 @@ class TorchFeed(DeviceFeed):
     def _new_stream(self) -> Any:
         return self.torch.cuda.Stream(self.device)
 
-    def _release_copied(self) -> None:
-        """Lets go of the host batches whose copies are done (their slots go back)."""
+    def release_copied(self) -> None:
         while self.in_flight and self.in_flight[0][0].query():
             self.in_flight.popleft()
 
@@ -91,7 +90,6 @@ class TorchFeed(DeviceFeed):
         return out, keep
 
     def upload(self, fields: tuple) -> tuple:
-        self._release_copied()
         torch, out = self.torch, []
         with torch.cuda.stream(self.stream):
             keep = None
@@ -171,12 +169,12 @@ class PinnedBatches:
         self.held.append((event, field))
 
     def release_copied(self) -> None:
-        """Lets go of fields whose copies are done (called before each batch)."""
+        """Lets go of fields whose copies are done (the Loader calls it before taking each
+        batch, so their slots are free for it)."""
         while self.held and self.held[0][0].query():
             self.held.popleft()
 
     def tensors(self, arrays: tuple) -> tuple:
-        self.release_copied()
         out = []
         for array in arrays:
             if self.pinner.pin(array):  # a slot view: pinned once, guarded until copied

@@ -645,6 +645,8 @@ class _Epoch:
     def __next__(self) -> Any:
         if self.done:
             raise StopIteration
+        if self.loader._pinned is not None:  # slots whose copies are done go back before the next batch
+            self.loader._pinned.release_copied()
         try:
             batch = self.loader._core.next(self.loader.timeout)
         except BaseException as error:
