@@ -90,6 +90,7 @@ class TorchFeed(DeviceFeed):
         return out, keep
 
     def upload(self, fields: tuple) -> tuple:
+        """Queues the batch on the loading stream; returns (tensors, the event after them)."""
         torch, out = self.torch, []
         with torch.cuda.stream(self.stream):
             keep = None
@@ -108,11 +109,12 @@ class TorchFeed(DeviceFeed):
             event = torch.cuda.Event()
             event.record(self.stream)
         self.in_flight.append((event, fields))
-        return tuple(out)
+        return tuple(out), event
 
-    def hand_out(self, batch: tuple) -> tuple:
+    def hand_out(self, queued: tuple) -> tuple:
+        batch, event = queued
         current = self.torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)
+        current.wait_event(event)  # this batch's copies and kernel, not the next one's queued since
         for tensor in batch:
             tensor.record_stream(current)  # its memory is not reused before the step using it ends
         return batch
