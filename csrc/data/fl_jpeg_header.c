@@ -48,7 +48,8 @@ static int is_sof(int code) {
     return code >= M_SOF0 && code <= 0xCF && code != M_DHT && code != M_JPG && code != M_DAC;
 }
 
-/* "SOF2", "APP14", "DQT"...: a marker's name for a detail, written into buf (8 bytes). */
+/* "SOF2", "APP14", "DQT"...: the name of a marker with a segment (one take_marker reads) for a
+ * detail, written into buf (8 bytes) where it has a number. */
 static const char *marker_name(int code, char *buf) {
     static const char *const fixed[] = {[M_SOI - M_SOI] = "SOI", [M_EOI - M_SOI] = "EOI",
                                         [M_SOS - M_SOI] = "SOS", [M_DQT - M_SOI] = "DQT",
@@ -60,12 +61,8 @@ static const char *marker_name(int code, char *buf) {
         snprintf(buf, 8, "SOF%d", (code - M_SOF0) & 15);
     else if (code >= M_APP0 && code <= M_APP15)
         snprintf(buf, 8, "APP%d", (code - M_APP0) & 15);
-    else if (code >= M_RST0 && code <= M_RST7)
-        snprintf(buf, 8, "RST%d", (code - M_RST0) & 7);
-    else if (code == M_DHT || code == M_DAC || code == M_COM || code == M_TEM)
-        return code == M_DHT ? "DHT" : code == M_DAC ? "DAC" : code == M_COM ? "COM" : "TEM";
     else
-        snprintf(buf, 8, "0xFF%02X", (unsigned)code & 0xFF);
+        return code == M_DHT ? "DHT" : code == M_DAC ? "DAC" : "COM";
     return buf;
 }
 

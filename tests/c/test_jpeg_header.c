@@ -296,6 +296,13 @@ static void test_rgb_without_colour_transform_goes_to_the_cpu(void) {
     s.adobe = 0;
     s.jfif = 1; /* JFIF wins over Adobe in libjpeg */
     CHECK(routes(&s, FL_JPEG_ROUTE_HARDWARE, ""));
+    jpeg j;
+    fl_jpeg_header h;
+    build(&j, &s);
+    CHECK(accepted(&j, &h) && h.adobe_transform == 0 && h.jfif == 1);
+    s.jfif = 0;
+    s.adobe = -1; /* neither JFIF nor Adobe, ids 1, 2, 3: YCbCr */
+    CHECK(routes(&s, FL_JPEG_ROUTE_HARDWARE, ""));
     spec rgb = BASELINE("11 11 11");
     rgb.ids = "RGB";
     rgb.jfif = 0;
@@ -305,10 +312,6 @@ static void test_rgb_without_colour_transform_goes_to_the_cpu(void) {
     rgb.adobe = -1;
     rgb.jfif = 1;
     CHECK(routes(&rgb, FL_JPEG_ROUTE_HARDWARE, ""));
-    jpeg j;
-    fl_jpeg_header h;
-    build(&j, &s);
-    CHECK(accepted(&j, &h) && h.adobe_transform == 0 && h.jfif == 1);
 }
 
 static void test_sampling_outside_nvjpegs_list_goes_to_the_cpu(void) {
