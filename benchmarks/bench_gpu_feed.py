@@ -125,6 +125,23 @@ def test_quick_run_on_a_gpu_fills_every_row_or_says_why(tmp_path: Any) -> None:
     assert all(r.images_per_s for r in rows if "nvJPEG" not in r.feed), table(rows)
 
 
+def test_without_a_gpu_the_gpu_loaders_stop_only_at_the_missing_device(tmp_path: Any) -> None:
+    """The GPU rows' Loader arguments pass every check that runs before CUDA is needed."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("PIL")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the quick run covers these loaders")
+    from fastloop.bench.feeds import Batches, Feed, NotAvailable, Target, fastloop_images
+    from fastloop.bench.image_data import dataset
+
+    root = dataset(8, classes=2, shard_count=1, folder=str(tmp_path)).image_folder
+    cuda = Target("cuda")
+    with pytest.raises(NotAvailable, match="^CudaUnavailable: .*CUDA"):
+        Feed(fastloop_images(root, Batches(4, 32, 1), cuda, "cpu"), cuda)
+
+
 def test_bad_arguments_are_refused_naming_the_option(capsys: Any) -> None:
     import pytest
 

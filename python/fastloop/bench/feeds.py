@@ -27,6 +27,7 @@ from .timing import process_cpu_s
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 CLASSES = 10  # of the synthetic labels (the image folders have 10 classes too)
 WARMUP_STEPS = 3
+LOADER_TIMEOUT_S = 30  # a batch later than this fails its row (a healthy one takes well under a second)
 # what a loader raises when it cannot run here (an unknown keyword, no GPU, no nvJPEG, no
 # torchvision): its row says "not available" with the reason; anything else is a failure
 UNAVAILABLE = (ImportError, TypeError, ValueError, CudaUnavailable, CodecUnavailable)
@@ -147,7 +148,7 @@ def torch_dataloader(root: str, batches: Batches, target: Target) -> Callable[[]
                                  transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
         return torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=b.batch, shuffle=True,
                                            drop_last=True, num_workers=b.workers, pin_memory=target.cuda,
-                                           persistent_workers=True, timeout=120)
+                                           persistent_workers=True, timeout=LOADER_TIMEOUT_S)
 
     return make
 
@@ -179,7 +180,7 @@ def fastloop_images(root: str, batches: Batches, target: Target, decode: str) ->
         pipeline = ops.Pipeline([ops.RandomResizedCrop(b.crop), ops.RandomHFlip(),
                                  ops.Normalize(MEAN, STD, layout="HWC->CHW")])
         return fastloop.Loader(fastloop.ImageFolder(root), batch_size=b.batch, shuffle=True, drop_last=True,
-                               workers=b.workers, transform=pipeline, timeout=120,
+                               workers=b.workers, transform=pipeline, timeout=LOADER_TIMEOUT_S,
                                **target.loader_arguments(images=True), **decode_argument(decode))
 
     return make

@@ -37,8 +37,8 @@ import numpy as np
 
 import fastloop
 
-from .feeds import (CLASSES, Batches, Feed, NotAvailable, Target, count_images, fastloop_images, synthetic, timed,
-                    torch_dataloader, torch_ready)
+from .feeds import (CLASSES, LOADER_TIMEOUT_S, Batches, Feed, NotAvailable, Target, count_images, fastloop_images,
+                    synthetic, timed, torch_dataloader, torch_ready)
 from .report import format_table, machine_summary
 
 MODELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "tiny": "tiny CNN"}
@@ -197,11 +197,12 @@ def copy_rows(settings: Settings, target: Target) -> list[Row]:
 
     def make(**arguments: Any) -> Callable[[], Iterable]:
         return lambda: fastloop.Loader(images, batch_size=s.batch, shuffle=True, drop_last=True, workers=s.workers,
-                                       timeout=120, **arguments)
+                                       timeout=LOADER_TIMEOUT_S, **arguments)
 
     ways = [(Row(section, "Loader(pin_memory=True) + torch .cuda(non_blocking=True)"),
              lambda: Feed(make(output="torch", pin_memory=target.cuda), target, target.to_device)),
-            (Row(section, "Loader(device='cuda')"), lambda: Feed(make(**target.loader_arguments(images=False)), target))]
+            (Row(section, "Loader(device='cuda')"),
+             lambda: Feed(make(**target.loader_arguments(images=False)), target))]
     best: dict[str, Row] = {}
     for order in (ways, ways[::-1]):  # interleaved: A B, then B A
         for template, make_feed in order:
