@@ -68,8 +68,7 @@ fi
 "$PY" -c "import fastloop; print(fastloop.cuda.is_available().reason)" 2>&1 | indent | report
 
 echo "### tests" | report
-gpu_tests="tests/test_cuda.py tests/test_device_feed.py tests/test_loader_torch.py"
-if [ -f tests/test_gpu_decode.py ]; then gpu_tests="$gpu_tests tests/test_gpu_decode.py"; fi  # nvJPEG, once it lands
+gpu_tests="tests/test_cuda.py tests/test_device_feed.py tests/test_loader_torch.py tests/test_gpu_decode.py tests/test_gpu_stage.py"
 # shellcheck disable=SC2086 # the file list is split on purpose
 step tests 180 "$PY" -m pytest -q -p no:cacheprovider $gpu_tests
 tail -30 "$LOGS/tests.log" | indent | report
