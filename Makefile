@@ -15,7 +15,7 @@ CC ?= gcc
 # The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
 CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
 CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_loader test_procpool test_nn test_image test_json_numbers
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_procpool test_nn test_image test_json_numbers
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 # float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.
@@ -68,11 +68,15 @@ ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
 ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
-# The .npy parser's, the JSON fast path's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
+# The .npy and JPEG header parsers', the JSON fast path's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
 # under ASan/UBSan with gcc.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
+
+$(BIN)/replay_jpeg_header: tests/fuzz/replay_jpeg_header.c tests/fuzz/fuzz_jpeg_header.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_jpeg_header.c csrc/base/fl_error.c
 
 $(BIN)/replay_json_numbers: tests/fuzz/replay_json_numbers.c tests/fuzz/fuzz_json_numbers.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
@@ -83,8 +87,9 @@ $(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuz
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
 	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_dl.c -lm -ldl
 
-fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_json_numbers $(BIN)/replay_image
+fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_jpeg_header $(BIN)/replay_json_numbers $(BIN)/replay_image
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
+	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_jpeg_header tests/fuzz/corpus/jpeg_header
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_json_numbers tests/fuzz/corpus/json
 	$(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_image tests/fuzz/corpus/image
 
@@ -102,7 +107,8 @@ pytest: build
 # threads as a test forks (the watchdog in tests/conftest.py is a timer signal for that reason).
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
-	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_serve_json_inputs.py
+	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_serve_json_inputs.py \
+	tests/test_gpu_stage.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')

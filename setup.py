@@ -129,7 +129,9 @@ core = Extension(
 )
 cuda = CudaExtension(
     "fastloop._cuda",
-    sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")) + sorted(glob.glob("cuda/py/*.c")),
+    # the core's error table and library loading, for nvJPEG's dlopen (a copy of each in this .so)
+    sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")) + sorted(glob.glob("cuda/py/*.c"))
+    + ["csrc/base/fl_dl.c", "csrc/base/fl_error.c"],
 )
 
 setup(ext_modules=[core, cuda], cmdclass={"build_ext": BuildExt})

@@ -8,6 +8,8 @@ Each bench_*.py runs a quick configuration once and asserts its bookkeeping, nev
 - the loader rows (bench_loader, bench_torch_loader) also report a first batch and a peak PSS;
   their "first batch < 60 s / 120 s" is a hang guard, not a speed target;
 - results, where a benchmark can check them: bench_preprocess's ways compute equal values,
-  bench_targets' queue rows lose no item.
+  bench_targets' queue rows lose no item;
+- bench_gpu_feed: every row has a rate, CPU cores and a first batch, or says why it is not
+  available (none failed), in its CPU smoke run everywhere and its --quick run on a GPU.
 Skips say why (no torch, torchvision, uvicorn or GPU).
 """

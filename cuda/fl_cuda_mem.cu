@@ -2,9 +2,70 @@
 #include "fl_cuda_mem.h"
 
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 static cudaStream_t as_stream(uintptr_t stream) { return (cudaStream_t)stream; }
+
+#define MAX_DEVICES 64
+
+/* Per-device pools, made on first use and kept (release threshold: never) for the process. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudaMemPool_t pools[MAX_DEVICES];
+static int pools_tried[MAX_DEVICES];
+
+/* *pool = the device's pool, or NULL where the device has no memory pools. */
+static cudaError_t device_pool(int device, cudaMemPool_t *pool) {
+    cudaError_t rc = cudaSuccess;
+    *pool = NULL;
+    if (device < 0 || device >= MAX_DEVICES)
+        return cudaErrorInvalidDevice;
+    pthread_mutex_lock(&pools_lock);
+    if (!pools_tried[device]) {
+        int supported = 0;
+        rc = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
+        if (rc == cudaSuccess && supported) {
+            cudaMemPoolProps props = {};
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = device;
+            rc = cudaMemPoolCreate(&pools[device], &props);
+            unsigned long long keep = ~0ull;
+            if (rc == cudaSuccess)
+                rc = cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+        pools_tried[device] = rc == cudaSuccess;
+    }
+    *pool = pools[device];
+    pthread_mutex_unlock(&pools_lock);
+    return rc;
+}
+
+int fl_cuda_alloc_async(int device, size_t bytes, uintptr_t stream, void **ptr) {
+    cudaMemPool_t pool = NULL;
+    *ptr = NULL;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc == cudaSuccess)
+        rc = device_pool(device, &pool);
+    if (rc == cudaSuccess)
+        rc = pool ? cudaMallocFromPoolAsync(ptr, bytes, pool, as_stream(stream)) : cudaMalloc(ptr, bytes);
+    return (int)rc;
+}
+
+int fl_cuda_free_async(int device, void *ptr, uintptr_t stream) {
+    if (ptr == NULL)
+        return 0;
+    cudaMemPool_t pool = NULL;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc == cudaSuccess)
+        rc = device_pool(device, &pool);
+    if (rc == cudaSuccess && pool != NULL)
+        return (int)cudaFreeAsync(ptr, as_stream(stream));
+    if (rc == cudaSuccess) /* no pools: plain cudaMalloc memory, freed after a wait */
+        rc = cudaStreamSynchronize(as_stream(stream));
+    cudaFree(ptr);
+    return (int)rc;
+}
 
 int fl_cuda_malloc(int device, size_t bytes, void **ptr) {
     *ptr = NULL;

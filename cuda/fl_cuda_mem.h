@@ -25,6 +25,16 @@ int fl_cuda_malloc(int device, size_t bytes, void **ptr);
 /* cudaFree: waits for the device's queued work first, as cudaFree does. NULL is a no-op. */
 int fl_cuda_free(int device, void *ptr);
 
+/* Stream-ordered device memory from a per-device pool kept for the life of the process (a
+ * batch's scratch is a pool hit, not a cudaMalloc, and nothing synchronizes): *ptr may be used
+ * by work queued on `stream` after this call. Where the device has no memory pools, a plain
+ * cudaMalloc. Returns 0 or a cudaError_t code. */
+int fl_cuda_alloc_async(int device, size_t bytes, uintptr_t stream, void **ptr);
+
+/* Gives fl_cuda_alloc_async() memory back once the work queued on `stream` so far is done
+ * (without pools: waits for the stream, then cudaFree). NULL is a no-op. */
+int fl_cuda_free_async(int device, void *ptr, uintptr_t stream);
+
 /* Copies host -> device on `stream`. With wait, returns once the copy is done; without,
  * a pinned `src` must stay untouched until the stream passes the copy (pageable memory is
  * staged by the runtime before this returns). */

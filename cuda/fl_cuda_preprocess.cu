@@ -1,51 +1,17 @@
 /* fl_cuda_preprocess.cu - the preprocess kernel and what queues it (fl_cuda_preprocess.h). */
 #include "fl_cuda_preprocess.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fl_cuda_mem.h"
 
-#define MAX_DEVICES 64
-
-/* Per-device pools for the staging buffers, made on first use and kept for the life of the
- * process, so a batch's staging memory is a pool hit, not a cudaMalloc. */
-static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
-static cudaMemPool_t pools[MAX_DEVICES];
-static int pools_tried[MAX_DEVICES];
-
-/* *pool = the device's staging pool, or NULL where the device has no memory pools. */
-static cudaError_t staging_pool(int device, cudaMemPool_t *pool) {
-    cudaError_t rc = cudaSuccess;
-    *pool = NULL;
-    if (device < 0 || device >= MAX_DEVICES)
-        return cudaErrorInvalidDevice;
-    pthread_mutex_lock(&pools_lock);
-    if (!pools_tried[device]) {
-        int supported = 0;
-        rc = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
-        if (rc == cudaSuccess && supported) {
-            cudaMemPoolProps props = {};
-            props.allocType = cudaMemAllocationTypePinned;
-            props.location.type = cudaMemLocationTypeDevice;
-            props.location.id = device;
-            rc = cudaMemPoolCreate(&pools[device], &props);
-            unsigned long long keep = ~0ull;
-            if (rc == cudaSuccess)
-                rc = cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep);
-        }
-        pools_tried[device] = rc == cudaSuccess;
-    }
-    *pool = pools[device];
-    pthread_mutex_unlock(&pools_lock);
-    return rc;
-}
-
 typedef struct preprocess_params {
     const uint8_t *src;
-    float *dst;
+    void *dst;
     const float *a, *b;
     const int32_t *offsets; /* device, or NULL */
     const uint8_t *flips;   /* device, or NULL */
@@ -53,7 +19,13 @@ typedef struct preprocess_params {
     int src_chw, dst_chw;
 } preprocess_params;
 
+/* The fused multiply-add's float result in the output type (round to nearest even). */
+__device__ inline void store(float *d, long long i, float v) { d[i] = v; }
+__device__ inline void store(__half *d, long long i, float v) { d[i] = __float2half_rn(v); }
+__device__ inline void store(__nv_bfloat16 *d, long long i, float v) { d[i] = __float2bfloat16_rn(v); }
+
 /* One thread per output pixel (grid-strided), all channels of it. */
+template <typename Out>
 __global__ void preprocess_kernel(preprocess_params p) {
     const long long pixels = p.n * p.out_h * p.out_w;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pixels;
@@ -63,16 +35,17 @@ __global__ void preprocess_kernel(preprocess_params p) {
         const long long left = p.offsets ? p.offsets[2 * img + 1] : p.left;
         const long long sy = top + y, sx = left + (p.flips && p.flips[img] ? p.out_w - 1 - x : x);
         const uint8_t *s = p.src + img * p.h * p.w * p.c;
-        float *d = p.dst + img * p.c * p.out_h * p.out_w;
+        Out *d = (Out *)p.dst + img * p.c * p.out_h * p.out_w;
         for (long long ch = 0; ch < p.c; ch++) {
             const uint8_t v = p.src_chw ? s[(ch * p.h + sy) * p.w + sx] : s[(sy * p.w + sx) * p.c + ch];
             const float out = __fmaf_rn((float)v, p.a[ch], p.b[ch]);
-            if (p.dst_chw)
-                d[(ch * p.out_h + y) * p.out_w + x] = out;
-            else
-                d[(y * p.out_w + x) * p.c + ch] = out;
+            store(d, p.dst_chw ? (ch * p.out_h + y) * p.out_w + x : (y * p.out_w + x) * p.c + ch, out);
         }
     }
+}
+
+size_t fl_cuda_out_dtype_size(fl_cuda_out_dtype dtype) {
+    return dtype == FL_CUDA_OUT_FLOAT32 ? 4 : 2;
 }
 
 void fl_cuda_preprocess_coefficients(const float *mean, const float *std, size_t c, float *a,
@@ -136,34 +109,31 @@ static cudaError_t queue_kernel(const fl_cuda_preprocess_job *j, const params_la
     const long long blocks = (pixels + threads - 1) / threads;
     if (pixels == 0)
         return cudaSuccess;
+    const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
     (void)cudaGetLastError(); /* report only this launch's error */
-    preprocess_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(p);
+    if (j->dst_dtype == FL_CUDA_OUT_FLOAT16)
+        preprocess_kernel<__half><<<grid, threads, 0, stream>>>(p);
+    else if (j->dst_dtype == FL_CUDA_OUT_BFLOAT16)
+        preprocess_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p);
+    else
+        preprocess_kernel<float><<<grid, threads, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
 int fl_cuda_preprocess(const fl_cuda_preprocess_job *job, void **event) {
     const cudaStream_t stream = (cudaStream_t)job->stream;
     const params_layout l = layout_of(job);
-    cudaMemPool_t pool = NULL;
     uint8_t *staging = NULL;
-    cudaError_t rc = cudaSetDevice(job->device);
-    if (rc == cudaSuccess)
-        rc = staging_pool(job->device, &pool);
-    if (rc == cudaSuccess)
-        rc = pool ? cudaMallocFromPoolAsync((void **)&staging, l.total, pool, stream)
-                  : cudaMalloc((void **)&staging, l.total);
+    cudaError_t rc = (cudaError_t)fl_cuda_alloc_async(job->device, l.total, job->stream, (void **)&staging);
     if (rc == cudaSuccess)
         rc = queue_copies(job, &l, staging, stream);
     if (rc == cudaSuccess)
         rc = queue_kernel(job, &l, staging, stream);
-    if (staging != NULL && pool != NULL) {
-        cudaError_t freed = cudaFreeAsync(staging, stream);
+    if (staging != NULL) {
+        cudaError_t freed = (cudaError_t)fl_cuda_free_async(job->device, staging, job->stream);
         rc = rc == cudaSuccess ? freed : rc;
-    } else if (staging != NULL) { /* no pools: plain cudaMalloc, freed after a wait */
-        cudaStreamSynchronize(stream);
-        cudaFree(staging);
     }
-    if (rc == cudaSuccess)
+    if (rc == cudaSuccess && event != NULL)
         rc = (cudaError_t)fl_cuda_event_record(job->device, event, job->stream);
     if (rc != cudaSuccess)
         (void)cudaGetLastError();

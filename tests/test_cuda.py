@@ -129,6 +129,23 @@ def test_preprocess_checks_each_argument_before_touching_the_gpu(change, error, 
 
 
 @built
+@pytest.mark.parametrize("change, message", [
+    (dict(crop=4, offsets=[[0, 0], [0, 0]]), "'offsets' must be an integer NumPy array (N, 2), not list"),
+    (dict(flips=[True, False]), "'flips' must be a bool or uint8 NumPy array (N,), not list"),
+    (dict(out=np.zeros((2, 3, 8, 8), np.float32)), "'out' must be a fastloop.cuda.DeviceArray, not numpy.ndarray"),
+    (dict(stream=object()), "with an int 'cuda_stream', not object"),
+])
+def test_type_errors_name_the_type_given_on_every_python(change, message):
+    """The messages once used %T, which only Python 3.13 formats (3.12 raised SystemError)."""
+    kwargs = dict(mean=MEAN, std=STD) | change
+    with pytest.raises(TypeError) as raised:
+        cuda.preprocess(np.zeros((2, 8, 8, 3), np.uint8), **kwargs)
+    assert message in str(raised.value)
+    with pytest.raises(TypeError, match="'array' must be a C-contiguous NumPy array, not list"):
+        cuda.pin([1, 2])
+
+
+@built
 def test_preprocess_needs_mean_and_std():
     from fastloop import _cuda
 

@@ -1,87 +1,216 @@
-"""Loader(device="cuda"): which pipelines move to the GPU and the draws they use (runs
-everywhere), and the device batches against the CPU pipeline (where a GPU exists)."""
+"""Loader(device="cuda"): which part of a Pipeline the C workers keep and what the GPU
+finishes, and that the split draws the same augmentations as the CPU path (runs
+everywhere); the device batches themselves against the CPU pipeline (where a GPU exists)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fastloop
-from fastloop._device_feed import GpuPlan, draws, gpu_plan
-from fastloop.ops import Cast, CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip
+from fastloop._device_feed import GpuFinish, dtype_name, memory_format_name, split_for_device
+from fastloop.ops import (Cast, CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop,
+                          Resize)
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 IMAGES_HWC = np.random.default_rng(0).integers(0, 256, (40, 20, 24, 3), dtype=np.uint8)
 LABELS = np.arange(40)
 
 
-def test_gpu_plan_takes_crop_flip_normalize_pipelines():
-    plan = gpu_plan(Pipeline([RandomCrop((16, 12)), RandomHFlip(0.25), Normalize(MEAN, STD, layout="HWC->CHW")]), IMAGES_HWC)
-    assert plan == GpuPlan(crop=(16, 12), random_crop=True, flip_p=0.25, mean=tuple(MEAN), std=tuple(STD), layout="HWC->CHW")
-    plan = gpu_plan(Pipeline([CenterCrop(8), Normalize(0.5, 0.25)], layout="CHW"), IMAGES_HWC)
-    assert plan == GpuPlan(crop=(8, 8), random_crop=False, flip_p=0.0, mean=0.5, std=0.25, layout="CHW")
-    assert gpu_plan(Pipeline([Normalize(MEAN, STD)]), IMAGES_HWC).layout == "HWC"
+# ---------------------------------------------------------------- the split (no GPU needed)
+
+def test_the_workers_keep_the_uint8_steps_and_the_gpu_normalizes():
+    pipeline = Pipeline([RandomCrop((16, 12)), RandomHFlip(0.25), Normalize(MEAN, STD, layout="HWC->CHW")])
+    host, finish = split_for_device(pipeline, np.uint8, None)
+    assert host.steps == (RandomCrop((16, 12)), RandomHFlip(0.25)) and host.layout == "HWC"
+    assert finish == GpuFinish(tuple(MEAN), tuple(STD), "HWC->CHW", "float32")
+    assert finish.channels_first and finish.source_layout == "HWC"
+    host, finish = split_for_device(Pipeline([CenterCrop(8), Normalize(0.5, 0.25)], layout="CHW"), np.uint8, "bfloat16")
+    assert host.steps == (CenterCrop(8),) and finish == GpuFinish((0.5,), (0.25,), "CHW", "bfloat16")
+    host, finish = split_for_device(Pipeline([Normalize(MEAN, STD), Cast(np.float16)]), np.uint8, None)
+    assert host is None and finish == GpuFinish(tuple(MEAN), tuple(STD), "HWC", "float16")
+
+
+def test_image_pipelines_keep_the_fused_decode_and_flip_in_the_workers():
+    pipeline = Pipeline([RandomResizedCrop(224), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
+    host, finish = split_for_device(pipeline, np.uint8, "float16")
+    assert host.geometry == pipeline.geometry and host.fixed_size() == (224, 224)
+    assert host.steps == (RandomResizedCrop(224), RandomHFlip()) and finish.dtype == "float16"
+    host, finish = split_for_device(Pipeline([Resize(256), CenterCrop(224), Normalize(MEAN, STD)]), np.uint8, None)
+    assert host.fixed_size() == (224, 224) and finish.layout == "HWC"
 
 
 @pytest.mark.parametrize("pipeline", [
-    Pipeline([RandomCrop(8)]),  # no Normalize: the output stays uint8
-    Pipeline([Normalize(MEAN, STD), Cast(np.float16)]),
-    Pipeline([RandomHFlip(), RandomCrop(8), Normalize(MEAN, STD)]),  # flip before crop
+    Pipeline([RandomCrop(8)]),  # no Normalize: the uint8 batch is copied as it is
+    Pipeline([Normalize(MEAN, STD), RandomCrop(8)]),  # a step after Normalize works on floats
+    Pipeline([Normalize(MEAN, STD), Cast(np.uint8)]),  # the CPU's saturating cast
+    Pipeline([Cast(np.float32), Normalize(MEAN, STD)]),
 ])
 def test_other_pipelines_stay_on_the_cpu(pipeline):
-    assert gpu_plan(pipeline, IMAGES_HWC) is None
-    assert gpu_plan(Pipeline([Normalize(MEAN, STD)]), IMAGES_HWC.astype(np.float32)) is None
-    assert gpu_plan(None, IMAGES_HWC) is None
+    assert split_for_device(pipeline, np.uint8, None) == (pipeline, None)
+    assert split_for_device(Pipeline([Normalize(MEAN, STD)]), np.float32, None)[1] is None
+    assert split_for_device(None, np.uint8, None) == (None, None)
 
 
-def test_draws_are_reproducible_and_in_range():
-    plan = GpuPlan(crop=(16, 12), random_crop=True, flip_p=0.5, mean=0.0, std=1.0, layout="HWC")
-    offsets, flips = draws(plan, (20, 24), 1000, seed=3, epoch=2, batch=5)
-    again, flips_again = draws(plan, (20, 24), 1000, seed=3, epoch=2, batch=5)
-    np.testing.assert_array_equal(offsets, again)
-    np.testing.assert_array_equal(flips, flips_again)
-    assert offsets.dtype == np.int32 and offsets.shape == (1000, 2)
-    assert offsets[:, 0].min() == 0 and offsets[:, 0].max() == 4 and offsets[:, 1].max() == 12
-    assert 0.4 < flips.mean() < 0.6
-    other, _ = draws(plan, (20, 24), 1000, seed=3, epoch=3, batch=5)
-    assert not np.array_equal(offsets, other)
-    with pytest.raises(ValueError, match="larger than the images"):
-        draws(plan, (10, 24), 4, seed=0, epoch=0, batch=0)
+def test_a_cast_and_the_loaders_dtype_must_agree():
+    with pytest.raises(ValueError, match="casts to float16 but the Loader was given dtype='bfloat16'"):
+        split_for_device(Pipeline([Normalize(MEAN, STD), Cast(np.float16)]), np.uint8, "bfloat16")
+    with pytest.raises(ValueError, match="follows a step that yields CHW"):
+        split_for_device(Pipeline([Normalize(MEAN, STD, layout="HWC->CHW")], layout="CHW"), np.uint8, None)
 
 
-def test_bad_device_strings():
+def test_dtype_and_memory_format_names():
+    assert [dtype_name(v) for v in ("float32", np.float16, np.dtype("float32"), "half", None)] == \
+        ["float32", "float16", "float32", "float16", None]
+    assert memory_format_name(None) == "contiguous" and memory_format_name("channels_last") == "channels_last"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        assert dtype_name(torch.bfloat16) == "bfloat16" and memory_format_name(torch.channels_last) == "channels_last"
+        assert memory_format_name(torch.contiguous_format) == "contiguous"
+    with pytest.raises(ValueError, match="'dtype' must be float32, float16 or bfloat16"):
+        dtype_name(np.int8)
+    with pytest.raises(ValueError, match="'memory_format'"):
+        memory_format_name("nhwc")
+
+
+def test_bad_device_arguments_name_themselves():
     for bad in ("gpu", "cuda:x", -1, True):
         with pytest.raises(ValueError, match="'device' must be"):
             fastloop.Loader(LABELS, device=bad)
+    with pytest.raises(ValueError, match="pass device='cuda' too"):
+        fastloop.Loader(IMAGES_HWC, dtype="bfloat16")
+    with pytest.raises(ValueError, match="pass device='cuda' too"):
+        fastloop.Loader(IMAGES_HWC, memory_format="channels_last")
+    with pytest.raises(ValueError, match="'dtype' must be"):
+        fastloop.Loader(IMAGES_HWC, dtype="int8")
 
+
+def _finish_like_the_gpu(u8: np.ndarray, finish: GpuFinish) -> np.ndarray:
+    """The kernel's arithmetic in NumPy: x * ((1/255)/std) + (-mean/std) in float32."""
+    a = np.float32(1 / 255) / np.asarray(finish.std, np.float32)
+    b = -np.asarray(finish.mean, np.float32) / np.asarray(finish.std, np.float32)
+    x = u8.astype(np.float32)
+    y = x * a + b if finish.source_layout == "HWC" else x * a[:, None, None] + b[:, None, None]
+    if finish.layout == "HWC->CHW":
+        y = y.transpose(0, 3, 1, 2)
+    return y
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_split_draws_the_same_crops_and_flips_as_the_cpu_pipeline(workers):
+    full = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
+    host, finish = split_for_device(full, np.uint8, None)
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=full, workers=workers)
+    split = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=host, workers=workers)
+    for epoch in range(2):
+        for (x, y), (u8, y2) in zip(cpu, split):
+            assert u8.dtype == np.uint8 and u8.shape == (8, 16, 12, 3)
+            np.testing.assert_array_equal(y, y2)
+            np.testing.assert_allclose(_finish_like_the_gpu(u8, finish), x, rtol=0, atol=2e-6)
+
+
+def test_image_sources_draw_the_same_resized_crops_and_flips_split_or_not(tmp_path: Path):
+    Image = pytest.importorskip("PIL.Image")
+    for i in range(12):
+        folder = tmp_path / f"c{i % 2}"
+        folder.mkdir(exist_ok=True)
+        pixels = np.random.default_rng(i).integers(0, 256, (60 + 7 * i, 80 - 3 * i, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+    full = Pipeline([RandomResizedCrop(32), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
+    host, finish = split_for_device(full, np.uint8, None)
+    source = fastloop.ImageFolder(tmp_path)
+    cpu = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=full, workers=2)
+    split = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=host, workers=2)
+    for (x, y), (u8, y2) in zip(cpu, split):
+        np.testing.assert_array_equal(y, y2)
+        np.testing.assert_allclose(_finish_like_the_gpu(u8, finish), x, rtol=0, atol=2e-6)
+
+
+# ---------------------------------------------------------------- on a GPU
 
 needs_gpu = pytest.mark.skipif(not fastloop.cuda.is_available(), reason=f"no usable GPU: {fastloop.cuda.is_available().reason}")
 
 
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
 @needs_gpu
-def test_device_batches_match_the_cpu_pipeline():
-    aug = Pipeline([CenterCrop((16, 12)), Normalize(MEAN, STD, layout="HWC->CHW")])
-    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2)
-    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, device="cuda")
-    assert gpu._feed.plan is not None
+def test_device_arrays_match_the_cpu_pipeline():
+    aug = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1)
+    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1, device="cuda")
+    assert gpu._feed.finish is not None
     for (x, y), (dx, dy) in zip(cpu, gpu):
         assert isinstance(dx, fastloop.cuda.DeviceArray) and dx.shape == x.shape and dx.dtype == np.float32
         np.testing.assert_allclose(dx.to_numpy(), x, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(dy.to_numpy(), y)
     gpu.close()
+    half = fastloop.Loader(IMAGES_HWC, batch_size=8, transform=aug, seed=1, device="cuda", dtype="float16")
+    for x, dx in zip(fastloop.Loader(IMAGES_HWC, batch_size=8, transform=aug, seed=1), half):
+        assert dx.dtype == np.float16
+        np.testing.assert_array_equal(dx.to_numpy(), x.astype(np.float16))
 
 
 @needs_gpu
-def test_random_crops_and_flips_on_the_gpu_follow_the_draws():
+@pytest.mark.parametrize("dtype, memory_format", [("float32", None), ("bfloat16", "channels_last"),
+                                                  ("float16", "contiguous")])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_torch_cuda_batches_match_the_cpu_pipeline(dtype, memory_format, kernel):
+    torch = _torch_cuda()
     aug = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
-    with fastloop.Loader(IMAGES_HWC, batch_size=10, transform=aug, seed=7, device="cuda") as loader:
-        for index, dx in enumerate(loader):
-            plan = loader._feed.plan
-            offsets, flips = draws(plan, (20, 24), 10, seed=7, epoch=0, batch=index)
-            host = IMAGES_HWC[index * 10:(index + 1) * 10]
-            expected = fastloop.ops.crop(host, (16, 12), offsets=offsets, layout="HWC")
-            expected = fastloop.ops.normalize(fastloop.ops.hflip(expected, flip=flips, layout="HWC"), MEAN, STD, layout="HWC->CHW")
-            np.testing.assert_allclose(dx.to_numpy(), expected, rtol=1e-6, atol=1e-6)
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1)
+    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1, device="cuda",
+                          output="torch", dtype=dtype, memory_format=memory_format)
+    gpu._feed.kernel = kernel  # False: the same math in torch ops (a fastloop build without CUDA)
+    want = getattr(torch, dtype)
+    for (x, y), (dx, dy) in zip(cpu, gpu):
+        assert dx.is_cuda and dx.dtype == want and dx.shape == x.shape and dy.is_cuda
+        if memory_format == "channels_last":
+            assert dx.is_contiguous(memory_format=torch.channels_last)
+        expected = torch.from_numpy(x).to(want).float().numpy()
+        np.testing.assert_allclose(dx.float().cpu().numpy(), expected, rtol=0, atol=2e-6 if dtype == "float32" else 1e-2)
+        np.testing.assert_array_equal(dy.cpu().numpy(), y)
+    gpu.close()
+
+
+@needs_gpu
+def test_torch_cuda_batches_are_ready_on_the_consumers_stream_and_slots_are_pinned_once():
+    torch = _torch_cuda()
+    images = np.random.default_rng(2).integers(0, 256, (64, 64, 64, 3), dtype=np.uint8)
+    aug = Pipeline([Normalize(MEAN, STD, layout="HWC->CHW")])
+    loader = fastloop.Loader(images, batch_size=16, transform=aug, workers=2, device="cuda", output="torch")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # the batches follow whichever stream is current at hand-out
+        sums = [x.double().sum().item() for x in loader]  # two epochs: every slot reused
+        sums += [x.double().sum().item() for x in loader]
+    expected = [fastloop.ops.normalize(images[i:i + 16], MEAN, STD).astype(np.float64).sum() for i in range(0, 64, 16)]
+    np.testing.assert_allclose(sums, expected * 2, rtol=1e-6)
+    assert loader._feed.pinner.pinned <= len(loader) + 2  # one registration per slot, not per batch
+    loader.close()
+
+
+@needs_gpu
+def test_image_folder_to_torch_cuda_tensors(tmp_path: Path):
+    torch = _torch_cuda()
+    Image = pytest.importorskip("PIL.Image")
+    for i in range(10):
+        (tmp_path / "a").mkdir(exist_ok=True)
+        pixels = np.random.default_rng(i).integers(0, 256, (70, 90, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "a" / f"{i}.jpg", quality=90)
+    aug = Pipeline([RandomResizedCrop(32), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
+    source = fastloop.ImageFolder(tmp_path)
+    cpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, workers=2)
+    gpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, workers=2, device="cuda", output="torch")
+    for (x, y), (dx, dy) in zip(cpu, gpu):
+        np.testing.assert_allclose(dx.cpu().numpy(), x, rtol=0, atol=2e-6)
+        assert dy.tolist() == y.tolist()
 
 
 @needs_gpu
@@ -94,4 +223,154 @@ def test_device_batches_train_a_model():
     for _ in range(30):
         losses = [model.train_step(bx, by, loss="mse", opt=opt) for bx, by in loader]
     assert losses[-1] < 1e-3
+    loader.close()
+
+
+# ---------------------------------------------------------------- pinning, without a GPU (fake CUDA calls)
+
+class FakeRegistry:
+    """Stands for cudaHostRegister/Unregister: records what would be page-locked."""
+
+    def __init__(self) -> None:
+        self.pinned: dict[int, int] = {}
+
+    def __call__(self, address: int, nbytes: int):
+        assert address not in self.pinned, "pinned twice"
+        self.pinned[address] = nbytes
+        return lambda: self.pinned.pop(address)
+
+
+def test_each_slot_is_pinned_once_for_its_whole_batch_and_copies_are_left_alone():
+    from fastloop._pinning import SlotPinner
+
+    data = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)
+    loader = fastloop.Loader(data, batch_size=4, workers=0)
+    registry = FakeRegistry()
+    pinner = SlotPinner(4, registry)
+    for _ in range(3):  # three epochs of 3 batches (4, 4, 2 rows) from at most 3 slots
+        for batch in loader:
+            assert pinner.pin(batch)
+    assert 2 <= len(registry.pinned) <= 3 and set(registry.pinned.values()) == {4 * 6 * 4}
+    assert pinner.pinned == len(registry.pinned)
+    assert not pinner.pin(data[:4]) and not pinner.pin(np.array(data[:4]))  # not slot views
+    pinner.close()
+    assert registry.pinned == {}
+
+
+class FakeEvent:
+    done = False
+
+    def record(self, stream=None) -> None:
+        self.stream = stream
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+    def synchronize(self) -> None:
+        FakeEvent.done = True
+
+
+class FakeTorch:
+    """The torch calls PinnedBatches makes, without CUDA: tensors are the NumPy arrays."""
+
+    class cuda:
+        Event = FakeEvent
+
+        @staticmethod
+        def current_stream():
+            return "current"
+
+    @staticmethod
+    def from_numpy(array):
+        return array
+
+
+def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
+    from fastloop._torch_feed import PinnedBatches
+
+    data = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+    loader = fastloop.Loader(data, batch_size=4, workers=0)
+    registry = FakeRegistry()
+    pinned = PinnedBatches(4, torch=FakeTorch, register=registry)
+    core = loader._core
+    core.start_epoch(0)
+    FakeEvent.done = False
+    (tensor,) = pinned.tensors(core.next(10))
+    np.testing.assert_array_equal(tensor, data[:4])
+    assert len(registry.pinned) == 1 and core.lent == 1
+    del tensor  # the user dropped the batch right after queuing its copy
+    assert core.lent == 1 and len(pinned.held) == 1  # held until the event passes
+    pinned.release_copied()
+    assert core.lent == 1
+    FakeEvent.done = True
+    pinned.release_copied()
+    assert core.lent == 0 and not pinned.held
+    (tensor,) = pinned.tensors(core.next(10))
+    np.testing.assert_array_equal(tensor, data[4:8])
+    del tensor
+    pinned.close()
+    assert core.lent == 0 and registry.pinned == {}
+
+
+class FakeFeed:
+    """A DeviceFeed whose "device" is the host: uploads keep the host fields in flight until
+    `copies_done` batches later, as a slow copy would."""
+
+    def __new__(cls, lag: int):
+        from fastloop._device_feed import DeviceFeed
+
+        class Feed(DeviceFeed):
+            def __init__(self) -> None:
+                super().__init__(0, None, False, 4)
+                self.in_flight, self.views = [], []
+
+            def upload(self, fields: tuple) -> tuple:
+                from fastloop._core import _SlotLease
+
+                self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
+                self.in_flight.append(fields)
+                return tuple(np.array(f) for f in fields)
+
+            def release_copied(self) -> None:
+                del self.in_flight[:max(0, len(self.in_flight) - lag)]
+
+            def synchronize(self) -> None:
+                self.in_flight.clear()
+
+        return Feed()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_feed_never_makes_the_loader_copy_a_batch_out(workers, lag):
+    """Held host batches count against the loader's two lendable slots: the feed lets go of
+    the ones already copied before taking the next, so every batch stays a view (a copy-out
+    would be a memcpy of the whole batch in the main thread, into unpinned memory)."""
+    data = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
+    loader = fastloop.Loader((data, np.arange(64)), batch_size=4, workers=workers)
+    loader._feed = feed = FakeFeed(lag)
+    for epoch in range(2):
+        got = [x for x, _ in loader]
+        np.testing.assert_array_equal(np.concatenate(got), data)
+    assert len(feed.views) == 32 and all(feed.views)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pinned_batches_stay_views_in_a_training_loop(workers):
+    """pin_memory without a device: the user's loop copies each batch and drops it; the slot
+    comes back once the copy's event passed, before the next batch is taken."""
+    from fastloop._torch_feed import PinnedBatches
+
+    data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
+    loader = fastloop.Loader(data, batch_size=4, workers=workers)
+    loader._pinned = pinned = PinnedBatches(4, torch=FakeTorch, register=FakeRegistry())
+    views = []
+    real_pin = pinned.pinner.pin
+    pinned.pinner.pin = lambda array: views.append(real_pin(array)) or views[-1]
+    FakeEvent.done = True  # each copy is done by the time the next batch is asked for
+    seen = []
+    for x in loader:
+        seen.append(np.array(x))  # "x.to('cuda', non_blocking=True)"
+    np.testing.assert_array_equal(np.concatenate(seen), data)
+    assert len(views) == 12 and all(views)
     loader.close()

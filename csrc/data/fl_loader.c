@@ -172,6 +172,21 @@ static int decode_sample(const fl_loader *l, const fl_field *f, int64_t index, v
     return rc;
 }
 
+/* Reads encoded image `index` and stages it for the GPU decoder into `entry`. */
+static int stage_sample(const fl_loader *l, const fl_field *f, int64_t index, uint8_t *entry, scratch *scr) {
+    const char *path = f->paths[f->file_index[index]];
+    size_t len = 0;
+    int rc = read_encoded(f, index, path, scr, &len);
+    fl_gpu_stage_job job = {.geometry = f->geometry, .flips = l->config.pipeline, .decoder = scr->decoder,
+                            .pixels = scr->input, .pipeline_scratch = scr->pipeline,
+                            .entry_bytes = f->gpu_entry_bytes, .seed = l->epoch_seed, .id = index};
+    if (rc == FL_OK)
+        rc = fl_gpu_stage(&job, scr->encoded, len, entry);
+    if (rc != FL_OK && rc != FL_ESYS)
+        return fl_error_prefix(rc, "%s", path);
+    return rc;
+}
+
 static int read_sample(const fl_loader *l, const fl_field *f, int64_t index, void *dst, scratch *scr) {
     if (f->geometry != NULL)
         return decode_sample(l, f, index, dst, scr);
@@ -228,8 +243,9 @@ static int fill(fl_loader *l, const chunk *c, scratch *scr) {
         for (size_t i = c->first; i < c->first + c->n; i++) {
             if (c->s->dropped != NULL && c->s->dropped[i])
                 continue;
-            int rc = piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
-                           : read_sample(l, field, ids[i], dst + i * field->sample_bytes, scr);
+            int rc = field->gpu_entry_bytes ? stage_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
+                     : piped ? pipe_sample(l, field, ids[i], dst + i * l->field_bytes[f], scr)
+                             : read_sample(l, field, ids[i], dst + i * field->sample_bytes, scr);
             if (rc != FL_OK)
                 rc = fl_error_prefix(rc, "sample %lld", (long long)ids[i]);
             if (rc != FL_OK && l->config.skip_errors && rc != FL_ENOMEM)
@@ -425,6 +441,14 @@ static int plan(fl_loader *l) {
             if (rc != FL_OK)
                 return rc;
             bytes = l->out_image.h * l->out_image.w * l->out_image.c * fl_dtype_size(l->out_dtype);
+        }
+        if (l->fields[f].gpu_entry_bytes > 0) {
+            int flip;
+            if (f != 0 || l->fields[f].geometry == NULL)
+                return fl_error_set(FL_EINVAL, "only field 0 holding encoded images can be staged for a GPU decoder");
+            if (fl_pipeline_draw_flip(l->config.pipeline, 0, 0, &flip) != FL_OK)
+                return fl_error_prefix(FL_EINVAL, "staging for a GPU decoder");
+            bytes = l->fields[f].gpu_entry_bytes;
         }
         l->field_bytes[f] = bytes;
         l->field_offset[f] = offset;

@@ -23,6 +23,7 @@
 
 #include "base/fl_metrics.h"
 #include "data/fl_batch_source.h"
+#include "data/fl_gpu_stage.h"
 #include "data/fl_npy.h"
 #include "data/fl_pipeline.h"
 #include "data/fl_pipeline_image.h"
@@ -42,6 +43,11 @@ typedef struct fl_field {
     const fl_image_geometry *geometry;
     const int32_t *file_index;
     const int64_t *offsets, *lengths;
+    /* Encoded images for a GPU decoder (field 0 only): with gpu_entry_bytes > 0 (from
+     * fl_gpu_entry_bytes) each sample is staged by fl_gpu_stage instead of decoded, into an
+     * entry of that many bytes; the pipeline (flips only) is drawn for the images the GPU
+     * decodes and run on those the CPU decodes. */
+    size_t gpu_entry_bytes;
 } fl_field;
 
 typedef struct fl_loader_config {

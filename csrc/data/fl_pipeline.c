@@ -172,11 +172,26 @@ int fl_pipeline_plan(const fl_pipeline *p, fl_images in, fl_dtype in_dtype, fl_i
     return FL_OK;
 }
 
+/* The seed of step i's draws: independent per step. */
+static uint64_t step_seed_of(uint64_t seed, size_t i) { return seed ^ (0xD1B54A32D192ED03ULL * (i + 1)); }
+
+int fl_pipeline_draw_flip(const fl_pipeline *p, uint64_t seed, int64_t id, int *flip) {
+    *flip = 0;
+    for (size_t i = 0; p != NULL && i < p->n; i++) {
+        if (p->steps[i].kind != STEP_HFLIP)
+            return fl_error_set(FL_EINVAL, "step %zu is not a flip: only flips may follow a decode on the GPU", i);
+        uint8_t mirrored;
+        fl_hflip_draw(step_seed_of(seed, i), &id, p->steps[i].probability, 1, &mirrored);
+        *flip ^= mirrored != 0;
+    }
+    return FL_OK;
+}
+
 /* Runs step i from `cur` (in stage st) into `next`. */
 static int run_step(const step *s, size_t i, fl_exec exec, const void *cur, stage st, void *next,
                     uint64_t seed, const int64_t *ids) {
     const size_t n = st.dims.n, itemsize = fl_dtype_size(st.dtype);
-    uint64_t step_seed = seed ^ (0xD1B54A32D192ED03ULL * (i + 1)); /* independent per step */
+    uint64_t step_seed = step_seed_of(seed, i);
     int rc = FL_OK;
     switch (s->kind) {
     case STEP_CROP: {

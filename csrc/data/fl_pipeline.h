@@ -42,6 +42,12 @@ int fl_pipeline_run(const fl_pipeline *p, fl_exec exec, const void *src, fl_imag
                     fl_dtype in_dtype, void *dst, void *scratch, uint64_t seed,
                     const int64_t *ids);
 
+/* For a pipeline of horizontal flips only (what is left of an image pipeline when the GPU
+ * decodes): whether image `id` comes out mirrored under `seed`, drawn as fl_pipeline_run
+ * draws it (an even number of flips cancels out). Returns 0 with *flip, or FL_EINVAL when a
+ * step is not a flip (detail names it). NULL pipeline: *flip = 0. */
+int fl_pipeline_draw_flip(const fl_pipeline *p, uint64_t seed, int64_t id, int *flip);
+
 /* Number of steps (0 for an empty pipeline, which copies). */
 size_t fl_pipeline_steps(const fl_pipeline *p);
 

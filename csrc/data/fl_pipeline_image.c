@@ -173,6 +173,27 @@ int fl_image_transform(fl_decoder *d, const fl_image_geometry *g, const void *da
     return rc;
 }
 
+int fl_image_gpu_plan(const fl_image_geometry *g, size_t h, size_t w, uint64_t seed, int64_t id,
+                      fl_image_rect *rect, fl_resample_axis *ax, fl_resample_axis *ay) {
+    frame f = {0};
+    memset(ax, 0, sizeof *ax);
+    memset(ay, 0, sizeof *ay);
+    int rc = frame_of(g, h, w, seed, id, &f);
+    size_t sx0, sy0;
+    if (rc == FL_OK)
+        rc = axes_of(g, &f, 1, w, h, ax, ay, &sx0, &sy0);
+    if (rc != FL_OK)
+        return rc;
+    const int32_t fx = ax->lo[0], fy = ay->lo[0]; /* the first pixel each axis reads */
+    *rect = (fl_image_rect){sx0 + (size_t)fx, sy0 + (size_t)fy, sx0 + fl_resample_axis_hi(ax),
+                            sy0 + fl_resample_axis_hi(ay)};
+    for (size_t i = 0; i < ax->n; i++)
+        ax->lo[i] -= fx;
+    for (size_t i = 0; i < ay->n; i++)
+        ay->lo[i] -= fy;
+    return FL_OK;
+}
+
 int fl_image_transform_pixels(const fl_image_geometry *g, const uint8_t *src, size_t h, size_t w,
                               size_t c, uint64_t seed, int64_t id, uint8_t *dst) {
     frame f = {0};

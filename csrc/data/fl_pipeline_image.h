@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "data/fl_image.h"
+#include "ops/fl_ops.h"
 
 typedef enum fl_geometry_kind { FL_GEOMETRY_RESIZED_CROP = 1, FL_GEOMETRY_RESIZE = 2 } fl_geometry_kind;
 
@@ -44,6 +45,15 @@ void fl_resize_size(const fl_image_geometry *g, size_t h, size_t w, size_t *rh, 
  * when the centre crop is larger than the resized image. */
 int fl_image_transform(fl_decoder *d, const fl_image_geometry *g, const void *data, size_t len,
                        uint64_t seed, int64_t id, uint8_t *dst);
+
+/* What a GPU decoder needs to make image `id` of h x w pixels as fl_image_transform does
+ * at full scale (no DCT scaling): the rectangle of source pixels to decode (exactly those
+ * the resampling reads) and the two axes of fl_resample over it, their lo[] made relative
+ * to the rectangle's origin. Returns 0 (the caller frees both axes with
+ * fl_resample_axis_free, also on failure), FL_EINVAL (a centre crop larger than the
+ * resized image) or FL_ENOMEM. */
+int fl_image_gpu_plan(const fl_image_geometry *g, size_t h, size_t w, uint64_t seed, int64_t id,
+                      fl_image_rect *rect, fl_resample_axis *ax, fl_resample_axis *ay);
 
 /* The same for an h x w x c uint8 image already decoded (c of any count). */
 int fl_image_transform_pixels(const fl_image_geometry *g, const uint8_t *src, size_t h, size_t w,

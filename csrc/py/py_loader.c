@@ -78,14 +78,25 @@ static PyArrayObject *index_array(PyObject *obj, int type, Py_ssize_t n, const c
     return (PyArrayObject *)obj;
 }
 
-/* ("encoded", [bytes paths], file_index int32, offsets int64, lengths int64, geometry). */
+/* ("encoded", [bytes paths], file_index int32, offsets int64, lengths int64, geometry[,
+ * gpu_capacity]): gpu_capacity > 0 stages field 0 for a GPU decoder (fl_gpu_stage.h), each
+ * sample an entry of fl_gpu_entry_bytes(out_h, out_w, gpu_capacity) uint8. */
 static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, size_t index, uint64_t *n_samples,
                          PyObject *descrs, PyObject *shapes, PyObject *keep) {
     const char *kind;
     PyObject *paths, *file_index, *offsets, *lengths, *geometry;
-    if (!PyArg_ParseTuple(spec, "sOOOOO", &kind, &paths, &file_index, &offsets, &lengths, &geometry) ||
+    Py_ssize_t gpu_capacity = 0;
+    if (!PyArg_ParseTuple(spec, "sOOOOO|n", &kind, &paths, &file_index, &offsets, &lengths, &geometry,
+                          &gpu_capacity) ||
         fl_parse_geometry(geometry, &self->geometries[index]) < 0)
         return -1;
+    const fl_image_geometry *g = &self->geometries[index];
+    size_t entry_bytes = gpu_capacity > 0 ? fl_gpu_entry_bytes(g->out_h, g->out_w, (size_t)gpu_capacity) : 0;
+    if (gpu_capacity < 0 || (gpu_capacity > 0 && (index != 0 || entry_bytes == 0))) {
+        PyErr_Format(PyExc_ValueError, "source[%zu]: a GPU staging capacity of %zd bytes is not possible here "
+                     "(field 0 only, > 0, not overflowing)", index, gpu_capacity);
+        return -1;
+    }
     PyArrayObject *fi = index_array(file_index, NPY_INT32, -1, "file_index");
     Py_ssize_t n = fi ? PyArray_DIM(fi, 0) : 0, n_paths = 0;
     if (fi == NULL || index_array(offsets, NPY_INT64, n, "offsets") == NULL ||
@@ -103,11 +114,12 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
                          (int)files[i], n_paths, (long long)offs[i]);
             return -1;
         }
-    const fl_image_geometry *g = &self->geometries[index];
     *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
-                        .file_index = files, .offsets = offs, .lengths = PyArray_DATA((PyArrayObject *)lengths)};
+                        .file_index = files, .offsets = offs, .lengths = PyArray_DATA((PyArrayObject *)lengths),
+                        .gpu_entry_bytes = entry_bytes};
     *n_samples = (uint64_t)n;
-    PyObject *shape = Py_BuildValue("(nni)", (Py_ssize_t)g->out_h, (Py_ssize_t)g->out_w, 3);
+    PyObject *shape = entry_bytes ? Py_BuildValue("(n)", (Py_ssize_t)entry_bytes)
+                                  : Py_BuildValue("(nni)", (Py_ssize_t)g->out_h, (Py_ssize_t)g->out_w, 3);
     PyObject *descr = (PyObject *)PyArray_DescrFromType(NPY_UINT8);
     int rc = shape && descr && PyList_Append(descrs, descr) == 0 && PyList_Append(shapes, shape) == 0 &&
              PyList_Append(keep, file_index) == 0 && PyList_Append(keep, offsets) == 0 &&
@@ -214,7 +226,7 @@ static int build_source(LoaderObject *self, const fl_loader_config *config, PyOb
     self->base.source = fl_loader_source(loader);
     for (size_t f = 0; f < config->n_fields; f++)
         self->base.offsets[f] = fl_loader_field_offset(loader, f);
-    if (config->pipeline != NULL) { /* field 0 as the pipeline makes it */
+    if (config->pipeline != NULL && config->fields[0].gpu_entry_bytes == 0) { /* field 0 as the pipeline makes it */
         fl_images out;
         fl_dtype dtype;
         fl_layout layout;
@@ -225,6 +237,22 @@ static int build_source(LoaderObject *self, const fl_loader_config *config, PyOb
     self->base.out_descrs = PySequence_Tuple(descrs);
     self->base.out_shapes = PySequence_Tuple(shapes);
     return self->base.out_descrs != NULL && self->base.out_shapes != NULL ? 0 : -1;
+}
+
+/* The images the pipeline gets: field 0's output, or for a field staged for a GPU decoder
+ * the decoded images the CPU route makes (out_h x out_w x 3 uint8). */
+static int pipeline_input(fl_loader_config *config, PyObject *pipeline_obj, PyObject *descrs, PyObject *shapes) {
+    const fl_field *f = &config->fields[0];
+    if (f->gpu_entry_bytes == 0)
+        return fl_pipeline_input_of(pipeline_obj, PyList_GET_ITEM(descrs, 0), PyList_GET_ITEM(shapes, 0), "source[0]",
+                                    &config->image, &config->image_dtype);
+    PyObject *shape = Py_BuildValue("(nni)", (Py_ssize_t)f->geometry->out_h, (Py_ssize_t)f->geometry->out_w, 3);
+    if (shape == NULL)
+        return -1;
+    int rc = fl_pipeline_input_of(pipeline_obj, PyList_GET_ITEM(descrs, 0), shape, "source[0]", &config->image,
+                                  &config->image_dtype);
+    Py_DECREF(shape);
+    return rc;
 }
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -281,9 +309,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         config.sampler.n = n;
     }
     if (fl_source_borrow(&self->base, pipeline_obj, metrics_obj, &config.pipeline, &config.metrics) < 0 ||
-        (config.pipeline != NULL &&
-         fl_pipeline_input_of(pipeline_obj, PyList_GET_ITEM(descrs, 0), PyList_GET_ITEM(shapes, 0), "source[0]",
-                              &config.image, &config.image_dtype) < 0))
+        (config.pipeline != NULL && pipeline_input(&config, pipeline_obj, descrs, shapes) < 0))
         goto fail;
     if (build_source(self, &config, descrs, shapes) < 0)
         goto fail;

@@ -207,7 +207,7 @@ static int cuda_exec(PyObject *module) {
         return -1;
     if (fl_py_device_array_init(module, state) < 0 || fl_py_stream_init(module, state) < 0 ||
         fl_py_pinned_init(module, state) < 0 || fl_py_preprocess_init(module) < 0 ||
-        fl_py_nn_testing_init(module, state) < 0)
+        fl_py_nn_testing_init(module, state) < 0 || fl_py_gpu_decode_init(module, state) < 0)
         return -1;
     return 0;
 }
@@ -220,6 +220,7 @@ static int cuda_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state->stream_type);
     Py_VISIT(state->pinned_type);
     Py_VISIT(state->nn_context_type);
+    Py_VISIT(state->jpeg_decoder_type);
     return 0;
 }
 
@@ -231,6 +232,7 @@ static int cuda_clear(PyObject *module) {
     Py_CLEAR(state->stream_type);
     Py_CLEAR(state->pinned_type);
     Py_CLEAR(state->nn_context_type);
+    Py_CLEAR(state->jpeg_decoder_type);
     return 0;
 }
 

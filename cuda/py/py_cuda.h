@@ -24,6 +24,7 @@ typedef struct cuda_state {
     PyTypeObject *stream_type;
     PyTypeObject *pinned_type;
     PyTypeObject *nn_context_type;
+    PyTypeObject *jpeg_decoder_type;
 } cuda_state;
 
 /* The state of the module that defines `type` (the types are final: no subclasses). */
@@ -97,5 +98,6 @@ int fl_py_stream_init(PyObject *module, cuda_state *state);
 int fl_py_pinned_init(PyObject *module, cuda_state *state);
 int fl_py_preprocess_init(PyObject *module);
 int fl_py_nn_testing_init(PyObject *module, cuda_state *state);
+int fl_py_gpu_decode_init(PyObject *module, cuda_state *state);
 
 #endif

@@ -195,7 +195,7 @@ DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
 
 DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const char *arg) {
     if (!PyObject_TypeCheck(obj, state->device_array_type)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must be a fastloop.cuda.DeviceArray, not %T", arg, obj);
+        PyErr_Format(PyExc_TypeError, "'%s' must be a fastloop.cuda.DeviceArray, not %.200s", arg, Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return (DeviceArray *)obj;
@@ -377,7 +377,22 @@ static PyObject *array_repr(DeviceArray *self) {
     return repr;
 }
 
+/* _queued(stream, host): notes a write fastloop queued on `stream` by other means (the JPEG
+ * decoder), keeping `host` (the memory it reads) alive until the array is settled. */
+static PyObject *array_mark_queued(DeviceArray *self, PyObject *args) {
+    PyObject *stream_obj, *host, *ref = NULL;
+    uintptr_t stream;
+    cuda_state *state = fl_py_state_of(Py_TYPE(self));
+    if (!PyArg_ParseTuple(args, "OO:_queued", &stream_obj, &host) ||
+        fl_py_parse_stream(state, stream_obj, self->device, &stream, &ref) < 0 ||
+        fl_py_device_array_queued(state, self, stream, ref, host) < 0)
+        return NULL;
+    return Py_NewRef(self);
+}
+
 static PyMethodDef array_methods[] = {
+    {"_queued", (PyCFunction)array_mark_queued, METH_VARARGS,
+     "_queued(stream, host, /)\n--\n\nNote a write queued on `stream` that reads `host`; returns self."},
     {"to_numpy", (PyCFunction)array_to_numpy, METH_NOARGS,
      "to_numpy()\n--\n\nA new NumPy array holding a copy (waits for the array's pending write\n"
      "and the copy)."},

@@ -5,6 +5,8 @@
  * through its capsule. */
 #include "py_cuda.h"
 
+#include <math.h>
+
 #include "base/fl_error.h"
 #include "fl_cuda.h"
 
@@ -229,15 +231,26 @@ static PyObject *nn_loss(NNContext *self, PyObject *args) {
     return PyFloat_FromDouble(value);
 }
 
+/* A required keyword-only float: PyArg formats cannot say "required" after '$' on every
+ * Python (3.9 wants '|' before '$'), so it defaults to NaN and is checked here. */
+static int require_lr(double lr, const char *function) {
+    if (isnan(lr)) {
+        PyErr_Format(PyExc_TypeError, "%s() missing required keyword-only argument 'lr'", function);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *nn_sgd(NNContext *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"param", "grad", "buf", "lr", "momentum", "weight_decay", "nesterov", "first_step", NULL};
     PyObject *objs[3];
     DeviceArray *m[3];
     fl_dtype dtype;
-    fl_nn_sgd_args a = {0, 0, 0, 0, 0};
+    fl_nn_sgd_args a = {NAN, 0, 0, 0, 0}; /* lr: required, NaN until given */
     static const char *names[3] = {"param", "grad", "buf"};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO$d|ddpp:sgd", keywords, &objs[0], &objs[1], &objs[2], &a.lr,
-                                     &a.momentum, &a.weight_decay, &a.nesterov, &a.first_step))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$dddpp:sgd", keywords, &objs[0], &objs[1], &objs[2], &a.lr,
+                                     &a.momentum, &a.weight_decay, &a.nesterov, &a.first_step) ||
+        require_lr(a.lr, "sgd") < 0)
         return NULL;
     const int with_buf = objs[2] != Py_None;
     if (!with_buf)
@@ -260,13 +273,13 @@ static PyObject *nn_adam(NNContext *self, PyObject *args, PyObject *kwargs) {
     PyObject *objs[4];
     DeviceArray *m[4];
     fl_dtype dtype;
-    fl_nn_adam_args a = {0, 0.9, 0.999, 1e-8, 0, 0, 1};
+    fl_nn_adam_args a = {NAN, 0.9, 0.999, 1e-8, 0, 0, 1}; /* lr: required, NaN until given */
     long long step = 1;
     static const char *names[4] = {"param", "grad", "exp_avg", "exp_avg_sq"};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO$d|ddddpL:adam", keywords, &objs[0], &objs[1], &objs[2],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$dddddpL:adam", keywords, &objs[0], &objs[1], &objs[2],
                                      &objs[3], &a.lr, &a.beta1, &a.beta2, &a.eps, &a.weight_decay, &a.decoupled,
                                      &step) ||
-        float_arrays(self, 4, objs, names, m, &dtype) < 0)
+        require_lr(a.lr, "adam") < 0 || float_arrays(self, 4, objs, names, m, &dtype) < 0)
         return NULL;
     a.step = step;
     for (int i = 1; i < 4; i++)

@@ -139,7 +139,7 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
     if (obj == Py_None)
         return 0;
     if (!PyArray_Check(obj) || !PyArray_ISINTEGER((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_TypeError, "'offsets' must be an integer NumPy array (N, 2), not %T", obj);
+        PyErr_Format(PyExc_TypeError, "'offsets' must be an integer NumPy array (N, 2), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     PyArrayObject *values = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 2, 2, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
@@ -174,7 +174,7 @@ static int parse_flips(preprocess_args *a, PyObject *obj) {
         return 0;
     PyArrayObject *flips = (PyArrayObject *)obj;
     if (!PyArray_Check(obj) || (PyArray_TYPE(flips) != NPY_BOOL && PyArray_TYPE(flips) != NPY_UINT8)) {
-        PyErr_Format(PyExc_TypeError, "'flips' must be a bool or uint8 NumPy array (N,), not %T", obj);
+        PyErr_Format(PyExc_TypeError, "'flips' must be a bool or uint8 NumPy array (N,), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     if (PyArray_NDIM(flips) != 1 || PyArray_DIM(flips, 0) != (npy_intp)a->job.n) {
@@ -188,26 +188,83 @@ static int parse_flips(preprocess_args *a, PyObject *obj) {
     return 0;
 }
 
-/* `out` checked (float32, the output shape, the device), or a new one; a new reference. */
-static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_preprocess_job *j, int check_only) {
-    Py_ssize_t shape[4] = {(Py_ssize_t)j->n, (Py_ssize_t)j->c, (Py_ssize_t)j->out_h, (Py_ssize_t)j->out_w};
-    if (!j->dst_chw)
-        shape[1] = (Py_ssize_t)j->out_h, shape[2] = (Py_ssize_t)j->out_w, shape[3] = (Py_ssize_t)j->c;
+static const struct {
+    const char *name;
+    fl_cuda_out_dtype dtype;
+    int numpy_type; /* -1: NumPy has none (a DeviceArray cannot hold it) */
+} out_dtypes[] = {
+    {"float32", FL_CUDA_OUT_FLOAT32, NPY_FLOAT32},
+    {"float16", FL_CUDA_OUT_FLOAT16, NPY_HALF},
+    {"bfloat16", FL_CUDA_OUT_BFLOAT16, -1},
+};
+
+static int parse_out_dtype(const char *name, fl_cuda_out_dtype *dtype, int *numpy_type) {
+    for (size_t i = 0; i < sizeof out_dtypes / sizeof out_dtypes[0]; i++)
+        if (strcmp(name, out_dtypes[i].name) == 0) {
+            *dtype = out_dtypes[i].dtype;
+            *numpy_type = out_dtypes[i].numpy_type;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "'dtype' must be 'float32', 'float16' or 'bfloat16', not '%s'", name);
+    return -1;
+}
+
+/* The output's shape: (n, c, out_h, out_w) when dst_chw, else (n, out_h, out_w, c). */
+static void output_shape(const fl_cuda_preprocess_job *j, Py_ssize_t shape[4]) {
+    shape[0] = (Py_ssize_t)j->n;
+    shape[1] = (Py_ssize_t)(j->dst_chw ? j->c : j->out_h);
+    shape[2] = (Py_ssize_t)(j->dst_chw ? j->out_h : j->out_w);
+    shape[3] = (Py_ssize_t)(j->dst_chw ? j->out_w : j->c);
+}
+
+/* `out` checked (the dtype, the output shape, the device), or a new one; a new reference. */
+static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_preprocess_job *j, int numpy_type,
+                           int check_only) {
+    Py_ssize_t shape[4];
+    output_shape(j, shape);
+    if (obj == Py_None && numpy_type < 0) {
+        PyErr_SetString(PyExc_ValueError, "dtype='bfloat16' has no NumPy dtype for a DeviceArray: pass a torch "
+                                          "bfloat16 CUDA tensor as 'out' (fastloop.cuda.preprocess)");
+        return NULL;
+    }
     if (obj == Py_None)
         return check_only ? (DeviceArray *)Py_NewRef(Py_None)
-                          : fl_py_device_array_new(state, j->device, 4, shape, PyArray_DescrFromType(NPY_FLOAT32));
+                          : fl_py_device_array_new(state, j->device, 4, shape, PyArray_DescrFromType(numpy_type));
     DeviceArray *out = fl_py_device_array_check(state, obj, "out");
     if (out == NULL)
         return NULL;
-    int fits = out->ndim == 4 && out->descr->type_num == NPY_FLOAT32 && out->device == j->device;
+    int fits = out->ndim == 4 && out->descr->type_num == numpy_type && out->device == j->device;
     for (int i = 0; fits && i < 4; i++)
         fits = out->shape[i] == shape[i];
     if (!fits) {
-        PyErr_Format(PyExc_ValueError, "'out' must be a float32 DeviceArray of shape (%zd, %zd, %zd, %zd) on device %d",
-                     shape[0], shape[1], shape[2], shape[3], j->device);
+        PyErr_Format(PyExc_ValueError, "'out' must be a %s DeviceArray of shape (%zd, %zd, %zd, %zd) on device %d",
+                     numpy_type == NPY_HALF ? "float16" : "float32", shape[0], shape[1], shape[2], shape[3], j->device);
         return NULL;
     }
     return (DeviceArray *)Py_NewRef(obj);
+}
+
+/* _out_ptr/_out_nbytes: device memory the caller owns (a torch tensor's), checked to hold
+ * exactly the output. */
+static int check_out_pointer(const fl_cuda_preprocess_job *j, unsigned long long ptr, Py_ssize_t nbytes,
+                             PyObject *out) {
+    if (out != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "pass 'out' or '_out_ptr', not both");
+        return -1;
+    }
+    size_t want = fl_cuda_out_dtype_size(j->dst_dtype);
+    const size_t dims[4] = {j->n, j->c, j->out_h, j->out_w};
+    for (int i = 0; i < 4; i++)
+        if (__builtin_mul_overflow(want, dims[i], &want)) {
+            PyErr_SetString(PyExc_ValueError, "the output is too large");
+            return -1;
+        }
+    if (ptr == 0 || nbytes < 0 || (size_t)nbytes != want) {
+        PyErr_Format(PyExc_ValueError, "'_out_ptr' must be non-zero, with '_out_nbytes' %zu (the output's size), "
+                     "not %zd", want, nbytes);
+        return -1;
+    }
+    return 0;
 }
 
 /* Parses and checks everything but `out` and `stream`, touching no GPU. */
@@ -228,17 +285,31 @@ static int parse(preprocess_args *a, PyObject *batch, PyObject *mean, PyObject *
     return 0;
 }
 
-static PyObject *run(cuda_state *state, preprocess_args *a, PyObject *out_obj, PyObject *stream_ref) {
+/* Queues the job into caller-owned memory at `ptr`; returns None (the caller keeps the batch
+ * unchanged until the stream passes this point). */
+static PyObject *run_into(cuda_state *state, preprocess_args *a, unsigned long long ptr) {
     fl_cuda_preprocess_job *j = &a->job;
     if (fl_py_require_device(state, j->device) < 0)
         return NULL;
-    DeviceArray *out = output(state, out_obj, j, 0);
+    j->dst = (void *)(uintptr_t)ptr;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+        rc = fl_cuda_preprocess(j, NULL);
+    Py_END_ALLOW_THREADS
+    return rc != 0 ? fl_py_raise_cuda(state, rc, "preprocess") : Py_NewRef(Py_None);
+}
+
+static PyObject *run(cuda_state *state, preprocess_args *a, PyObject *out_obj, int numpy_type, PyObject *stream_ref) {
+    fl_cuda_preprocess_job *j = &a->job;
+    if (fl_py_require_device(state, j->device) < 0)
+        return NULL;
+    DeviceArray *out = output(state, out_obj, j, numpy_type, 0);
     if (out == NULL)
         return NULL;
     int rc = 0;
     if (out->stream != 0 && out->stream != j->stream) /* after out's pending write */
         rc = fl_cuda_stream_wait(j->device, j->stream, out->stream);
-    j->dst = (float *)out->data;
+    j->dst = out->data;
     if (rc == 0) {
         void *event = out->event; /* reused; created on the first write */
         Py_BEGIN_ALLOW_THREADS
@@ -257,21 +328,32 @@ static PyObject *run(cuda_state *state, preprocess_args *a, PyObject *out_obj, P
 }
 
 static PyObject *preprocess(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"batch", "mean", "std", "layout", "crop", "offsets", "flips", "out", "stream", "device", NULL};
+    static char *keywords[] = {"batch", "mean", "std", "layout", "crop", "offsets", "flips", "out", "stream", "device",
+                               "dtype", "_out_ptr", "_out_nbytes", NULL};
     PyObject *batch, *mean = NULL, *std = NULL, *crop = Py_None, *offsets = Py_None, *flips = Py_None;
     PyObject *out = Py_None, *stream = Py_None, *stream_ref = NULL, *result = NULL;
-    const char *layout = "HWC->CHW";
+    const char *layout = "HWC->CHW", *dtype = "float32";
+    unsigned long long out_ptr = 0;
+    Py_ssize_t out_nbytes = -1;
+    int numpy_type;
     cuda_state *state = fl_py_state(module);
     preprocess_args a;
     memset(&a, 0, sizeof a);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOsOOOOOi:preprocess", keywords, &batch, &mean, &std, &layout,
-                                     &crop, &offsets, &flips, &out, &stream, &a.job.device))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOsOOOOOisKn:preprocess", keywords, &batch, &mean, &std,
+                                     &layout, &crop, &offsets, &flips, &out, &stream, &a.job.device, &dtype,
+                                     &out_ptr, &out_nbytes))
         return NULL;
     DeviceArray *checked = NULL;
     if (parse(&a, batch, mean, std, layout, crop, offsets, flips) == 0 &&
-        fl_py_parse_stream(state, stream, a.job.device, &a.job.stream, &stream_ref) == 0 &&
-        (checked = output(state, out, &a.job, 1)) != NULL)
-        result = run(state, &a, out, stream_ref);
+        parse_out_dtype(dtype, &a.job.dst_dtype, &numpy_type) == 0 &&
+        fl_py_parse_stream(state, stream, a.job.device, &a.job.stream, &stream_ref) == 0) {
+        if (out_ptr != 0 || out_nbytes != -1) {
+            if (check_out_pointer(&a.job, out_ptr, out_nbytes, out) == 0)
+                result = run_into(state, &a, out_ptr);
+        } else if ((checked = output(state, out, &a.job, numpy_type, 1)) != NULL) {
+            result = run(state, &a, out, numpy_type, stream_ref);
+        }
+    }
     Py_XDECREF(checked);
     args_free(&a);
     return result;
@@ -280,10 +362,12 @@ static PyObject *preprocess(PyObject *module, PyObject *args, PyObject *kwargs) 
 static PyMethodDef preprocess_functions[] = {
     {"preprocess", (PyCFunction)(void (*)(void))preprocess, METH_VARARGS | METH_KEYWORDS,
      "preprocess(batch, *, mean, std, layout='HWC->CHW', crop=None, offsets=None, flips=None,\n"
-     "           out=None, stream=None, device=0)\n--\n\n"
+     "           out=None, stream=None, device=0, dtype='float32')\n--\n\n"
      "Queue on `stream` the copy of a uint8 image batch (a host NumPy array, ideally pinned)\n"
-     "to the device and one kernel that crops, mirrors and normalizes it to float32 as\n"
-     "fastloop.ops.normalize does; returns the output DeviceArray at once. Its ready()\n"
+     "to the device and one kernel that crops, mirrors and normalizes it to `dtype` (float32,\n"
+     "float16) as fastloop.ops.normalize does; returns the output DeviceArray at once.\n"
+     "_out_ptr/_out_nbytes (fastloop.cuda.preprocess with a torch tensor as out, bfloat16\n"
+     "too): write into that device memory instead and return None. Its ready()\n"
      "turns True (synchronize() waits) once the copy and the kernel are done: only then may\n"
      "`batch` be overwritten. crop: (h, w) or an int, centered unless `offsets` gives each\n"
      "image's (top, left); flips: one bool per image (mirror left-right after the crop)."},

@@ -85,7 +85,9 @@ static PyObject *stream_exit(Stream *self, PyObject *args) {
 }
 
 static PyObject *stream_repr(Stream *self) {
-    return PyUnicode_FromFormat("Stream(device=%d, handle=0x%zx)", self->device, (size_t)self->handle);
+    char handle[32]; /* %zx is not portable in PyUnicode_FromFormat */
+    snprintf(handle, sizeof handle, "0x%zx", (size_t)self->handle);
+    return PyUnicode_FromFormat("Stream(device=%d, handle=%s)", self->device, handle);
 }
 
 static PyObject *get_handle(Stream *self, void *unused) {
@@ -173,7 +175,7 @@ int fl_py_parse_stream(cuda_state *state, PyObject *obj, int device, uintptr_t *
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
                      "'stream' must be None, a fastloop.cuda.Stream, an int handle or an object "
-                     "with an int 'cuda_stream', not %T", obj);
+                     "with an int 'cuda_stream', not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     int rc = int_handle(attr, handle);

@@ -110,8 +110,9 @@ def preprocess(
     batch: npt.NDArray[np.uint8], *, mean: float | Sequence[float], std: float | Sequence[float],
     layout: Literal["HWC->CHW", "CHW", "HWC", "CHW->HWC"] = "HWC->CHW", crop: int | tuple[int, int] | None = None,
     offsets: npt.ArrayLike | None = None, flips: npt.ArrayLike | None = None, out: DeviceArray | None = None,
-    stream: _StreamArg = None, device: int = 0,
-) -> DeviceArray: ...
+    stream: _StreamArg = None, device: int = 0, dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+    _out_ptr: int = 0, _out_nbytes: int = -1,
+) -> DeviceArray | None: ...
 
 # Private: for fastloop's own C code and tests.
 def _from_pointer(ptr: int, shape: int | Sequence[int], dtype: npt.DTypeLike, device: int, owner: object,

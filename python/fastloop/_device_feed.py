@@ -1,138 +1,245 @@
-"""Loader batches onto a CUDA device: pinned slots, one loading stream, GPU preprocessing.
+"""Loader batches onto a CUDA device: what the GPU finishes, and the feed that moves batches.
 
-With ``Loader(..., device="cuda")`` the workers fill host slots as usual; this module pins
-those slots once (cudaHostRegister), queues each batch's copy on a stream of its own one
-batch ahead of the consumer (so the copy of batch i+1 overlaps the training step on batch
-i), and hands out fastloop.cuda.DeviceArrays. When the Loader's transform is a Pipeline of
-[RandomCrop | CenterCrop] [RandomHFlip] Normalize on uint8 images, the workers only gather
-the raw images and the crop, flip and normalize run on the GPU after the copy (4x fewer
-bytes cross the bus than float32 would). A DeviceArray carries its stream in
-``__cuda_array_interface__``, so fastloop.nn and torch wait for the copy on their own
-stream without blocking the host.
+With ``Loader(..., device="cuda")`` the C workers stop at uint8: a Pipeline ending in
+Normalize (and maybe Cast) runs everything before the Normalize in the workers (the fused
+decode/crop/resize of image sources, crops, flips: the same code and the same random draws
+as without a device), and the GPU normalizes, lays out and casts after the copy, so a
+quarter of float32's bytes cross the bus and no CPU time goes to normalizing.
+
+The feed pins each slot once (never a copy per batch), queues each batch's copy and kernel
+on a loading stream of its own one batch ahead of the consumer (the copy of batch i+1
+overlaps the step on batch i), and hands out fastloop.cuda.DeviceArrays (output="numpy")
+or torch CUDA tensors (output="torch", _torch_feed.py) ordered after that stream.
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-from .ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip
+from ._pinning import SlotPinner
+from .ops import Cast, Normalize, Pipeline
+
+DTYPES = ("float32", "float16", "bfloat16")
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 @dataclass(frozen=True)
-class GpuPlan:
-    """What the GPU does to the first field: a crop (random or centered), a flip with
-    probability p, and a normalization with a layout change."""
+class GpuFinish:
+    """What the GPU does to the first field after the copy: (x/255 - mean)/std per channel,
+    the layout change of the Pipeline's Normalize, the cast to `dtype`."""
 
-    crop: tuple[int, int] | None
-    random_crop: bool
-    flip_p: float
-    mean: tuple[float, ...] | float
-    std: tuple[float, ...] | float
+    mean: tuple[float, ...]  # one value, or one per channel
+    std: tuple[float, ...]
     layout: str  # fastloop.cuda.preprocess's: "HWC->CHW", "CHW", "HWC", "CHW->HWC"
+    dtype: str  # one of DTYPES
+
+    @property
+    def source_layout(self) -> str:
+        return self.layout.split("->")[0]
+
+    @property
+    def channels_first(self) -> bool:
+        """The batch comes out (N, C, H, W)."""
+        return self.layout.endswith("CHW")
 
 
-def _size(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def gpu_plan(pipeline: Pipeline | None, first_field: Any) -> GpuPlan | None:
-    """The GPU version of `pipeline` on uint8 images, or None when it has no exact one
-    (then the pipeline runs on the CPU and its float32 output is copied)."""
-    if pipeline is None or getattr(first_field, "dtype", None) != np.uint8:
+def dtype_name(value: Any, arg: str = "dtype") -> str | None:
+    """'float32', 'float16' or 'bfloat16' from a name, a NumPy dtype or a torch dtype; None
+    for None. Anything else raises ValueError naming `arg`."""
+    if value is None:
         return None
+    if isinstance(value, type) and issubclass(value, np.generic):  # numpy.float16 and the like
+        value = np.dtype(value)
+    text = str(value).replace("torch.", "")
+    aliases = {"float": "float32", "half": "float16"}
+    text = aliases.get(text, text)
+    if text not in DTYPES:
+        raise ValueError(f"'{arg}' must be float32, float16 or bfloat16 (a name, NumPy or torch dtype), not {value!r}")
+    return text
+
+
+def memory_format_name(value: Any) -> str:
+    """'contiguous' or 'channels_last' from a name or a torch memory format (None: contiguous)."""
+    if value is None:
+        return "contiguous"
+    text = str(value).replace("torch.", "").replace("contiguous_format", "contiguous")
+    if text not in MEMORY_FORMATS:
+        raise ValueError(f"'memory_format' must be 'contiguous' or 'channels_last' (or torch's), not {value!r}")
+    return text
+
+
+def _values(v: Any) -> tuple[float, ...]:
+    return tuple(float(x) for x in np.ravel(np.asarray(v, np.float64)))
+
+
+def split_for_device(pipeline: Pipeline | None, field_dtype: Any,
+                     dtype: str | None) -> tuple[Pipeline | None, GpuFinish | None]:
+    """(what the C workers still run, what the GPU finishes) for `pipeline` on a first field
+    of `field_dtype`: the trailing Normalize (and Cast to float16/float32) go to the GPU when
+    everything before them keeps uint8; otherwise (None or no Normalize at the end, other
+    dtypes) all of it stays on the CPU and its output is copied as it is. `dtype` (the
+    Loader's) sets the GPU's output dtype; it must agree with a trailing Cast."""
+    if pipeline is None or np.dtype(field_dtype) != np.uint8:
+        return pipeline, None
     steps = list(pipeline.steps)
-    crop = steps.pop(0) if steps and isinstance(steps[0], (RandomCrop, CenterCrop)) else None
-    flip = steps.pop(0) if steps and isinstance(steps[0], RandomHFlip) else None
-    if len(steps) != 1 or not isinstance(steps[0], Normalize):
-        return None
-    normalize = steps[0]
-    out_layout = pipeline.layout if normalize.layout is None else normalize.layout.split("->")[-1]
-    layout = pipeline.layout if out_layout == pipeline.layout else f"{pipeline.layout}->{out_layout}"
-
-    def values(v: Any) -> tuple[float, ...] | float:
-        return float(v) if np.ndim(v) == 0 else tuple(float(x) for x in np.ravel(v))
-
-    return GpuPlan(
-        crop=_size(crop.size) if crop is not None else None,
-        random_crop=isinstance(crop, RandomCrop),
-        flip_p=flip.p if flip is not None else 0.0,
-        mean=values(normalize.mean),
-        std=values(normalize.std),
-        layout=layout,
-    )
-
-
-def draws(plan: GpuPlan, image_hw: tuple[int, int], n: int, seed: int, epoch: int, batch: int) -> tuple[Any, Any]:
-    """Per-image crop offsets (n, 2) and flip flags (n,) for one batch, reproducible from
-    (seed, epoch, batch index); None where the plan has no random step."""
-    rng = np.random.default_rng([seed % 2**63, epoch, batch])
-    offsets = None
-    if plan.crop is not None and plan.random_crop:
-        (h, w), (ch, cw) = image_hw, plan.crop
-        if ch > h or cw > w:
-            raise ValueError(f"RandomCrop{plan.crop} is larger than the images ({h}, {w})")
-        offsets = np.stack([rng.integers(0, h - ch + 1, n), rng.integers(0, w - cw + 1, n)], axis=1).astype(np.int32)
-    flips = (rng.random(n) < plan.flip_p) if plan.flip_p > 0 else None
-    return offsets, flips
+    cast = steps.pop() if steps and isinstance(steps[-1], Cast) else None
+    if not steps or not isinstance(steps[-1], Normalize) or any(isinstance(s, (Normalize, Cast)) for s in steps[:-1]):
+        return pipeline, None
+    cast_dtype = dtype_name(np.dtype(cast.dtype).name, "Cast") if cast is not None and \
+        np.dtype(cast.dtype) in (np.float16, np.float32) else None
+    if cast is not None and cast_dtype is None:
+        return pipeline, None  # a Cast to an integer type: the CPU's saturating cast
+    if dtype is not None and cast_dtype is not None and dtype != cast_dtype:
+        raise ValueError(f"the Pipeline casts to {cast_dtype} but the Loader was given dtype={dtype!r}")
+    normalize = steps.pop()
+    source = pipeline.layout
+    layout = source
+    if normalize.layout is not None:
+        start, _, end = normalize.layout.rpartition("->")
+        if start and start != source:
+            raise ValueError(f"Normalize(layout={normalize.layout!r}) follows a step that yields {source} images")
+        layout = source if end == source else f"{source}->{end}"
+    finish = GpuFinish(_values(normalize.mean), _values(normalize.std), layout, dtype or cast_dtype or "float32")
+    return (Pipeline(steps, layout=pipeline.layout) if steps else None), finish
 
 
 class DeviceFeed:
-    """Turns host batches (tuples of slot views) into DeviceArrays on `device`."""
+    """Turns host batches (tuples of slot views) into device batches, one batch ahead; the
+    subclasses say how a batch is uploaded and handed out."""
 
-    def __init__(self, device: int, plan: GpuPlan | None, pin: bool, seed: int) -> None:
-        from . import cuda
+    def __init__(self, device: int, finish: GpuFinish | None, pin: bool, batch_size: int) -> None:
+        self.device, self.finish, self.pin = device, finish, pin
+        self.pinner = SlotPinner(batch_size) if pin else None
+        self._stream: Any = None
+        self.jpeg: Any = None  # _gpu_decode.GpuJpeg when field 0 holds staged images (decode="gpu")
 
-        self.cuda = cuda.require()
-        self.device, self.plan, self.pin, self.seed = device, plan, pin, seed
-        self.stream = cuda.Stream(device)
-        self._pinned: dict[tuple[int, int], Any] = {}  # (address, bytes) of a slot field -> region
+    @property
+    def stream(self) -> Any:
+        """The loading stream, made on first use: worker processes fork at the first
+        iteration, before this process has a CUDA context they could inherit."""
+        if self._stream is None:
+            self._stream = self._new_stream()
+        return self._stream
+
+    def _new_stream(self) -> Any:
+        raise NotImplementedError
 
     def _pin(self, array: np.ndarray) -> None:
-        """Pins slot memory once (slots are reused for the loader's life); a batch copied out
-        because every slot was held is not pinned (it would be freed while registered)."""
-        from ._core import _SlotLease
+        if self.pinner is not None:
+            self.pinner.pin(array)
 
-        if not self.pin or not isinstance(array.base, _SlotLease) or array.nbytes == 0:
-            return
-        key = (array.__array_interface__["data"][0], array.nbytes)
-        if key not in self._pinned:
-            self._pinned[key] = self.cuda.pin(array)
+    def upload(self, fields: tuple) -> tuple:
+        raise NotImplementedError
 
-    def upload(self, fields: tuple[np.ndarray, ...], epoch: int, batch: int) -> tuple[Any, ...]:
-        """Queues the copies (and the GPU preprocessing of field 0) on the loading stream."""
-        from . import cuda
+    def hand_out(self, batch: tuple) -> tuple:
+        return batch
 
-        out = []
-        for i, field in enumerate(fields):
-            self._pin(field)
-            if i == 0 and self.plan is not None:
-                plan = self.plan
-                image_hw = field.shape[1:3] if plan.layout.startswith("HWC") else field.shape[2:4]
-                offsets, flips = draws(plan, image_hw, len(field), self.seed, epoch, batch)
-                out.append(cuda.preprocess(field, mean=plan.mean, std=plan.std, layout=plan.layout, crop=plan.crop,
-                                           offsets=offsets, flips=flips, stream=self.stream, device=self.device))
-            else:
-                out.append(cuda.to_device(field, self.device, stream=self.stream))
-        return tuple(out)
+    def image_shape(self, field: np.ndarray, channels_first: bool) -> tuple[int, int, int, int]:
+        """The (n, c, h, w) or (n, h, w, c) shape of field 0 on the device: staged images
+        (decode="gpu") have the pipeline's fixed size; others their own, in the finish's layout."""
+        assert self.finish is not None
+        if self.jpeg is not None:
+            n, c, h, w = len(field), 3, self.jpeg.out_h, self.jpeg.out_w
+        else:
+            n, a, b, c_or_w = field.shape
+            h, w, c = (a, b, c_or_w) if self.finish.source_layout == "HWC" else (b, c_or_w, a)
+        return (n, c, h, w) if channels_first else (n, h, w, c)
 
-    def iterate(self, host_batches: Iterator[Any], single: bool, epoch: int) -> Iterator[Any]:
+    def decode_images(self, field: np.ndarray, out_ptr: int, itemsize: int, dtype: str, channels_first: bool,
+                      stream: Any) -> np.ndarray:
+        """Staged images decoded on the GPU into out_ptr; returns the rows kept (see GpuJpeg)."""
+        self._pin(field)
+        row_bytes = 3 * self.jpeg.out_h * self.jpeg.out_w * itemsize
+        return self.jpeg.decode(field, out_ptr, row_bytes, dtype, channels_first, stream)
+
+    def release_copied(self) -> None:
+        """Lets go of the host batches whose copies are done, so their slots go back to the
+        workers before the next batch is taken (a slot still held then would make the loader
+        hand out a copy: it keeps slots for at most two lent batches)."""
+        raise NotImplementedError
+
+    def iterate(self, host_batches: Iterator[tuple], epoch: int = 0) -> Iterator[tuple]:
         """Yields device batches, the next one's copy queued before the current is handed out."""
-        pending = None
-        for index, host in enumerate(host_batches):
-            fields = (host,) if single else tuple(host)
-            queued = self.upload(fields, epoch, index)
+        if self.jpeg is not None:
+            self.jpeg.start_epoch(epoch)
+        batches, pending = iter(host_batches), None
+        while True:
+            self.release_copied()
+            host = next(batches, None)
+            if host is None:
+                break
+            queued = self.upload(tuple(host))
+            del host  # the feed holds the host fields only until their copies are done
             if pending is not None:
-                yield pending[0] if single else pending
+                yield self.hand_out(pending)
             pending = queued
         if pending is not None:
-            yield pending[0] if single else pending
+            yield self.hand_out(pending)
+
+    def synchronize(self) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         """Waits for queued copies, then unpins the slots."""
-        self.stream.synchronize()
-        for region in self._pinned.values():
-            region.close()
-        self._pinned.clear()
+        self.synchronize()
+        if self.pinner is not None:
+            self.pinner.close()
+
+
+class DeviceArrayFeed(DeviceFeed):
+    """output="numpy": fastloop.cuda.DeviceArrays, each carrying the loading stream in
+    __cuda_array_interface__/__dlpack__ (consumers wait for it on their own stream) and
+    keeping its slot lent until its copy is done."""
+
+    def __init__(self, device: int, finish: GpuFinish | None, pin: bool, batch_size: int) -> None:
+        from . import cuda
+
+        self.cuda = cuda
+        cuda.require()
+        if finish is not None and finish.dtype == "bfloat16":
+            raise ValueError("dtype='bfloat16' needs output='torch' (a DeviceArray holds NumPy dtypes)")
+        super().__init__(device, finish, pin, batch_size)
+        self.in_flight: collections.deque = collections.deque()  # batches whose arrays still read their slot
+
+    def _new_stream(self) -> Any:
+        return self.cuda.Stream(self.device)
+
+    def release_copied(self) -> None:
+        # ready() settles an array whose write is done: it drops the slot view it kept
+        while self.in_flight and all(array.ready() for array in self.in_flight[0]):
+            self.in_flight.popleft()
+
+    def upload(self, fields: tuple) -> tuple:
+        out = []
+        for i, field in enumerate(fields):
+            if i == 0 and self.jpeg is not None:
+                out.append(self._decode(field))
+                continue
+            self._pin(field)
+            if i == 0 and self.finish is not None:
+                f = self.finish
+                out.append(self.cuda.preprocess(field, mean=f.mean, std=f.std, layout=f.layout, dtype=f.dtype,
+                                                stream=self.stream, device=self.device))
+            else:
+                out.append(self.cuda.to_device(field, self.device, stream=self.stream))
+        self.in_flight.append(tuple(out))
+        return tuple(out)
+
+    def _decode(self, field: np.ndarray) -> Any:
+        f = self.finish
+        out = self.cuda.empty(self.image_shape(field, f.channels_first), f.dtype, self.device)
+        keep = self.decode_images(field, out.ptr, out.dtype.itemsize, f.dtype, f.channels_first, self.stream)
+        if not keep.all():
+            raise ValueError("on_error='skip' drops undecodable images from torch batches only (output='torch'); "
+                             "with DeviceArrays the batch keeps its size: use on_error='raise'")
+        # the staged entries are read by queued work: the array keeps them until it is settled
+        return out._queued(self.stream, field)
+
+    def synchronize(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        self.in_flight.clear()

@@ -99,7 +99,7 @@ def import_torch_for_output() -> Any:
 
 
 def pins_tensors(pin_memory: bool, output: str) -> bool:
-    """Whether a Loader without device= pins its batches: torch tensors only, and only where
+    """Whether a Loader without device= pins its slots: torch tensors only, and only where
     torch sees CUDA. Otherwise it warns and pins nothing, as DataLoader does without an
     accelerator (pinned memory exists only for a device to copy from)."""
     if not pin_memory:
@@ -115,11 +115,8 @@ def pins_tensors(pin_memory: bool, output: str) -> bool:
     return True
 
 
-def to_tensors(arrays: tuple, pin: bool) -> tuple:
+def to_tensors(arrays: tuple) -> tuple:
     """Arrays as torch tensors sharing their memory (each tensor keeps its array, and so the
-    batch slot, alive); with `pin` (see pins_tensors), pinned copies, as DataLoader's."""
+    batch slot, alive). Pinned batches are _torch_feed.PinnedBatches' work."""
     torch = import_torch_for_output()
-    tensors = tuple(torch.from_numpy(a) for a in arrays)
-    if pin:
-        tensors = tuple(t.pin_memory() for t in tensors)
-    return tensors
+    return tuple(torch.from_numpy(a) for a in arrays)

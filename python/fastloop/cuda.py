@@ -47,10 +47,11 @@ __all__ = [
     "preprocess",
     "memcpy_benchmark",
     "load_cublas",
+    "load_nvjpeg",
     "nn_backend",
 ]
 
-_TYPES = ("DeviceArray", "Stream", "PinnedRegion")
+_TYPES = ("DeviceArray", "Stream", "PinnedRegion", "JpegDecoder")
 
 
 @dataclass(frozen=True)
@@ -219,22 +220,77 @@ def pin(array: np.ndarray) -> PinnedRegion:
 def preprocess(batch: np.ndarray, *, mean: float | Sequence[float], std: float | Sequence[float],
                layout: str = "HWC->CHW", crop: int | tuple[int, int] | None = None,
                offsets: npt.ArrayLike | None = None, flips: npt.ArrayLike | None = None,
-               out: DeviceArray | None = None, stream: Any = None, device: int = 0) -> DeviceArray:
+               out: Any = None, stream: Any = None, device: int = 0, dtype: Any = "float32") -> Any:
     """Queue on ``stream`` the copy of a uint8 image batch (a host NumPy array, ideally pinned)
-    and one kernel that crops, mirrors and normalizes it to float32 exactly as
-    fastloop.ops.normalize does ((x/255 - mean)/std per channel), and return the output
-    DeviceArray at once: (N, C, h, w) for layout "HWC->CHW" or "CHW", (N, h, w, C) for "HWC"
-    or "CHW->HWC". ``crop``: (h, w) or an int, centered (torchvision's rounding) unless
-    ``offsets`` (N, 2) gives each image's (top, left); ``flips``: one bool per image, mirrored
-    left-right after the crop. The result's ``ready()`` turns True (``synchronize()`` waits)
-    once the copy and the kernel are done: only then may ``batch`` be overwritten. Arguments
-    are checked (TypeError/ValueError naming them) before the GPU is touched.
+    and one kernel that crops, mirrors and normalizes it exactly as fastloop.ops.normalize
+    does ((x/255 - mean)/std per channel, then rounded to ``dtype``: float32, float16 or
+    bfloat16), and return the output at once: (N, C, h, w) for layout "HWC->CHW" or "CHW",
+    (N, h, w, C) for "HWC" or "CHW->HWC". ``crop``: (h, w) or an int, centered (torchvision's
+    rounding) unless ``offsets`` (N, 2) gives each image's (top, left); ``flips``: one bool
+    per image, mirrored left-right after the crop. Arguments are checked (TypeError /
+    ValueError naming them) before the GPU is touched.
+
+    ``out``: None (a new DeviceArray; not for bfloat16), a DeviceArray, or a torch CUDA tensor
+    of the output's shape whose dtype is the output's (``dtype`` is then taken from it), either
+    contiguous or, for (N, C, h, w), channels_last. A DeviceArray's ``ready()`` turns True
+    (``synchronize()`` waits) once the copy and the kernel are done: only then may ``batch`` be
+    overwritten; with a tensor, the caller orders its use after ``stream`` (e.g.
+    ``torch.cuda.current_stream().wait_stream(s)``) and keeps ``batch`` until then.
 
     >>> x = fastloop.cuda.preprocess(batch_u8, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop=224, stream=s)
     >>> loss = train(torch.from_dlpack(x))
     """
-    return _module().preprocess(batch, mean=mean, std=std, layout=layout, crop=crop, offsets=offsets,
-                                flips=flips, out=out, stream=stream, device=device)
+    from ._device_feed import dtype_name
+
+    module = _module()
+    if out is not None and _is_torch_tensor(out):
+        return _preprocess_into_tensor(module, batch, out, mean=mean, std=std, layout=layout, crop=crop,
+                                       offsets=offsets, flips=flips, stream=stream, device=device)
+    return module.preprocess(batch, mean=mean, std=std, layout=layout, crop=crop, offsets=offsets, flips=flips,
+                             out=out, stream=stream, device=device, dtype=dtype_name(dtype))
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _preprocess_into_tensor(module: ModuleType, batch: np.ndarray, out: Any, *, layout: str, device: int,
+                            crop: Any, **kwargs: Any) -> Any:
+    """preprocess() writing into a torch CUDA tensor: its dtype and memory layout decide the
+    kernel's output type and order (channels_last is the kernel's HWC order under (N, C, h, w))."""
+    import torch
+
+    from ._device_feed import dtype_name
+
+    if out.device.type != "cuda" or out.device.index != device:
+        raise ValueError(f"'out' must be a tensor on cuda:{device}, not on {out.device}")
+    name = dtype_name(out.dtype, "out")
+    source, _, dest = layout.rpartition("->")
+    source, dest = (source or dest), dest
+    expected = _preprocess_shape(batch, source, dest, crop)
+    if expected is not None and tuple(out.shape) != expected:
+        raise ValueError(f"'out' must have shape {expected} for this batch, layout and crop, not {tuple(out.shape)}")
+    kernel_layout = layout
+    if not out.is_contiguous():
+        if dest != "CHW" or not out.is_contiguous(memory_format=torch.channels_last):
+            raise ValueError("'out' must be contiguous, or channels_last for an (N, C, h, w) output")
+        kernel_layout = "HWC" if source == "HWC" else "CHW->HWC"  # channels_last: NHWC in memory
+    module.preprocess(batch, layout=kernel_layout, device=device, dtype=name, crop=crop, _out_ptr=out.data_ptr(),
+                      _out_nbytes=out.numel() * out.element_size(), **kwargs)
+    return out
+
+
+def _preprocess_shape(batch: Any, source: str, dest: str, crop: Any) -> tuple[int, ...] | None:
+    """The output shape preprocess() gives (None when the batch is not 4-D: its own check says why)."""
+    shape = getattr(batch, "shape", ())
+    if len(shape) != 4:
+        return None
+    n, a, b, c = shape
+    h, w, channels = (a, b, c) if source == "HWC" else (b, c, a)
+    if crop is not None:
+        h, w = (crop, crop) if isinstance(crop, int) else tuple(crop)
+    return (n, channels, h, w) if dest == "CHW" else (n, h, w, channels)
 
 
 def memcpy_benchmark(nbytes: int, pinned: bool = True, repeats: int = 10, device: int = 0) -> float:
@@ -247,22 +303,36 @@ def memcpy_benchmark(nbytes: int, pinned: bool = True, repeats: int = 10, device
     return _module().memcpy_benchmark(nbytes, pinned, repeats, device)
 
 
-def _cublas_candidates() -> list[str]:
-    """cuBLAS files shipped in Python packages: the nvidia-cublas wheels (nvidia/cu13/lib,
-    nvidia/cublas/lib) and torch's lib directory, newest major version first."""
+def _library_candidates(name: str, patterns: Sequence[str]) -> list[str]:
+    """Copies of lib<name>.so.N shipped in Python packages (the nvidia-* wheels' nvidia/cu13/lib
+    or nvidia/<lib>/lib, torch's or torchvision's lib folders) found on sys.path, newest major
+    version first."""
     found: dict[str, str] = {}
     for entry in sys.path:
         if not entry or not os.path.isdir(entry):
             continue
-        for pattern in ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"):
+        for pattern in patterns:
             for path in glob.glob(os.path.join(entry, pattern)):
                 found.setdefault(os.path.realpath(path), path)
 
     def major(path: str) -> int:
-        match = re.search(r"libcublas\.so\.(\d+)", path)
+        match = re.search(rf"lib{name}[^/]*?\.so\.(\d+)", path)
         return int(match.group(1)) if match else 0
 
     return sorted(found.values(), key=lambda p: (-major(p), len(p)))
+
+
+def _load_library(load: Any, env: str, name: str, patterns: Sequence[str], install: str) -> str:
+    """Calls the extension's loader on each candidate (each try also falls back to $env and
+    the system's names); raises CudaUnavailable naming what was tried and how to get it."""
+    paths: list[str | None] = [] if os.environ.get(env) else list(_library_candidates(name, patterns))
+    error: CudaUnavailable | None = None
+    for path in paths + [None]:
+        try:
+            return load(path)
+        except CudaUnavailable as failed:
+            error = failed
+    raise CudaUnavailable(f"{error}; {install}, or set {env} to the path of lib{name}.so") from None
 
 
 def load_cublas() -> str:
@@ -273,16 +343,24 @@ def load_cublas() -> str:
     >>> fastloop.cuda.load_cublas()
     '.../site-packages/nvidia/cu13/lib/libcublas.so.13'
     """
-    module = require()
-    paths: list[str | None] = [] if os.environ.get("FASTLOOP_CUBLAS") else list(_cublas_candidates())
-    error: CudaUnavailable | None = None
-    for path in paths + [None]:  # each try also falls back to $FASTLOOP_CUBLAS and the system
-        try:
-            return module.cublas_load(path)
-        except CudaUnavailable as failed:
-            error = failed
-    raise CudaUnavailable(f"{error}; install the nvidia-cublas wheel (or torch with CUDA), or set "
-                          "FASTLOOP_CUBLAS to the path of libcublas.so") from None
+    return _load_library(require().cublas_load, "FASTLOOP_CUBLAS", "cublas",
+                         ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"),
+                         "install the nvidia-cublas wheel (or torch with CUDA)")
+
+
+def load_nvjpeg() -> str:
+    """Loads nvJPEG (once) for Loader(decode="gpu") and returns the file loaded:
+    $FASTLOOP_NVJPEG when set, else the nvidia-nvjpeg wheel's, torch's or torchvision's copy
+    found on sys.path, else libnvjpeg.so.13/.12/.so from the system (the CUDA Toolkit).
+    Raises CudaUnavailable naming what was tried and the fix.
+
+    >>> fastloop.cuda.load_nvjpeg()
+    '.../site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12'
+    """
+    return _load_library(require().nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg",
+                         ("nvidia/*/lib/libnvjpeg.so.*", "torch/lib/libnvjpeg*.so*",
+                          "torchvision.libs/libnvjpeg*.so*"),
+                         "install the nvidia-nvjpeg-cu12 wheel (nvidia-nvjpeg for CUDA 13) or the CUDA Toolkit")
 
 
 def nn_backend() -> Any:

@@ -24,7 +24,9 @@ import numpy as np
 
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
+from ._device_feed import dtype_name, memory_format_name
 from ._samples import Fetcher, SampleStructure, SharedOrder
+from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
                              seed_generators, setup_worker_torch, to_tensors, torch_single_threaded)
 from .errors import WorkerError
@@ -99,14 +101,20 @@ class Folder:
         return f"Folder({self.root!r}, {len(self.paths)} files of {self.dtype} {self.shape})"
 
 
+def _field_dtype(field: Any) -> Any:
+    """The dtype of a source field's samples as the workers read them (decoded images: uint8)."""
+    return np.uint8 if _is_encoded(field) else field.dtype
+
+
 def _is_encoded(source: Any) -> bool:
     """An image source (ImageFolder, Images, TarShards): its samples are encoded JPEG/PNG bytes."""
     return hasattr(source, "_encoded_spec") and not isinstance(source, type)
 
 
-def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
+def _encoded_field(source: Any, pipeline: Pipeline | None, index: int, staged: bool = False) -> tuple:
     """The C loader's spec of an image source: where each sample's bytes are, and the fused
-    decode -> crop -> resize that gives every image the same size."""
+    decode -> crop -> resize that gives every image the same size; `staged`: the workers stage
+    the images for the GPU decoder instead (_gpu_decode.py)."""
     from . import images
 
     size = pipeline.fixed_size() if pipeline is not None else None
@@ -116,8 +124,11 @@ def _encoded_field(source: Any, pipeline: Pipeline | None, index: int) -> tuple:
                          f"RandomResizedCrop(224), Resize((h, w)), or Resize(256) then CenterCrop(224)")
     images.ensure_loaded()
     paths, file_index, offsets, lengths = source._encoded_spec()
+    from ._gpu_decode import CAPACITY
+
     return ("encoded", [os.fsencode(p) for p in paths], np.ascontiguousarray(file_index, np.int32),
-            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry)
+            np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(lengths, np.int64), pipeline.geometry,
+            CAPACITY if staged else 0)
 
 
 def _fused_geometry(pipeline: Pipeline) -> Callable[[Any, int, int], np.ndarray]:
@@ -225,14 +236,23 @@ class Loader:
     batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
-    device: None/"cpu" (NumPy batches) or "cuda"/"cuda:N": batches become
-      fastloop.cuda.DeviceArrays, copied from pinned slots on a loading stream one batch
-      ahead; a Pipeline of [RandomCrop|CenterCrop] [RandomHFlip] Normalize on uint8 images
-      then runs on the GPU after the copy. pin_memory: pin the slots (default: with a device);
-      with output="torch" and no device, batches are pinned tensors where torch sees CUDA
-      (copies, as DataLoader's pinning makes), ready for .to("cuda", non_blocking=True);
-      where torch sees no CUDA, or with NumPy output and no device, a UserWarning says that
-      nothing is pinned (DataLoader too warns and goes on unpinned).
+    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU, copied from
+      slots pinned once on a loading stream, one batch ahead of the consumer. A Pipeline
+      ending in Normalize (and maybe Cast) on uint8 images is split: the workers stop at
+      uint8 (same code, same random draws) and one kernel normalizes, lays out and casts on
+      the GPU. output="torch" gives torch CUDA tensors, ready on the current stream;
+      output="numpy" gives fastloop.cuda.DeviceArrays. dtype: the image batch's type on the
+      GPU (float32, float16, bfloat16); memory_format: "contiguous" or "channels_last".
+      decode: "cpu" (the workers decode), "gpu" (nvJPEG decodes JPEG batches on the GPU; the
+      workers read files, parse headers and draw the crops; what nvJPEG cannot take is
+      decoded by the workers as usual) or "auto" (the default with a device: the GPU where
+      it can). See docs/loader.md, "Feeding a GPU".
+    pin_memory: pin the slots (default: with a device); with output="torch" and no device,
+      batches are tensors over pinned slots (pinned once, never copied per batch) where
+      torch sees CUDA, ready for .to("cuda", non_blocking=True), each slot held until the
+      copies queued from it on the current stream are done; where torch sees no CUDA, or
+      with NumPy output and no device, a UserWarning says that nothing is pinned
+      (DataLoader too warns and goes on unpinned).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
     process to learn the batch layout (every sample must have the same shapes), with torch
@@ -268,6 +288,9 @@ class Loader:
         num_workers: int | None = None,
         prefetch_factor: int | None = None,
         split_by: str = "sample",
+        dtype: Any = None,
+        memory_format: Any = None,
+        decode: str | None = None,
     ) -> None:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
@@ -298,16 +321,23 @@ class Loader:
         self._skips_logged = False
         kind, index = parse_device(device)
         self.device = index if kind == "cuda" else None
-        if self.device is not None and (output == "torch" or collate_fn is not None):
-            raise ValueError("device='cuda' hands out fastloop.cuda.DeviceArrays: use output='numpy' and no "
-                             "collate_fn, or output='torch' without device and move the tensors yourself")
-        if self.device is not None:
-            from . import cuda
-
-            cuda.require()  # raises CudaUnavailable saying why on a machine without a GPU
+        self._device_dtype, self._memory_format = dtype_name(dtype), memory_format_name(memory_format)
+        if self.device is None and (dtype is not None or memory_format is not None):
+            raise ValueError("'dtype' and 'memory_format' shape the batches on a GPU: pass device='cuda' too")
+        if decode not in (None, "cpu", "gpu", "auto"):
+            raise ValueError(f"'decode' must be 'cpu', 'gpu' or 'auto', not {decode!r}")
+        if decode == "gpu" and self.device is None:
+            raise ValueError("decode='gpu' decodes JPEGs on a CUDA device: pass device='cuda' too")
+        self.decode = decode or ("auto" if self.device is not None else "cpu")
+        self._jpeg: Any = None  # the nvJPEG decoder when decode="gpu" (or "auto") decodes on the GPU
+        if self.device is not None and collate_fn is not None:
+            raise ValueError("device='cuda' copies the batch's fields as the workers made them, which a collate_fn "
+                             "would change: use device=None and move the collated batch yourself")
         self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
-        self._pin_tensors = self.device is None and pins_tensors(self.pin_memory, output)
-        self._feed: Any = None  # the DeviceFeed of a CUDA loader
+        self._pinned: PinnedBatches | None = None  # pin_memory=True, output="torch", no device
+        if self.device is None and pins_tensors(self.pin_memory, output):
+            self._pinned = PinnedBatches(batch_size)
+        self._feed: Any = None  # the DeviceFeed of a CUDA loader (_start_feed)
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if order is not None:  # the sampler decides which indices, and shards if it is distributed
@@ -351,19 +381,12 @@ class Loader:
             dataset = source if _is_encoded(source) else _ArraysDataset(fields)
             if any(_is_encoded(f) for f in fields) and not _is_encoded(source):
                 raise ValueError("an image source inside a tuple is read by C threads: use mode='threads'")
-        plan = None
-        if self.device is not None:
-            from ._device_feed import DeviceFeed, gpu_plan
-
-            plan = gpu_plan(pipeline, fields[0] if fields else None)
-            if plan is not None:
-                pipeline = None  # the workers gather raw images; the GPU crops, flips, normalizes
-            self._feed = DeviceFeed(self.device, plan, self.pin_memory, seed)
         if on_error == "skip" and dataset is not None:
             raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
                              "Folders or image sources")
         if dataset is None:
             self._structure = SampleStructure(0 if self._single else ())
+            pipeline = self._start_feed(pipeline, _field_dtype(fields[0]), _is_encoded(fields[0]))
             self._core = self._threads(fields, pipeline, workers, prefetch)
             return
         fetch = Fetcher(dataset, python_transform, target_transform, order)
@@ -371,12 +394,41 @@ class Loader:
             first = fetch.probe()
         assert fetch.structure is not None
         self._structure, self._single = fetch.structure, fetch.structure.single
+        if self.device is not None:  # the first field as the workers' pipeline gets it
+            geometry = pipeline is not None and pipeline.geometry is not None
+            pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype, False)
         if mode == "processes":
             self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
         else:
             self._core = _InProcess(self, fetch, pipeline)
 
     # ---- construction ----
+
+    def _start_feed(self, pipeline: Pipeline | None, field_dtype: Any, encoded: bool) -> Pipeline | None:
+        """With a device: makes the feed (what the GPU finishes, and with decode="gpu" the
+        nvJPEG decoder) and returns the part of `pipeline` the workers still run; without
+        one, `pipeline` as it is."""
+        if self.device is None:
+            return pipeline
+        from . import _gpu_decode
+        from ._device_feed import DeviceArrayFeed, split_for_device
+
+        host, finish = split_for_device(pipeline, field_dtype, self._device_dtype)
+        if _gpu_decode.choose(self.decode, self.device, host, finish, encoded):
+            self._jpeg = _gpu_decode.GpuJpeg(self.device, host, finish, self.seed, self.on_error)
+        if finish is None and self._device_dtype is not None:
+            raise ValueError("'dtype' is the type the GPU normalizes the images to: the transform must be a Pipeline "
+                             "ending in Normalize (optionally Cast) on uint8 images")
+        if self.output == "torch":
+            from ._torch_feed import TorchFeed
+
+            self._feed = TorchFeed(self.device, finish, self.pin_memory, self.batch_size, self._memory_format)
+        elif self._memory_format == "channels_last":
+            raise ValueError("memory_format='channels_last' needs output='torch' (a DeviceArray is C-ordered)")
+        else:
+            self._feed = DeviceArrayFeed(self.device, finish, self.pin_memory, self.batch_size)
+        self._feed.jpeg = self._jpeg
+        return host
 
     def _classify(self, source: Any) -> tuple[list, Any]:
         """(fields, None) for arrays/Folders, or ([], dataset) for a Python dataset."""
@@ -401,7 +453,7 @@ class Loader:
         specs = []
         for i, field in enumerate(fields):
             if _is_encoded(field):
-                specs.append(_encoded_field(field, pipeline, i))
+                specs.append(_encoded_field(field, pipeline, i, self._jpeg is not None and i == 0))
             elif isinstance(field, Folder):
                 specs.append(field._field())
             else:
@@ -420,9 +472,10 @@ class Loader:
             core_pipeline = pipeline._core(pipeline.channels_of(shape))
         # `ahead` batches in flight besides the two the consumer may hold as views (the one in
         # use, the one being taken), as DataLoader's prefetch_factor * num_workers; 0 workers:
-        # the consumer makes each batch when asked
+        # the consumer makes each batch when asked, into a third slot (with two, every other
+        # batch of a `for` loop came as a copy: the loop variable still held the last one)
         ahead = workers * prefetch
-        return _Loader(specs, workers=workers, slots=ahead + 2, ahead=ahead, pipeline=core_pipeline,
+        return _Loader(specs, workers=workers, slots=ahead + 2 if workers else 3, ahead=ahead, pipeline=core_pipeline,
                        metrics=self.metrics,
                        skip_errors=self.on_error == "skip",
                        **self._sampling())
@@ -473,7 +526,7 @@ class Loader:
         active = _Epoch(self, epoch, first_batch)
         self._active = weakref.ref(active)
         if self._feed is not None:
-            return self._feed.iterate(active, self._single, epoch)
+            return (self._structure.build(batch) for batch in self._feed.iterate(active, epoch))
         return active
 
     def _abandon_active(self) -> None:
@@ -548,13 +601,17 @@ class Loader:
         self._core.stop()
         if self._feed is not None:
             self._feed.close()
+        if self._pinned is not None:
+            self._pinned.close()
 
     def _deliver(self, batch: tuple) -> Any:
         """A batch's fields as the user gets them: tensors or arrays, in the samples' structure."""
-        if self._feed is not None:  # DeviceFeed takes the fields as they are
-            return batch[0] if self._single else batch
-        if self.output == "torch":
-            batch = to_tensors(batch, self._pin_tensors)
+        if self._feed is not None:  # the feed takes the fields as they are
+            return batch
+        if self._pinned is not None:
+            batch = self._pinned.tensors(batch)
+        elif self.output == "torch":
+            batch = to_tensors(batch)
         if self.collate_fn is not None:
             return self.collate_fn(self._structure.unbatch(batch))
         return self._structure.build(batch)
@@ -569,9 +626,9 @@ class Loader:
         core = getattr(self, "_core", None)
         if core is not None:
             core.stop()
-        feed = getattr(self, "_feed", None)
-        if feed is not None:
-            feed.close()  # unpin before the slots are freed
+        for feed in (getattr(self, "_feed", None), getattr(self, "_pinned", None)):
+            if feed is not None:
+                feed.close()  # unpin before the slots are freed
 
 
 class _Epoch:
@@ -588,6 +645,8 @@ class _Epoch:
     def __next__(self) -> Any:
         if self.done:
             raise StopIteration
+        if self.loader._pinned is not None:  # slots whose copies are done go back before the next batch
+            self.loader._pinned.release_copied()
         try:
             batch = self.loader._core.next(self.loader.timeout)
         except BaseException as error:

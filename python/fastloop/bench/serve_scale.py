@@ -44,6 +44,7 @@ from .serve import _redis_launcher
 from .serve import mlp
 from .serve_http import CLIENTS, Conn, Server, checkpoint, job_bodies, model_name, run_job
 from .targets import Result
+from .timing import tree_cpu_s
 
 HIDDEN = 512
 DEVICE_MS = 20.0  # simulated device time per batch in the hosts run: one host tops out near 200 jobs/s
@@ -54,25 +55,6 @@ HEADERS = ["run", "variant", "jobs/s", "p50 ms", "p99 ms", "requests/job", "serv
 COMMAND = "python benchmarks/bench_serve_scale.py"
 POLLING = "1 process, queue in memory, polling clients"
 SHARE_NOTHING = "2 processes, each its own queue in memory"
-
-
-def _tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds used by these processes and their children (alive ones)."""
-    total, seen, todo = 0.0, set(), list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                todo += [int(p) for p in f.read().split()]
-        except OSError:
-            continue
-    return total
 
 
 class ScaleServer(Server):
@@ -92,12 +74,12 @@ class ScaleServer(Server):
             self.args += ["--processes", str(processes), "--queue", queue]
 
     def cpu_s(self) -> float:
-        return _tree_cpu_s([self.proc.pid])  # type: ignore[union-attr]
+        return tree_cpu_s([self.proc.pid])  # type: ignore[union-attr]
 
 
 def _servers_cpu_s(servers: list[ScaleServer]) -> float:
     """The server processes' CPU seconds and redis-server's (once)."""
-    return sum(s.cpu_s() for s in servers) + _tree_cpu_s([servers[0].redis.process.pid])  # type: ignore[union-attr]
+    return sum(s.cpu_s() for s in servers) + tree_cpu_s([servers[0].redis.process.pid])  # type: ignore[union-attr]
 
 
 @dataclass

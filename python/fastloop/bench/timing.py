@@ -7,6 +7,8 @@ in the same run (ratios) and keeps the best of several rounds, which is the leas
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from typing import Callable
 
@@ -76,3 +78,31 @@ def memcpy_call(nbytes: int) -> Callable[[], object]:
 def gbps(nbytes: int, seconds: float) -> float:
     """nbytes moved in `seconds`, in GB/s."""
     return nbytes / seconds / 1e9
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) used by these processes and their live
+    descendants, read from /proc (Linux); a process that ended meanwhile counts nothing."""
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in os.listdir(f"/proc/{pid}/task"):  # children are listed by the thread that forked them
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return total
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used with all its children: its threads, the children
+    alive now (torch DataLoader workers) and those already waited for."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return tree_cpu_s([os.getpid()]) + reaped.ru_utime + reaped.ru_stime

@@ -1,0 +1,108 @@
+/* fl_nvjpeg.c - dlopen()s nvJPEG and resolves the entry points in fl_nvjpeg.h. */
+#include "fl_nvjpeg.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/fl_dl.h"
+#include "base/fl_error.h"
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static fl_nvjpeg_api api;           /* filled once under load_lock */
+static const fl_nvjpeg_api *loaded; /* &api once every symbol resolved; read under load_lock */
+static char loaded_path[1024];
+
+/* Appends "; <text>" (or "<text>" first) to why, truncated when full. */
+static void append(char *why, size_t why_len, const char *text) {
+    size_t used = strnlen(why, why_len);
+    if (used + 1 < why_len)
+        snprintf(why + used, why_len - used, "%s%s", used ? "; " : "", text);
+}
+
+/* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
+static const char *resolve(void *lib) {
+    struct {
+        void **slot;
+        const char *name;
+    } table[] = {
+        {(void **)&api.create_ex, "nvjpegCreateEx"},
+        {(void **)&api.destroy, "nvjpegDestroy"},
+        {(void **)&api.state_create, "nvjpegJpegStateCreate"},
+        {(void **)&api.state_destroy, "nvjpegJpegStateDestroy"},
+        {(void **)&api.batched_initialize, "nvjpegDecodeBatchedInitialize"},
+        {(void **)&api.batched, "nvjpegDecodeBatched"},
+        {(void **)&api.batched_ex, "nvjpegDecodeBatchedEx"},
+        {(void **)&api.batched_supported_ex, "nvjpegDecodeBatchedSupportedEx"},
+        {(void **)&api.stream_create, "nvjpegJpegStreamCreate"},
+        {(void **)&api.stream_destroy, "nvjpegJpegStreamDestroy"},
+        {(void **)&api.stream_parse_header, "nvjpegJpegStreamParseHeader"},
+        {(void **)&api.params_create, "nvjpegDecodeParamsCreate"},
+        {(void **)&api.params_destroy, "nvjpegDecodeParamsDestroy"},
+        {(void **)&api.params_set_output_format, "nvjpegDecodeParamsSetOutputFormat"},
+        {(void **)&api.params_set_roi, "nvjpegDecodeParamsSetROI"},
+        {(void **)&api.get_property, "nvjpegGetProperty"},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if ((*table[i].slot = dlsym(lib, table[i].name)) == NULL)
+            return table[i].name;
+    return NULL;
+}
+
+/* Tries one candidate; returns 0 once loaded, else appends why it failed. */
+static int try_load(const char *path, char *why, size_t why_len) {
+    void *lib = fl_dl_open(path, "nvJPEG");
+    if (lib == NULL) {
+        append(why, why_len, fl_error_detail());
+        return -1;
+    }
+    const char *missing = resolve(lib);
+    if (missing != NULL) {
+        char text[1200];
+        snprintf(text, sizeof text, "%s has no symbol %s (nvJPEG older than CUDA 11?)", path, missing);
+        append(why, why_len, text);
+        dlclose(lib);
+        return -1;
+    }
+    snprintf(loaded_path, sizeof loaded_path, "%s", path);
+    loaded = &api;
+    return 0;
+}
+
+int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
+    const char *candidates[] = {path, getenv("FASTLOOP_NVJPEG"), "libnvjpeg.so.13", "libnvjpeg.so.12",
+                                "libnvjpeg.so"};
+    if (why_len > 0)
+        why[0] = '\0';
+    pthread_mutex_lock(&load_lock);
+    int rc = loaded ? 0 : -1;
+    for (size_t i = 0; rc != 0 && i < sizeof candidates / sizeof candidates[0]; i++)
+        if (candidates[i] != NULL && candidates[i][0] != '\0')
+            rc = try_load(candidates[i], why, why_len);
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
+const fl_nvjpeg_api *fl_nvjpeg(void) {
+    pthread_mutex_lock(&load_lock);
+    const fl_nvjpeg_api *result = loaded;
+    pthread_mutex_unlock(&load_lock);
+    return result;
+}
+
+const char *fl_nvjpeg_path(void) { return fl_nvjpeg() ? loaded_path : ""; }
+
+const char *fl_nvjpeg_status_name(int status) {
+    static const char *const names[] = {
+        "NVJPEG_STATUS_SUCCESS",          "NVJPEG_STATUS_NOT_INITIALIZED",
+        "NVJPEG_STATUS_INVALID_PARAMETER", "NVJPEG_STATUS_BAD_JPEG",
+        "NVJPEG_STATUS_JPEG_NOT_SUPPORTED", "NVJPEG_STATUS_ALLOCATOR_FAILURE",
+        "NVJPEG_STATUS_EXECUTION_FAILED", "NVJPEG_STATUS_ARCH_MISMATCH",
+        "NVJPEG_STATUS_INTERNAL_ERROR",   "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED",
+        "NVJPEG_STATUS_INCOMPLETE_BITSTREAM",
+    };
+    return status >= 0 && status < (int)(sizeof names / sizeof names[0]) ? names[status] : "NVJPEG_STATUS_UNKNOWN";
+}
