@@ -64,6 +64,7 @@ DATASETS = {
     "numbers": lambda i: (np.float64(i), np.int32(i), i * 0.5, True, b"x" * i),
     "namedtuple": lambda i: Box(torch.arange(4) * i, f"box{i}"),
     "strings": lambda i: f"only {i}",
+    "ints_then_floats": lambda i: (i if i < 4 else i + 0.5, torch.tensor(i) if i < 5 else torch.tensor(i + 0.25)),
 }
 
 

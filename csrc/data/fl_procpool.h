@@ -4,7 +4,8 @@
  * writes batches straight into memory the parent reads: no pickling, no file in /dev/shm,
  * nothing to leak when a process dies (the mapping goes with its last user). Each worker has
  * a Unix socket pair with the parent: commands ("fill batch b into slot s with these sample
- * indices") one way, results ("done", or "failed at an index" with a message) the other. The
+ * indices") one way, results ("done", with the bytes of the batch that did not fit its slot,
+ * or "failed at an index" with a message) the other. The
  * parent notices a dead worker at once as a hang-up on its socket, and reaps it; a dead
  * worker never holds a lock the parent needs, because they share none.
  *

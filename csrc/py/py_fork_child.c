@@ -57,10 +57,42 @@ static int unconvertible(const fl_fork_child *self) {
     return -1;
 }
 
+/* Where a dtype kind stands among bool < int < float < complex; -1 for the others. */
+static int kind_rank(char kind) {
+    switch (kind) {
+    case 'b': return 0;
+    case 'i': case 'u': return 1;
+    case 'f': return 2;
+    case 'c': return 3;
+    default: return -1;
+    }
+}
+
+/* The dtype kind of a value NumPy would make an array of ('\0': another object). */
+static char value_kind(PyObject *value) {
+    if (PyArray_Check(value))
+        return PyArray_DESCR((PyArrayObject *)value)->kind;
+    if (PyArray_IsScalar(value, Generic)) {
+        PyArray_Descr *descr = PyArray_DescrFromScalar(value);
+        char kind = descr != NULL ? descr->kind : '\0';
+        Py_XDECREF(descr);
+        return kind;
+    }
+    if (PyBool_Check(value))
+        return 'b';
+    if (PyLong_Check(value))
+        return 'i';
+    return PyFloat_Check(value) ? 'f' : PyComplex_Check(value) ? 'c' : '\0';
+}
+
 /* Copies field f of one sample into dst, checking dtype (cast if needed) and shape. Returns
- * 0, 1 when the value does not fit the field and the batch can go raw, or -1 with an error. */
+ * 0, 1 when the value does not fit the field and the batch can go raw (another shape, a
+ * value NumPy cannot cast, or one whose cast would drop a fraction or an imaginary part), or
+ * -1 with an error. */
 static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned char *dst) {
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(self->in_descrs, (Py_ssize_t)f);
+    if (raw_allowed(self) && kind_rank(value_kind(value)) > kind_rank(descr->kind))
+        return 1; /* a float where the first sample had an int: collated, as default_collate would */
     Py_INCREF(descr);
     PyObject *array = PyArray_FromAny(value, descr, 0, 0, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST, NULL);
     if (array == NULL)

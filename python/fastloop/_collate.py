@@ -72,7 +72,21 @@ def _stack(batch: Sequence[Any], path: tuple, indices: Sequence[int] | None) -> 
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(first.shape)} at "
                                f"entry 0 and {list(a.shape)} at entry {i}{where}; a collate_fn can take "
                                f"samples of different shapes)")
-    return np.stack(arrays)
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) == 1:
+        return np.stack(arrays)
+    return np.stack(arrays, dtype=_promoted(dtypes), casting="unsafe")
+
+
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def _promoted(dtypes: set) -> np.dtype:
+    """torch.stack's dtype for tensors of these dtypes: the highest category's (bool < int <
+    float < complex) promoted among themselves, so int64 with float32 gives float32 (NumPy's
+    rule would give float64)."""
+    top = max(_CATEGORY.get(d.kind, 4) for d in dtypes)
+    return np.result_type(*[d for d in dtypes if _CATEGORY.get(d.kind, 4) == top])
 
 
 def _numbers(batch: Sequence[Any], dtype: Any, path: tuple, indices: Sequence[int] | None) -> np.ndarray:

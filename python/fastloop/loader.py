@@ -653,6 +653,9 @@ class _Epoch:
             self.abandon()
 
 
+_RANKS = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}  # kinds a slot field's dtype takes without loss, as the workers'
+
+
 class _InProcess:
     """workers=0 with Python code: samples fetched and collated in the calling thread (as
     torch's num_workers=0), in the same order and with the same augmentations as workers."""
@@ -735,7 +738,10 @@ class _InProcess:
                 return self._whole(samples, indices, odd, f"has {describe(layout.fixed[k])} of shape "
                                                           f"{column[odd].shape}, the first sample's is {shape}")
             try:
-                fixed.append(np.stack(column).astype(dtype, copy=False))
+                stacked = np.stack(column)
+                if _RANKS.get(stacked.dtype.kind, -1) > _RANKS.get(dtype.kind, -1):
+                    raise TypeError("a cast would drop a fraction or an imaginary part")
+                fixed.append(stacked.astype(dtype, copy=False))
             except (TypeError, ValueError, OverflowError):
                 return self._whole(samples, indices, 0, f"has {describe(layout.fixed[k])} of another kind")
         if self.pipeline is not None:
