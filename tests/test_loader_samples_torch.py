@@ -131,3 +131,61 @@ def test_what_default_collate_refuses_raises_the_same_error_naming_field_and_sam
     assert type(ours) is type(theirs)
     assert str(ours).startswith(str(theirs).rstrip("."))  # torch's words first, then the field and sample
     assert "sample" in str(ours)[len(str(theirs)):]
+
+
+# ---- random sample structures, compared with DataLoader ----
+
+def as_compared(value):
+    """canonical() of what a collate_fn got: NumPy arrays and scalars as the tensors
+    fastloop's output='torch' hands out for them."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
+        return canonical(torch.as_tensor(value))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return (type(value).__name__, [as_compared(v) for v in value])
+    if isinstance(value, (tuple, list)):
+        return [as_compared(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_compared(v) for k, v in value.items()}
+    return canonical(value)
+
+
+def random_value(rng: np.random.Generator, depth: int, varying: bool):
+    """A function i -> a value of one random structure: nested tuples, lists, dicts and
+    namedtuples of arrays (of varying shape when `varying`), numbers, strings and bytes."""
+    kind = int(rng.integers(0, 9 if depth < 3 else 6))
+    if kind == 0:
+        dtype = rng.choice(["float32", "int64", "uint8", "bool", "float64"])
+        shape = tuple(int(d) for d in rng.integers(0, 4, size=int(rng.integers(0, 3))))
+        grow = varying and rng.random() < 0.5
+        return lambda i: (np.arange(int(np.prod(shape)) * (1 + i % 2 if grow else 1)) + i).astype(dtype).reshape(
+            (-1,) + shape[1:] if shape else ())
+    if kind == 1:
+        return lambda i: i * 3
+    if kind == 2:
+        return lambda i: i / 4
+    if kind == 3:
+        return lambda i: "s" * (i % 5)
+    if kind == 4:
+        return lambda i: bytes([i % 256]) * 3
+    if kind == 5:
+        return lambda i: np.float32(i) / 2
+    parts = [random_value(rng, depth + 1, varying) for _ in range(int(rng.integers(1, 4)))]
+    if kind == 6:
+        return lambda i: tuple(p(i) for p in parts)
+    if kind == 7:
+        return lambda i: [p(i) for p in parts]
+    return lambda i: {f"k{n}": p(i) for n, p in enumerate(parts)}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+@pytest.mark.parametrize("seed", range(8))
+def test_random_structures_equal_dataloaders(seed, mode):
+    rng = np.random.default_rng(seed)
+    make = random_value(rng, 0, varying=False)
+    ours, theirs = both(Samples(7, make), mode, batch_size=3)
+    assert ours == theirs
+    varying = Samples(7, random_value(rng, 0, varying=True))
+    loader = fastloop.Loader(varying, batch_size=3, output="torch", collate_fn=list, timeout=60, **mode)
+    ours = [as_compared(b) for b in loader]
+    loader.close()
+    assert ours == [as_compared(b) for b in DataLoader(varying, batch_size=3, collate_fn=list)]

@@ -43,20 +43,32 @@ class Assembler:
         self.layout, self.collate_fn, self.unbatched, self.pin = layout, collate_fn, unbatched, pin
         self.torch = output == "torch"
 
+    def slots(self, fixed: tuple) -> Any:
+        """A batch that is only slot fields (the usual one): as __call__, with less to do."""
+        if self.torch:
+            fixed = to_tensors(fixed, self.pin)
+        if self.collate_fn is None and not self.unbatched:
+            return self.layout.build(fixed, None)
+        return self.deliver(fixed, None, None)
+
     def __call__(self, batch: Batch) -> Any:
         if batch.samples is not None:
             return self._whole(batch.samples, batch.indices)
         fixed = to_tensors(batch.fixed, self.pin) if self.torch else batch.fixed
+        return self.deliver(fixed, batch.columns, batch.indices)
+
+    def deliver(self, fixed: Sequence[Any], columns: Sequence[list] | None, indices: Sequence[int] | None) -> Any:
+        """Slot fields (as handed out) and object values in the samples' structure."""
         if self.unbatched:
-            sample = self.layout.sample(fixed, batch.columns, 0, self._convert)
+            sample = self.layout.sample(fixed, columns, 0, self._convert)
             return self.collate_fn(sample) if self.collate_fn is not None else sample
         if self.collate_fn is not None:
-            count = len(fixed[0]) if fixed else len(batch.columns[0])  # type: ignore[index]
-            return self.collate_fn([self.layout.sample(fixed, batch.columns, i, self._convert) for i in range(count)])
-        if batch.columns is None:
+            count = len(fixed[0]) if fixed else len(columns[0])  # type: ignore[index]
+            return self.collate_fn([self.layout.sample(fixed, columns, i, self._convert) for i in range(count)])
+        if columns is None:
             return self.layout.build(fixed, None)
-        columns = self.layout.collate_columns(batch.columns, batch.indices)
-        return self.layout.build(fixed, [self._convert(c) for c in columns])
+        collated = self.layout.collate_columns(columns, indices)
+        return self.layout.build(fixed, [self._convert(c) for c in collated])
 
     def _convert(self, value: Any) -> Any:
         return to_torch(value, self.pin) if self.torch else value

@@ -181,14 +181,17 @@ class SampleLayout:
         return kind(*items) if kind is not tuple and kind is not list else kind(items)
 
     def objects_bytes(self, first: Any, batch_size: int) -> int:
-        """Room for a batch's object values in a slot: twice what the first sample's take,
-        4 KiB at least, 64 MiB at most (a batch needing more sends them after itself)."""
-        if not self.objects:
-            return 0
-        values: list = []
-        self.flatten(first, values)
-        one = len(encode(COLUMNS, [0], [[v] for v in values[0]], self.objects))
-        return int(min(64 << 20, max(4096, 2 * one * batch_size + 8 * batch_size)))
+        """Room in a slot for what a batch sends besides its slot fields: twice what the first
+        sample's object values take, plus its slot fields' size once (a batch of samples that
+        differ from the first, sent whole, then fits too when they are about that size); 4 KiB
+        at least, 64 MiB at most (a batch needing more sends it after itself). Pages a batch
+        does not write are never touched, so they cost no memory."""
+        one = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for dtype, shape in self.specs)
+        if self.objects:
+            values: list = []
+            self.flatten(first, values)
+            one += 2 * len(encode(COLUMNS, [0], [[v] for v in values[0]], self.objects))
+        return int(min(64 << 20, max(4096, (one + 8) * batch_size)))
 
 
 def apply_transforms(sample: Any, transform: Callable | None, target_transform: Callable | None) -> Any:
@@ -226,9 +229,8 @@ class Fetcher:
         # (before the C pipeline's later steps), drawn from the seed and id the threads use
         self.geometry: Callable[[Any, int, int], Any] | None = None
         self._epoch_seed = 0  # the seed comes with a batch's first sample only
-        self._samples: list = []  # this batch's, kept for finish()
-        self._indices: list = []
-        self._objects: list = []
+        self._kept: list = []  # this batch's (dataset index, sample), for finish()
+        self._objects: list = []  # this batch's object values, a tuple per sample
 
     def index(self, position: int) -> int:
         return position if self.order is None else int(self.order.indices[position])
@@ -255,8 +257,7 @@ class Fetcher:
             index, sample = position, self.dataset[position]
         else:
             index, sample = self.index(position), self.sample(position)
-        self._samples.append(sample)
-        self._indices.append(index)
+        self._kept.append((index, sample))
         fields = self.layout.flatten(sample, self._objects)  # type: ignore[union-attr]
         if fields is not None and self.geometry is not None:
             fields = (self.geometry(fields[0], self._epoch_seed, position), *fields[1:])
@@ -266,18 +267,18 @@ class Fetcher:
         """The batch's object values (raw: its samples whole) as bytes for the main process,
         or None when there are none."""
         try:
+            if not raw and not self.layout.objects:  # type: ignore[union-attr]
+                return None  # the usual batch: all in the slot fields
+            indices = [index for index, _ in self._kept]
             if raw:
-                return encode(SAMPLES, self._indices, self._samples)
-            if not self.layout.objects:  # type: ignore[union-attr]
-                return None
+                return encode(SAMPLES, indices, [sample for _, sample in self._kept])
             columns = [list(c) for c in zip(*self._objects)]
-            return encode(COLUMNS, self._indices, columns, self.layout.objects)  # type: ignore[union-attr]
+            return encode(COLUMNS, indices, columns, self.layout.objects)  # type: ignore[union-attr]
         finally:
             self._clear()
 
     def _clear(self) -> None:
-        self._samples.clear()
-        self._indices.clear()
+        self._kept.clear()
         self._objects.clear()
 
 

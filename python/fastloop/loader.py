@@ -588,11 +588,19 @@ class Loader:
     def _deliver(self, made: Any) -> Any:
         """A batch as the user gets it: tensors or arrays, in the samples' structure, collated
         (or through the collate_fn, or one sample with batch_size=None)."""
-        batch = made if type(made) is Batch else Batch.from_worker(made) if self._from_worker else Batch(made)
-        if self._feed is not None:  # DeviceFeed takes the fields as they are
-            check_same_shapes(batch)
-            return batch.fixed[0] if self._single else tuple(batch.fixed)
-        return self._assemble(batch)
+        if type(made) is tuple:  # a core's arrays (then, from worker processes, their object bytes)
+            if self._from_worker:
+                if made[-1] is not None:
+                    made = Batch.from_worker(made)
+                    return self._deliver(made)
+                made = made[:-1]
+            if self._feed is not None:  # DeviceFeed takes the fields as they are
+                return made[0] if self._single else made
+            return self._assemble.slots(made)
+        if self._feed is not None:
+            check_same_shapes(made)
+            return made.fixed[0] if self._single else tuple(made.fixed)
+        return self._assemble(made)
 
     def __enter__(self) -> "Loader":
         return self
