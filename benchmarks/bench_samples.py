@@ -9,6 +9,11 @@ output="torch" on both, each configuration in a fresh interpreter:
     varying shapes   (float tensor 3xHxW, {"boxes": Nx4, "labels": N}) with a collate_fn: samples sent whole
 
     $ python benchmarks/bench_samples.py [--quick] [--workers 1,2] [--repeats 3]
+
+`--own-python` times, in this process, the Python a fixed sample goes through: a worker's
+fetch (64,000 calls in batches of 32) and the main process's delivery of a batch, best of 5.
+It runs against any fastloop on PYTHONPATH, so a checkout of another commit with its extension
+built in place (`setup.py build_ext --inplace`) compares with this one.
 Under pytest: each kind is measured once at 1 worker (numbers go to BENCHMARKS.md, not asserted).
 """
 
@@ -125,6 +130,43 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def own_python(samples: int = 64000, rounds: int = 5) -> dict:
+    """Best-of-rounds µs of the worker's fetch per sample and of the delivery per batch."""
+    import time
+
+    import numpy as np
+    import torch
+
+    import fastloop
+    from fastloop._samples import Fetcher
+
+    torch.set_num_threads(1)
+    dataset = make_dataset("fixed", 1 << 20)
+    fetch = Fetcher(dataset, None, None, None)
+    fetch.probe()
+    finish = getattr(fetch, "finish", None)  # older builds send no object values
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for b in range(0, samples, BATCH):
+            fetch(b, 12345)  # a batch's first sample comes with the epoch seed
+            for i in range(b + 1, b + BATCH):
+                fetch(i)
+            if finish is not None:
+                finish(0)
+        best = min(best, time.perf_counter() - start)
+    loader = fastloop.Loader(dataset, batch_size=BATCH, workers=1, output="torch")
+    made = (np.zeros((BATCH, 3, 64, 64), np.float32), np.zeros(BATCH, np.int64))
+    made = made + (None,) if finish is not None else made  # processes mode's batches end with their object bytes
+    deliver = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(2000):
+            loader._deliver(made)
+        deliver = min(deliver, time.perf_counter() - start)
+    return {"fetch_us_per_sample": 1e6 * best / samples, "deliver_us_per_batch": 1e6 * deliver / 2000}
+
+
 def test_every_kind_of_sample_is_measured():
     import pytest
 
@@ -137,6 +179,9 @@ def test_every_kind_of_sample_is_measured():
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--one":
         print(json.dumps(measure(argv[1], argv[2], int(argv[3]), samples=int(argv[4]))))
+        return 0
+    if argv and argv[0] == "--own-python":
+        print(json.dumps(own_python()))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 worker, 1 repeat, fewer samples")

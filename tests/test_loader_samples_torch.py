@@ -189,3 +189,22 @@ def test_random_structures_equal_dataloaders(seed, mode):
     ours = [as_compared(b) for b in loader]
     loader.close()
     assert ours == [as_compared(b) for b in DataLoader(varying, batch_size=3, collate_fn=list)]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_a_tensor_numpy_cannot_view_is_refused_naming_its_field_and_sample(mode):
+    first = Samples(4, lambda i: {"a": (torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16))})
+    with pytest.raises(TypeError, match=r"sample field 'a'\[1\] is a torch.bfloat16 tensor.*\.float\(\)"):
+        fastloop.Loader(first, batch_size=2, **mode)
+    later = Samples(4, lambda i: {"a": (torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16 if i == 3 else None))})
+    with pytest.raises(TypeError, match=r"sample 3.*sample field 'a'\[1\] is a torch.bfloat16 tensor"):
+        list(fastloop.Loader(later, batch_size=2, timeout=60, **mode))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_samples_with_fewer_fields_than_the_first_are_collated_whole(mode):
+    data = Samples(4, lambda i: (torch.zeros(2), i) if i != 3 else (torch.zeros(2),))
+    ours, theirs = errors(data, mode, batch_size=2)
+    assert type(ours) is type(theirs) is RuntimeError and "sample 3" in str(ours)
+    ours, theirs = both(data, mode, batch_size=2, collate_fn=lambda s: [len(x) for x in s])
+    assert ours == theirs == [[("int", 2), ("int", 2)], [("int", 2), ("int", 1)]]

@@ -5,7 +5,8 @@
  *
  * Each worker talks to the parent over one Unix stream socket pair (written with
  * MSG_NOSIGNAL: a dead peer is an error code, never a SIGPIPE). Messages are fixed headers
- * (plus sample ids, or an error text and the batch's extra bytes) written whole by one writer per direction. `lock` guards the slot states, the error and `lent`, because a lease may
+ * (plus sample ids, or an error text and the batch's extra bytes) written whole by one writer
+ * per direction. `lock` guards the slot states, the error and `lent`, because a lease may
  * be released from another thread while the consumer waits in poll() without it.
  */
 #define _GNU_SOURCE /* SOCK_CLOEXEC, MSG_NOSIGNAL */
@@ -145,7 +146,8 @@ static void worker_loop(fl_procpool *pool, int me, int fd) {
         } else {
             result.extra_len = extra.len;
         }
-        if (write_all(fd, &result, sizeof result) != 0 || write_all(fd, text, result.text_len) != 0 ||
+        if (write_all(fd, &result, sizeof result) != 0 ||
+            write_all(fd, text, result.text_len) != 0 ||
             write_all(fd, extra.data, (size_t)result.extra_len) != 0)
             break;
     }
@@ -338,8 +340,10 @@ static int read_extra(int fd, uint64_t len, unsigned char **out, char *text, siz
             return -1;
         left -= n;
     }
-    snprintf(text, text_size, "builtins.MemoryError\x1ethe main process has no memory for the %llu bytes of "
-             "sample data that did not fit the batch's slot\x1e", (unsigned long long)len);
+    snprintf(text, text_size,
+             "builtins.MemoryError\x1ethe main process has no memory for the %llu bytes of "
+             "sample data that did not fit the batch's slot\x1e",
+             (unsigned long long)len);
     return 1;
 }
 
@@ -559,7 +563,8 @@ static int check_ends(const fl_procpool *pool, const uint64_t *ends, uint64_t n)
 int fl_procpool_set_batches(fl_procpool *pool, const uint64_t *ends, uint64_t n) {
     int rc = ends != NULL ? check_ends(pool, ends, n) : FL_OK;
     uint64_t *copy = NULL;
-    if (rc == FL_OK && ends != NULL && (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
+    if (rc == FL_OK && ends != NULL &&
+        (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
         rc = FL_ENOMEM;
     if (rc != FL_OK)
         return rc;

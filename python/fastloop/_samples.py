@@ -109,8 +109,10 @@ class SampleLayout:
             values_view: Any = sample.values()
         elif self.single:
             values_view = (sample,)
-        else:
+        elif isinstance(sample, (tuple, list)) and len(sample) == len(self.fixed):
             values_view = sample
+        else:
+            return None
         torch = loaded_torch()
         if torch is None or not any(isinstance(v, torch.Tensor) for v in values_view):  # the common, fast path
             return values_view if type(values_view) is tuple else tuple(values_view)
@@ -118,18 +120,18 @@ class SampleLayout:
                       for v, path in zip(values_view, self.fixed)])
 
     def _walk(self, node: tuple, value: Any, fixed: list, objects: list, torch: Any) -> bool:
-        what = node[0]
-        if what == FIXED:
+        kind = node[0]
+        if kind == FIXED:
             is_t = torch is not None and isinstance(value, torch.Tensor)
             fixed.append(tensor_as_array(value, lambda: what(node[3])) if is_t else value)
             return True
-        if what == OBJECT:
+        if kind == OBJECT:
             objects.append(value)
             return True
         children = node[-1]
         if type(value) is not node[1] or len(value) != len(children):
             return False
-        if what == SEQUENCE:
+        if kind == SEQUENCE:
             return all(self._walk(c, v, fixed, objects, torch) for c, v in zip(children, value))
         return all(k in value and self._walk(c, value[k], fixed, objects, torch) for k, c in zip(node[2], children))
 
@@ -144,13 +146,13 @@ class SampleLayout:
         return self._build(self.root, fixed, columns)
 
     def _build(self, node: tuple, fixed: Sequence[Any], columns: Any) -> Any:
-        what = node[0]
-        if what == FIXED:
+        kind = node[0]
+        if kind == FIXED:
             return fixed[node[1]]
-        if what == OBJECT:
+        if kind == OBJECT:
             return columns[node[1]]
         items = [self._build(c, fixed, columns) for c in node[-1]]
-        if what == MAPPING:
+        if kind == MAPPING:
             return dict(zip(node[2], items))
         kind = node[1]
         return kind(*items) if kind is not tuple and kind is not list else kind(items)
@@ -168,14 +170,14 @@ class SampleLayout:
         return self._sample(self.root, fixed, columns, i, convert)
 
     def _sample(self, node: tuple, fixed: Sequence[Any], columns: Any, i: int, convert: Callable) -> Any:
-        what = node[0]
-        if what == FIXED:
+        kind = node[0]
+        if kind == FIXED:
             row = fixed[node[1]][i]
             return row.item() if node[2] is not None else row
-        if what == OBJECT:
+        if kind == OBJECT:
             return convert(columns[node[1]][i])
         items = [self._sample(c, fixed, columns, i, convert) for c in node[-1]]
-        if what == MAPPING:
+        if kind == MAPPING:
             return dict(zip(node[2], items))
         kind = node[1]
         return kind(*items) if kind is not tuple and kind is not list else kind(items)

@@ -734,7 +734,10 @@ class _InProcess:
         objects: list = []
         rows = []
         for i, sample in enumerate(samples):
-            row = layout.flatten(sample, objects)
+            try:
+                row = layout.flatten(sample, objects)
+            except TypeError as e:  # a tensor NumPy cannot view: name the sample, as workers do
+                raise TypeError(f"sample {indices[i]}: {e}") from None
             if row is None:
                 return self._whole(samples, indices, i, "is laid out unlike the first sample")
             rows.append(row)

@@ -20,7 +20,8 @@ enum { SAMPLES = 5000, BATCH = 64 };
 static int64_t fail_at = -1;
 
 static int fill(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t count,
-                unsigned char *slot, fl_proc_extra *extra, int64_t *index, char *error, size_t error_len) {
+                unsigned char *slot, fl_proc_extra *extra, int64_t *index, char *error,
+                size_t error_len) {
     (void)ctx, (void)seed, (void)extra;
     int64_t *out = (int64_t *)slot;
     for (size_t i = 0; i < count; i++) {
@@ -267,7 +268,8 @@ static int fill_with_extra(void *ctx, int worker, uint64_t seed, const int64_t *
 static void test_extra_bytes_travel_with_their_batch_and_go_with_its_slot(void) {
     fl_procpool_config config = {
         .sampler = {.n = SAMPLES, .world_size = 1, .batch_size = BATCH},
-        .workers = 2, .prefetch = 2, .slot_bytes = BATCH * 4 * sizeof(int64_t), .fill = fill_with_extra,
+        .workers = 2, .prefetch = 2, .slot_bytes = BATCH * 4 * sizeof(int64_t),
+        .fill = fill_with_extra,
     };
     fl_procpool *pool = NULL;
     CHECK(fl_procpool_new(&config, &pool) == FL_OK);
@@ -321,7 +323,7 @@ static void test_uneven_batches_follow_their_ends_and_bad_ends_are_refused(void)
         fl_procpool_release(pool, slot);
     }
     CHECK(b == n && start == SAMPLES);
-    CHECK(fl_procpool_start_epoch_at(pool, 1, 2) == FL_OK); /* resumed: batch 2 is ends[1]..ends[2] */
+    CHECK(fl_procpool_start_epoch_at(pool, 1, 2) == FL_OK); /* resumed: batch 2, ends[1]..ends[2] */
     CHECK(fl_procpool_next(pool, 10, &slot, &count) == FL_OK && count == ends[2] - ends[1]);
     CHECK(((const int64_t *)fl_procpool_slot(pool, slot))[0] == (int64_t)ends[1]);
     CHECK(fl_procpool_set_batches(pool, NULL, 0) == FL_EINVAL); /* mid-epoch */
