@@ -107,8 +107,8 @@ pytest: build
 # threads as a test forks (the watchdog in tests/conftest.py is a timer signal for that reason).
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
-	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_serve_json_inputs.py \
-	tests/test_gpu_stage.py
+	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_loader_samples.py \
+	tests/test_serve_json_inputs.py tests/test_gpu_stage.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
@@ -134,8 +134,8 @@ test: build ctest pytest-asan pytest
 # The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
 # background job (`yes`, one per core, ended on every way out); not part of make test.
 STRESS_RUNS ?= 20
-STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_gc_cycles.py tests/test_monitor.py \
-	tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
+STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
+	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 stress: build
 	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
 	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \

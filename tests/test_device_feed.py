@@ -364,6 +364,7 @@ def test_pinned_batches_stay_views_in_a_training_loop(workers):
     data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
     loader = fastloop.Loader(data, batch_size=4, workers=workers)
     loader._pinned = pinned = PinnedBatches(4, torch=FakeTorch, register=FakeRegistry())
+    loader._assemble.pinned, loader._assemble.torch = pinned, True  # as output="torch", pin_memory=True makes it
     views = []
     real_pin = pinned.pinner.pin
     pinned.pinner.pin = lambda array: views.append(real_pin(array)) or views[-1]

@@ -96,7 +96,7 @@ def test_a_loader_a_finalizer_in_the_cycle_resurrects_still_works():
     assert len(survivors) == 1 and isinstance(survivors[0], _core._ProcLoader)
     core = survivors.pop()
     core.start_epoch(0)
-    x, y = core.next(10)
-    assert y.tolist() == list(range(8))
+    x, y, objects = core.next(10)  # arrays, then the batch's object bytes (none here)
+    assert y.tolist() == list(range(8)) and objects is None
     del x, y
     core.stop()

@@ -183,8 +183,8 @@ def test_dataloader_names_refuse_what_would_mean_something_else():
     labels = np.arange(20)
     with pytest.raises(ValueError, match="shuffle=False"):
         fastloop.Loader(labels, sampler=Odds(), shuffle=True)
-    with pytest.raises(ValueError, match="one size"):
-        fastloop.Loader(labels, batch_sampler=[[1, 2], [3, 4, 5]])
+    with pytest.raises(ValueError, match=r"empty batch \(batch 1 of epoch 0\)"):
+        fastloop.Loader(labels, batch_sampler=[[1, 2], [], [3, 4, 5]])
     with pytest.raises(ValueError, match="num_workers"):
         fastloop.Loader(labels, workers=2, num_workers=3)
     with pytest.raises(ValueError, match="'prefetch_factor' is DataLoader's name for 'prefetch'"):

@@ -5,7 +5,8 @@
  *
  * Each worker talks to the parent over one Unix stream socket pair (written with
  * MSG_NOSIGNAL: a dead peer is an error code, never a SIGPIPE). Messages are fixed headers
- * (plus sample ids, or an error text) written whole by one writer per direction. `lock` guards the slot states, the error and `lent`, because a lease may
+ * (plus sample ids, or an error text and the batch's extra bytes) written whole by one writer
+ * per direction. `lock` guards the slot states, the error and `lent`, because a lease may
  * be released from another thread while the consumer waits in poll() without it.
  */
 #define _GNU_SOURCE /* SOCK_CLOEXEC, MSG_NOSIGNAL */
@@ -38,6 +39,8 @@ typedef struct slot {
     uint64_t batch;
     size_t count;
     int worker;
+    unsigned char *extra; /* READY or LENT: the bytes the worker sent after the batch, or NULL */
+    size_t extra_len;
 } slot;
 
 typedef struct worker {
@@ -60,6 +63,7 @@ typedef struct result_header {
     int64_t index;
     uint32_t text_len;
     uint32_t reserved;
+    uint64_t extra_len; /* bytes after the text: the batch's fl_proc_extra */
 } result_header;
 
 struct fl_procpool {
@@ -72,6 +76,7 @@ struct fl_procpool {
     int running;
     int64_t *order;
     uint64_t order_len, n_batches, next_claim, next_deliver, epoch_seed;
+    uint64_t *ends; /* fl_procpool_set_batches: where each batch ends in the order, or NULL */
     int epoch_active;
 
     pthread_mutex_t lock;
@@ -130,15 +135,20 @@ static void worker_loop(fl_procpool *pool, int me, int fd) {
     task_header task;
     while (read_all(fd, &task, sizeof task) == 0 &&
            read_all(fd, ids, task.count * sizeof *ids) == 0) {
-        result_header result = {task.batch, task.slot, 0, -1, 0, 0};
+        result_header result = {task.batch, task.slot, 0, -1, 0, 0, 0};
         unsigned char *dst = pool->region + (size_t)task.slot * pool->slot_stride;
+        fl_proc_extra extra = {NULL, 0};
         text[0] = '\0';
-        if (pool->config.fill(pool->config.fill_ctx, me, task.seed, ids, task.count, dst,
+        if (pool->config.fill(pool->config.fill_ctx, me, task.seed, ids, task.count, dst, &extra,
                               &result.index, text, sizeof pool->failure.text) != 0) {
             result.failed = 1;
             result.text_len = (uint32_t)strnlen(text, sizeof pool->failure.text - 1);
+        } else {
+            result.extra_len = extra.len;
         }
-        if (write_all(fd, &result, sizeof result) != 0 || write_all(fd, text, result.text_len) != 0)
+        if (write_all(fd, &result, sizeof result) != 0 ||
+            write_all(fd, text, result.text_len) != 0 ||
+            write_all(fd, extra.data, (size_t)result.extra_len) != 0)
             break;
     }
     _exit(0); /* never return into the parent's code, never run its exit handlers */
@@ -183,6 +193,14 @@ static int spawn(fl_procpool *pool, int w) {
 }
 
 /* ---- stopping and reaping ---- */
+
+/* A slot back to FREE, dropping the extra bytes its batch came with. */
+static void free_slot(slot *s) {
+    s->state = SLOT_FREE;
+    free(s->extra);
+    s->extra = NULL;
+    s->extra_len = 0;
+}
 
 static void describe_exit(fl_proc_error *e, int status) {
     if (WIFSIGNALED(status)) {
@@ -237,7 +255,7 @@ static void worker_died(fl_procpool *pool, int w) {
     }
     for (int s = 0; s < pool->n_slots; s++)
         if (pool->slots[s].state == SLOT_ASSIGNED)
-            pool->slots[s].state = SLOT_FREE;
+            free_slot(&pool->slots[s]);
     stop_workers(pool);
     pool->epoch_active = 0;
 }
@@ -261,10 +279,21 @@ static int batches_ahead(const fl_procpool *pool) {
     return n;
 }
 
+/* Where batch b starts in the epoch order, and its samples. */
+static void batch_span(const fl_procpool *pool, uint64_t b, size_t *start, size_t *count) {
+    if (pool->ends != NULL) { /* a batch sampler's batches */
+        *start = (size_t)(b > 0 ? pool->ends[b - 1] : 0);
+        *count = (size_t)(pool->ends[b] - *start);
+        return;
+    }
+    size_t batch_size = pool->config.sampler.batch_size;
+    *start = (size_t)(b * batch_size);
+    *count = pool->order_len - *start < batch_size ? pool->order_len - *start : batch_size;
+}
+
 /* Sends batches to workers while slots are free, workers have room and fewer than
  * workers * prefetch batches are ahead of the consumer. */
 static void dispatch(fl_procpool *pool) {
-    size_t batch_size = pool->config.sampler.batch_size;
     int ahead = batches_ahead(pool);
     for (int s = 0; s < pool->n_slots && pool->epoch_active &&
                     ahead < pool->config.workers * pool->config.prefetch; s++) {
@@ -275,18 +304,47 @@ static void dispatch(fl_procpool *pool) {
         if (w < 0)
             return;
         uint64_t b = pool->next_claim++;
-        size_t start = (size_t)(b * batch_size);
-        size_t count = pool->order_len - start < batch_size ? pool->order_len - start : batch_size;
+        size_t start, count;
+        batch_span(pool, b, &start, &count);
         task_header task = {b, pool->epoch_seed, (uint32_t)s, (uint32_t)count};
         if (write_all(pool->workers[w].fd, &task, sizeof task) != 0 ||
             write_all(pool->workers[w].fd, pool->order + start, count * sizeof(int64_t)) != 0) {
             pool->next_claim--; /* the worker is gone; its hang-up is collected next */
             return;
         }
-        pool->slots[s] = (slot){SLOT_ASSIGNED, b, count, w};
+        pool->slots[s] = (slot){SLOT_ASSIGNED, b, count, w, NULL, 0};
         pool->workers[w].in_flight++;
         ahead++;
     }
+}
+
+/* Reads the extra bytes of a result into *out (malloc'd); with no memory for them, reads them
+ * away and says so in `text` (in the fill's "module.type\x1emessage\x1e" form). Returns -1 if
+ * the worker is gone, 1 when out of memory, 0 on success. */
+static int read_extra(int fd, uint64_t len, unsigned char **out, char *text, size_t text_size) {
+    *out = NULL;
+    if (len == 0)
+        return 0;
+    *out = malloc((size_t)len);
+    if (*out != NULL) {
+        if (read_all(fd, *out, (size_t)len) == 0)
+            return 0;
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
+    char sink[4096];
+    for (uint64_t left = len; left > 0;) {
+        size_t n = left < sizeof sink ? (size_t)left : sizeof sink;
+        if (read_all(fd, sink, n) != 0)
+            return -1;
+        left -= n;
+    }
+    snprintf(text, text_size,
+             "builtins.MemoryError\x1ethe main process has no memory for the %llu bytes of "
+             "sample data that did not fit the batch's slot\x1e",
+             (unsigned long long)len);
+    return 1;
 }
 
 /* Reads one result from worker w (its socket is readable). */
@@ -297,19 +355,28 @@ static void collect(fl_procpool *pool, int w) {
     static _Thread_local char spare[sizeof ((fl_proc_error *)0)->text];
     if (pool->error) /* keep the recorded failure's text; read into a spare buffer */
         text = spare;
+    unsigned char *extra = NULL;
+    int extra_rc = 0;
     if (read_all(k->fd, &r, sizeof r) != 0 || r.slot >= (uint32_t)pool->n_slots ||
-        r.text_len >= sizeof spare || read_all(k->fd, text, r.text_len) != 0) {
+        r.text_len >= sizeof spare || read_all(k->fd, text, r.text_len) != 0 ||
+        (extra_rc = read_extra(k->fd, r.extra_len, &extra, text, sizeof spare)) < 0) {
         worker_died(pool, w);
         return;
     }
-    text[r.text_len] = '\0';
+    if (extra_rc == 0)
+        text[r.text_len] = '\0';
     slot *s = &pool->slots[r.slot];
     k->in_flight--;
-    if (!r.failed) {
+    if (!r.failed && extra_rc == 0) {
         s->state = SLOT_READY;
+        s->extra = extra;
+        s->extra_len = extra != NULL ? (size_t)r.extra_len : 0;
         return;
     }
-    s->state = SLOT_FREE;
+    free_slot(s);
+    r.text_len = (uint32_t)strlen(text);
+    if (extra_rc != 0)
+        r.index = -1;
     if (!pool->error || r.batch < pool->error_batch) {
         if (text == spare)
             memcpy(pool->failure.text, spare, r.text_len + 1);
@@ -470,10 +537,56 @@ int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot_out, size_t 
 
 const fl_proc_error *fl_procpool_error(fl_procpool *pool) { return &pool->failure; }
 
+const void *fl_procpool_extra(fl_procpool *pool, int s, size_t *len) {
+    pthread_mutex_lock(&pool->lock);
+    int lent = s >= 0 && s < pool->n_slots && pool->slots[s].state == SLOT_LENT;
+    const void *data = lent ? pool->slots[s].extra : NULL;
+    *len = data != NULL ? pool->slots[s].extra_len : 0;
+    pthread_mutex_unlock(&pool->lock);
+    return data;
+}
+
+/* FL_OK when `ends` (n of them) split the shard into batches of 1 to batch_size samples. */
+static int check_ends(const fl_procpool *pool, const uint64_t *ends, uint64_t n) {
+    uint64_t shard = fl_sampler_shard_size(&pool->config.sampler), start = 0;
+    for (uint64_t b = 0; b < n; start = ends[b++])
+        if (ends[b] <= start || ends[b] - start > pool->config.sampler.batch_size)
+            return fl_error_set(FL_EINVAL, "batch %llu has %lld samples; each must have 1 to %zu",
+                                (unsigned long long)b, (long long)(ends[b] - start),
+                                pool->config.sampler.batch_size);
+    if (start != shard)
+        return fl_error_set(FL_EINVAL, "the batches hold %llu samples in all, the order %llu",
+                            (unsigned long long)start, (unsigned long long)shard);
+    return FL_OK;
+}
+
+int fl_procpool_set_batches(fl_procpool *pool, const uint64_t *ends, uint64_t n) {
+    int rc = ends != NULL ? check_ends(pool, ends, n) : FL_OK;
+    uint64_t *copy = NULL;
+    if (rc == FL_OK && ends != NULL &&
+        (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
+        rc = FL_ENOMEM;
+    if (rc != FL_OK)
+        return rc;
+    if (copy != NULL)
+        memcpy(copy, ends, n * sizeof *copy);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->epoch_active && pool->next_deliver < pool->n_batches) {
+        pthread_mutex_unlock(&pool->lock);
+        free(copy);
+        return fl_error_set(FL_EINVAL, "the batches cannot change while an epoch is in progress");
+    }
+    free(pool->ends);
+    pool->ends = copy;
+    pool->n_batches = copy != NULL ? n : fl_sampler_batches(&pool->config.sampler);
+    pthread_mutex_unlock(&pool->lock);
+    return FL_OK;
+}
+
 void fl_procpool_release(fl_procpool *pool, int s) {
     pthread_mutex_lock(&pool->lock);
     if (s >= 0 && s < pool->n_slots && pool->slots[s].state == SLOT_LENT) {
-        pool->slots[s].state = SLOT_FREE;
+        free_slot(&pool->slots[s]);
         pool->lent--;
         dispatch(pool); /* refill it now: a worker idle until the consumer's next call is time lost */
     }
@@ -485,7 +598,7 @@ void fl_procpool_stop(fl_procpool *pool) {
     stop_workers(pool);
     for (int s = 0; s < pool->n_slots; s++)
         if (pool->slots[s].state == SLOT_ASSIGNED || pool->slots[s].state == SLOT_READY)
-            pool->slots[s].state = SLOT_FREE;
+            free_slot(&pool->slots[s]);
     pool->epoch_active = 0;
     pthread_mutex_unlock(&pool->lock);
 }
@@ -525,6 +638,9 @@ void fl_procpool_free(fl_procpool *pool) {
     if (pool->region != NULL)
         munmap(pool->region, pool->region_len ? pool->region_len : ALIGN);
     pthread_mutex_destroy(&pool->lock);
+    for (int s = 0; pool->slots != NULL && s < pool->n_slots; s++)
+        free(pool->slots[s].extra);
+    free(pool->ends);
     free(pool->order);
     free(pool->slots);
     free(pool->workers);

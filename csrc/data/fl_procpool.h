@@ -4,7 +4,8 @@
  * writes batches straight into memory the parent reads: no pickling, no file in /dev/shm,
  * nothing to leak when a process dies (the mapping goes with its last user). Each worker has
  * a Unix socket pair with the parent: commands ("fill batch b into slot s with these sample
- * indices") one way, results ("done", or "failed at an index" with a message) the other. The
+ * indices") one way, results ("done", with the bytes of the batch that did not fit its slot,
+ * or "failed at an index" with a message) the other. The
  * parent notices a dead worker at once as a hang-up on its socket, and reaps it; a dead
  * worker never holds a lock the parent needs, because they share none.
  *
@@ -29,12 +30,20 @@
 #include "data/fl_batch_source.h"
 #include "data/fl_sampler.h"
 
+/* Bytes of a batch that did not fit its slot, which a fill hands over to travel after its
+ * result on the worker's socket (the parent keeps them with the slot: fl_procpool_extra). */
+typedef struct fl_proc_extra {
+    const void *data; /* the worker's memory, read before its next fill */
+    size_t len;       /* 0: none (the default) */
+} fl_proc_extra;
+
 /* Runs in a worker: fill `slot` with the samples `ids` (count of them); `seed` is the
- * epoch's augmentation seed (fl_sampler_epoch_seed). Returns 0, or non-zero after writing
- * into `error` (error_len bytes) what went wrong and setting *index to the failing sample. */
+ * epoch's augmentation seed (fl_sampler_epoch_seed); `extra` starts empty. Returns 0, or
+ * non-zero after writing into `error` (error_len bytes) what went wrong and setting *index to
+ * the failing sample (-1: none in particular). */
 typedef int (*fl_proc_fill_fn)(void *ctx, int worker, uint64_t seed, const int64_t *ids,
-                               size_t count, unsigned char *slot, int64_t *index, char *error,
-                               size_t error_len);
+                               size_t count, unsigned char *slot, fl_proc_extra *extra,
+                               int64_t *index, char *error, size_t error_len);
 
 typedef struct fl_proc_hooks {
     void (*before_fork)(void *ctx);
@@ -93,6 +102,18 @@ int fl_procpool_needs_stop(fl_procpool *pool);
 int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot, size_t *count);
 
 const fl_proc_error *fl_procpool_error(fl_procpool *pool);
+
+/* The extra bytes the worker sent with the batch in lent `slot` (see fl_proc_extra): a
+ * pointer valid until the slot is released and *len, or NULL and 0 if it sent none. */
+const void *fl_procpool_extra(fl_procpool *pool, int slot, size_t *len);
+
+/* Batches of uneven sizes, as a batch sampler gives them: batch b is the epoch order's
+ * positions ends[b - 1] (0 for b = 0) up to ends[b], 1 to batch_size samples each, and ends[n - 1]
+ * is the shard's size (fl_sampler_shard_size). Replaces the split into batch_size samples
+ * (ends NULL and n 0: back to it) and the number of batches, for the epochs started next.
+ * Copies `ends`. Returns 0, FL_EINVAL (an epoch is in progress, or a bad end: the detail
+ * says which batch) or FL_ENOMEM. */
+int fl_procpool_set_batches(fl_procpool *pool, const uint64_t *ends, uint64_t n);
 
 /* Gives a lent slot back and hands it to a worker at once if the epoch has work left (a
  * short socket write). Any thread. */

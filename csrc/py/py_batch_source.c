@@ -33,17 +33,36 @@ static void release_slot(void *core, int slot) {
     Py_END_ALLOW_THREADS
 }
 
+/* `batch` (a tuple, stolen) with `extra` (stolen) after its items; NULL if either is. */
+static PyObject *appended(PyObject *batch, PyObject *extra) {
+    PyObject *out = batch != NULL && extra != NULL ? PyTuple_New(PyTuple_GET_SIZE(batch) + 1) : NULL;
+    for (Py_ssize_t i = 0; out != NULL && i < PyTuple_GET_SIZE(batch); i++)
+        PyTuple_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(batch, i)));
+    if (out != NULL)
+        PyTuple_SET_ITEM(out, PyTuple_GET_SIZE(batch), extra);
+    else
+        Py_XDECREF(extra);
+    Py_XDECREF(batch);
+    return out;
+}
+
 /* The batch in `slot` as a tuple of arrays: views under a lease, or copies when lending it
- * would leave the workers no slot to fill. */
+ * would leave the workers no slot to fill; then the mode's batch_extra, if it has one. */
 static PyObject *batch_from_slot(fl_source_object *self, int slot, size_t count) {
     const fl_batch_source *src = &self->source;
+    PyObject *extra = NULL;
+    if (self->type->batch_extra != NULL && (extra = self->type->batch_extra(self, slot)) == NULL) {
+        release_slot(self, slot);
+        return NULL;
+    }
     fl_slot_batch batch = {
         .owner = (PyObject *)self, .core = self, .release = release_slot, .slot = slot,
         .data = src->ops->slot(src->impl, slot), .offsets = self->offsets, .count = count,
         .descrs = self->out_descrs, .shapes = self->out_shapes,
         .copy_out = fl_copy_out(src->ops->lent(src->impl), src->ops->slots(src->impl)),
     };
-    return fl_batch_from_slot(source_state((PyObject *)self), &batch);
+    PyObject *arrays = fl_batch_from_slot(source_state((PyObject *)self), &batch);
+    return extra != NULL ? appended(arrays, extra) : arrays;
 }
 
 typedef struct {

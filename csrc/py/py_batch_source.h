@@ -32,6 +32,9 @@ typedef struct fl_source_type {
     /* Sets the exception for an error code next() got from the source (not FL_EEND, a
      * timeout or FL_EINTR); returns NULL. */
     PyObject *(*raise_error)(fl_source_object *self, int rc);
+    /* NULL, or what next() appends to the batch's arrays for the lent `slot`, read before the
+     * slot can go back (a new reference; NULL with an exception). */
+    PyObject *(*batch_extra)(fl_source_object *self, int slot);
     /* The mode's own Python objects (NULL: none): visited, dropped once the workers are
      * ended, and its own memory freed once the source is. */
     traverseproc traverse;

@@ -2,8 +2,9 @@
  * processes forked by fl_procpool run the Python `fetch` (py_fork_child.c, the runtime of a
  * forked worker) and write each sample straight into a shared-memory slot. Here: the parent's
  * side, which holds the Python objects the workers run (with their gc traverse/clear), turns
- * a worker's failure into the exception `on_failure` builds, and lists the workers' pids.
- * next/start_epoch/stop and the shared getters are py_batch_source.c's. */
+ * a worker's failure into the exception `on_failure` builds, lists the workers' pids, hands
+ * each batch's object bytes to Python after its arrays, and takes a batch sampler's uneven
+ * batches. next/start_epoch/stop and the shared getters are py_batch_source.c's. */
 #include "fl_module.h"
 #include "fl_numpy.h"
 
@@ -20,6 +21,7 @@ typedef struct {
     PyObject *fetch;        /* (index[, epoch seed]) -> sample (a tuple of fields, or one field) */
     PyObject *worker_setup; /* worker_id -> None, run in each child; or None */
     PyObject *on_failure;   /* (kind, worker, pid, signal, index, text) -> exception */
+    PyObject *finish;       /* raw -> the batch's object bytes, run in each child; or None */
     PyObject *in_descrs, *in_shapes; /* per field, as fetched */
     int workers;
 } ProcLoaderObject;
@@ -44,6 +46,51 @@ static PyObject *raise_worker_failure(fl_source_object *base, int rc) {
 }
 
 static const fl_source_type proc_type;
+
+/* next() appends to each batch the bytes of its object area, or of the slot's extra bytes,
+ * as a bytearray (arrays decoded from it may be written to), or None when there are none. */
+static PyObject *proc_batch_extra(fl_source_object *base, int slot) {
+    ProcLoaderObject *self = (ProcLoaderObject *)base;
+    if (self->child.finish == NULL)
+        Py_RETURN_NONE;
+    const unsigned char *area = (unsigned char *)fl_procpool_slot(core_pool((PyObject *)self), slot) +
+                                self->child.objects_offset;
+    uint64_t len;
+    memcpy(&len, area, sizeof len);
+    if (len == 0)
+        Py_RETURN_NONE;
+    if (len == FL_OBJECTS_AFTER) {
+        size_t n;
+        const void *data = fl_procpool_extra(core_pool((PyObject *)self), slot, &n);
+        if (data != NULL)
+            return PyByteArray_FromStringAndSize(data, (Py_ssize_t)n);
+    } else if (len <= self->child.objects_capacity) {
+        return PyByteArray_FromStringAndSize((const char *)area + sizeof len, (Py_ssize_t)len);
+    }
+    return PyErr_Format(PyExc_RuntimeError, "a worker's sample data is corrupt (object area length %llu)",
+                        (unsigned long long)len);
+}
+
+/* batch_ends = an array of where each batch ends in the epoch's order (a batch sampler's
+ * uneven batches), or None for batch_size samples each; set between epochs. */
+static int proc_set_batch_ends(PyObject *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "batch_ends cannot be deleted; set None");
+        return -1;
+    }
+    PyArrayObject *ends = NULL;
+    if (value != Py_None &&
+        (ends = (PyArrayObject *)PyArray_FROMANY(value, NPY_UINT64, 1, 1, NPY_ARRAY_CARRAY)) == NULL)
+        return -1;
+    int rc = fl_procpool_set_batches(core_pool(self), ends ? (const uint64_t *)PyArray_DATA(ends) : NULL,
+                                     ends ? (uint64_t)PyArray_DIM(ends, 0) : 0);
+    Py_XDECREF(ends);
+    if (rc == FL_OK)
+        return 0;
+    fl_raise(fl_state_from_type(Py_TYPE(self)), rc, "batch_sampler");
+    return -1;
+}
 
 static PyObject *proc_get_pids(PyObject *self, void *closure) {
     (void)closure;
@@ -84,8 +131,8 @@ static int plan_pipeline(fl_fork_child *child, PyObject *pipeline_obj, PyObject 
 static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *descrs, PyObject *shapes) {
     fl_fork_child *child = &self->child;
     child->n_fields = self->base.n_fields = (size_t)PyTuple_GET_SIZE(fields);
-    if (child->n_fields == 0 || child->n_fields > FL_SOURCE_MAX_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "a sample has 1 to 64 fields");
+    if ((child->n_fields == 0 && child->finish == NULL) || child->n_fields > FL_SOURCE_MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "a sample has 1 to 64 fields (0 with finish)");
         return -1;
     }
     for (size_t f = 0; f < child->n_fields; f++) {
@@ -104,8 +151,10 @@ static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *desc
     return self->in_descrs != NULL && self->in_shapes != NULL ? 0 : -1;
 }
 
-/* Lays the slot out for the output fields and makes the pool, as the shared binding's source. */
-static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyObject *descrs, PyObject *shapes) {
+/* Lays the slot out for the output fields (then the object area, with `finish`) and makes the
+ * pool, as the shared binding's source. */
+static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyObject *descrs, PyObject *shapes,
+                        size_t objects_bytes) {
     fl_fork_child *child = &self->child;
     for (size_t f = 0; f < child->n_fields; f++)
         child->out_bytes[f] = (size_t)fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f),
@@ -113,6 +162,15 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
     config->slot_bytes = fl_slot_layout(child->out_bytes, child->n_fields, config->sampler.batch_size,
                                         self->base.offsets);
     child->offsets = self->base.offsets;
+    if (child->finish != NULL) { /* the area: a u64 length, then objects_bytes */
+        child->objects_offset = config->slot_bytes;
+        child->objects_capacity = objects_bytes;
+        if (__builtin_add_overflow(config->slot_bytes, sizeof(uint64_t) + objects_bytes, &config->slot_bytes)) {
+            PyErr_Format(PyExc_OverflowError, "a batch slot of %zu bytes and %zu of sample data is too large",
+                         config->slot_bytes, objects_bytes);
+            return -1;
+        }
+    }
     self->base.out_descrs = PySequence_Tuple(descrs);
     self->base.out_shapes = PySequence_Tuple(shapes);
     if (self->base.out_descrs == NULL || self->base.out_shapes == NULL)
@@ -130,15 +188,19 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
 static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "fetch", "on_failure", "n", "batch_size", "shuffle", "seed", "rank",
                                "world_size", "drop_last", "workers", "prefetch", "pipeline", "worker_setup",
-                               "metrics", NULL};
+                               "metrics", "finish", "objects_bytes", NULL};
     PyObject *fields_obj, *fetch, *on_failure, *pipeline_obj = Py_None, *setup = Py_None, *metrics_obj = Py_None;
+    PyObject *finish = Py_None;
     unsigned long long n, seed = 0;
-    Py_ssize_t batch_size;
+    Py_ssize_t batch_size, objects_bytes = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 1, prefetch = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOKn|pKiipiiOOO:_ProcLoader", keywords, &fields_obj, &fetch,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOKn|pKiipiiOOOOn:_ProcLoader", keywords, &fields_obj, &fetch,
                                      &on_failure, &n, &batch_size, &shuffle, &seed, &rank, &world_size, &drop_last,
-                                     &workers, &prefetch, &pipeline_obj, &setup, &metrics_obj))
+                                     &workers, &prefetch, &pipeline_obj, &setup, &metrics_obj, &finish,
+                                     &objects_bytes))
         return NULL;
+    if (objects_bytes < 0)
+        return PyErr_Format(PyExc_ValueError, "'objects_bytes' must be >= 0, not %zd", objects_bytes);
     fl_module_state *state = fl_state_from_type(type);
     ProcLoaderObject *self = (ProcLoaderObject *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -149,6 +211,8 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     child->fetch = self->fetch = Py_NewRef(fetch);
     child->worker_setup = self->worker_setup = Py_NewRef(setup);
     self->on_failure = Py_NewRef(on_failure);
+    self->finish = Py_NewRef(finish);
+    child->finish = finish != Py_None ? finish : NULL;
     self->workers = workers;
     self->base.keep_alive = PyList_New(0);
     PyObject *descrs = PyList_New(0), *shapes = PyList_New(0);
@@ -166,7 +230,7 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         .workers = workers, .prefetch = prefetch, .fill = fl_fork_child_fill, .fill_ctx = child,
         .hooks = fl_fork_child_hooks(child), .metrics = metrics,
     };
-    if (build_source(self, &config, descrs, shapes) < 0)
+    if (build_source(self, &config, descrs, shapes, (size_t)objects_bytes) < 0)
         goto fail;
     Py_DECREF(fields), Py_DECREF(descrs), Py_DECREF(shapes);
     return (PyObject *)self;
@@ -183,6 +247,7 @@ static int proc_traverse(PyObject *self_obj, visitproc visit, void *arg) {
     Py_VISIT(self->fetch);
     Py_VISIT(self->worker_setup);
     Py_VISIT(self->on_failure);
+    Py_VISIT(self->finish);
     Py_VISIT(self->in_descrs);
     Py_VISIT(self->in_shapes);
     return 0;
@@ -191,10 +256,11 @@ static int proc_traverse(PyObject *self_obj, visitproc visit, void *arg) {
 /* Drops what can lead back to user objects, once the workers have ended. */
 static void proc_clear(fl_source_object *base) {
     ProcLoaderObject *self = (ProcLoaderObject *)base;
-    self->child.fetch = self->child.worker_setup = NULL;
+    self->child.fetch = self->child.worker_setup = self->child.finish = NULL;
     Py_CLEAR(self->fetch);
     Py_CLEAR(self->worker_setup);
     Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->finish);
 }
 
 static void proc_free(fl_source_object *base) {
@@ -208,6 +274,9 @@ static void proc_free(fl_source_object *base) {
 static PyGetSetDef proc_getset[] = {
     FL_SOURCE_GETSET,
     {"pids", proc_get_pids, NULL, "Pids of the running workers.", NULL},
+    {"batch_ends", NULL, proc_set_batch_ends,
+     "Where each batch ends in the epoch's order (a batch sampler's uneven batches), or None for batch_size "
+     "samples each; set between epochs (write-only).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -215,7 +284,7 @@ static const fl_source_type proc_type = {
     .name = "fastloop._core._ProcLoader", .doc = "The C half of fastloop.Loader in processes mode.",
     .basicsize = sizeof(ProcLoaderObject), .new = proc_new, .getset = proc_getset,
     .timeout_format = "no batch from the worker processes within %g s",
-    .raise_error = raise_worker_failure,
+    .raise_error = raise_worker_failure, .batch_extra = proc_batch_extra,
     .traverse = proc_traverse, .clear = proc_clear, .free = proc_free,
 };
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import importlib
 import logging
+import numbers
 import os
 import re
 import weakref
@@ -22,13 +23,16 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
+from ._batches import Assembler, Batch, check_same_shapes
+from ._collate import as_arrays
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._device_feed import dtype_name, memory_format_name
-from ._samples import Fetcher, SampleStructure, SharedOrder
+from ._sample_codec import describe
+from ._samples import Fetcher, SampleLayout, SharedOrder
 from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
-                             seed_generators, setup_worker_torch, to_tensors, torch_single_threaded)
+                             seed_generators, setup_worker_torch, torch_single_threaded)
 from .errors import WorkerError
 from .ops import _GEOMETRY_HINT, Pipeline
 
@@ -147,7 +151,8 @@ def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: st
         return WorkerError(text, pid=pid, signal=signal or None, worker=worker)
     name, _, rest = text.partition("\x1e")
     message, _, traceback = rest.partition("\x1e")
-    full = (f"{name.rsplit('.', 1)[-1]} in worker {worker} (pid {pid}) on sample {index}: {message}\n"
+    on = f" on sample {index}" if index >= 0 else ""  # -1: the message names the sample
+    full = (f"{name.rsplit('.', 1)[-1]} in worker {worker} (pid {pid}){on}: {message}\n"
             f"Worker traceback:\n{traceback}")
     module, _, qualname = name.rpartition(".")
     try:
@@ -187,8 +192,13 @@ class Loader:
     source: an array or CPU torch tensor (or .npy memory map), a tuple of them (inputs,
       labels, ...: fields, not samples), a Folder, a tuple mixing arrays, tensors and
       Folders, or any map-style dataset (``__len__`` and ``__getitem__``, e.g. a torch
-      Dataset) returning a sample: one field, a tuple of fields or a flat dict of them
-      (batched per key). Tensors are read through zero-copy NumPy views.
+      Dataset) returning samples as DataLoader takes them: arrays, tensors, numbers,
+      strings, bytes, None or any object, in tuples, lists, namedtuples and dicts, nested.
+      Arrays, tensors and numbers go into the batch slots' fixed-shape fields (zero-copy
+      NumPy views); the other values, and samples laid out unlike the first one, travel from
+      the workers serialized. A batch is collated as torch's default_collate does (strings
+      as lists, containers per key and position; a tuple stays a tuple), its arrays of
+      different shapes raising default_collate's RuntimeError unless a collate_fn takes them.
     transform: a fastloop.ops.Pipeline (runs in C on the first field of each batch, no GIL
       at all) or a Python callable given each sample's input (field 0; the whole sample if
       it is one field or a dict), as torchvision's datasets apply it; target_transform: a
@@ -228,12 +238,15 @@ class Loader:
     a third batch you keep comes as a copy, so kept batches never reduce the prefetch.
     output: "numpy" (arrays) or "torch" (tensors sharing the slot memory, via
     torch.from_numpy). collate_fn: called with the batch's list of samples (as the dataset
-    gives them; arrays or tensors) in this process; what it returns is the batch.
+    gives them, arrays or tensors as `output` says, shapes free) in this process; what it
+    returns is the batch. batch_size=None: samples one by one, unbatched (each through the
+    collate_fn if there is one), as DataLoader's batch_size=None.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
     prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
-    batch_sampler (an iterable of lists of indices of one size; it sets the batch size).
+    batch_sampler (an iterable of lists of indices, of any sizes; the first epoch's largest
+    sizes the batch slots).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
     device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU, copied from
@@ -255,7 +268,7 @@ class Loader:
       (DataLoader too warns and goes on unpinned).
 
     With Python code (a dataset or transform), the first sample is fetched once in this
-    process to learn the batch layout (every sample must have the same shapes), with torch
+    process to learn the batch layout (which values go into the slots), with torch
     held to one thread so its thread pool is not started before the workers fork; code
     calling get_worker_info() must accept None there, as with torch's num_workers=0.
     """
@@ -263,7 +276,7 @@ class Loader:
     def __init__(
         self,
         source: Any,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         *,
         shuffle: bool = False,
         seed: int = 0,
@@ -295,8 +308,17 @@ class Loader:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
         order = _sampler_order(sampler, batch_sampler, shuffle)
+        self._unbatched = batch_size is None and batch_sampler is None  # samples one by one
+        if self._unbatched:
+            if drop_last:
+                raise ValueError("batch_size=None hands out samples one by one, so it cannot go with "
+                                 "drop_last=True (as in DataLoader)")
+            batch_size = 1
         if order is not None and batch_sampler is not None:
             batch_size, drop_last = order.batch_size, False
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            raise TypeError(f"'batch_size' must be an int >= 1 or None, not {type(batch_size).__name__}")
+        batch_size = int(batch_size)
         if output not in ("numpy", "torch"):
             raise ValueError(f"'output' must be 'numpy' or 'torch', not {output!r}")
         if target_transform is not None and not callable(target_transform):
@@ -356,7 +378,8 @@ class Loader:
         self.timeout, self.persistent_workers = timeout, persistent_workers
         self.metrics = Metrics()
         self._single = False
-        self._structure = SampleStructure(())
+        self._layout = SampleLayout.of_fields(0, False)
+        self._from_worker = False  # the core's batches end with their object bytes (processes mode)
         self._epoch = 0
         self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
         fields, dataset = self._classify(source)
@@ -384,23 +407,36 @@ class Loader:
         if on_error == "skip" and dataset is not None:
             raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
                              "Folders or image sources")
+        if self.device is not None and self._unbatched:
+            raise ValueError("device='cuda' copies batches: give a batch_size (batch_size=None hands out samples)")
         if dataset is None:
-            self._structure = SampleStructure(0 if self._single else ())
+            self._layout = SampleLayout.of_fields(len(fields), self._single)
             pipeline = self._start_feed(pipeline, _field_dtype(fields[0]), _is_encoded(fields[0]))
             self._core = self._threads(fields, pipeline, workers, prefetch)
+            self._assemble = Assembler(self._layout, output, collate_fn, self._unbatched, self._pinned)
             return
         fetch = Fetcher(dataset, python_transform, target_transform, order)
         with torch_single_threaded():  # not start torch's thread pool here before forking
             first = fetch.probe()
-        assert fetch.structure is not None
-        self._structure, self._single = fetch.structure, fetch.structure.single
+        assert fetch.layout is not None
+        self._layout, self._single = fetch.layout, fetch.layout.single
+        self._assemble = Assembler(self._layout, output, collate_fn, self._unbatched, self._pinned)
+        if self.device is not None and not self._layout.flat:
+            raise ValueError(f"device='cuda' takes samples of arrays, tensors and numbers (one, a tuple or a flat "
+                             f"dict of them); these have {_first_non_array(self._layout)}: use output='torch' and "
+                             f"move the tensors yourself")
+        if pipeline is not None:
+            _check_pipeline_field(self._layout)
         if self.device is not None:  # the first field as the workers' pipeline gets it
             geometry = pipeline is not None and pipeline.geometry is not None
             pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype, False)
         if mode == "processes":
             self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
+            self._from_worker = True
         else:
             self._core = _InProcess(self, fetch, pipeline)
+        if order is not None and order.ends is not None and mode == "processes":
+            self._core.batch_ends = order.ends
 
     # ---- construction ----
 
@@ -480,22 +516,19 @@ class Loader:
                        skip_errors=self.on_error == "skip",
                        **self._sampling())
 
-    def _processes(self, fetch: Fetcher, first: tuple, pipeline: Pipeline | None, workers: int,
+    def _processes(self, fetch: Fetcher, first: Any, pipeline: Pipeline | None, workers: int,
                    prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
+        layout = fetch.layout
+        assert layout is not None
+        fields = list(layout.specs)  # (dtype, sample shape) per slot field
         if pipeline is not None and pipeline.geometry is not None:
             # the crop/resize runs in the worker on each fetched image, the later steps in C
             if pipeline.fixed_size() is None:
                 raise ValueError(f"Resize({pipeline.steps[0].size}) gives images of different sizes: "
                                  f"{_GEOMETRY_HINT}")
             fetch.geometry = _fused_geometry(pipeline)
-            first = (fetch.geometry(first[0], 0, 0), *first[1:])
-        fields = []
-        for i, value in enumerate(first):
-            array = np.asarray(value)
-            if array.dtype.hasobject or array.dtype.kind in "USV":
-                raise TypeError(f"sample field {i} is a {type(value).__name__}: samples must hold arrays, "
-                                f"tensors or numbers (or pass a collate_fn-free dataset that converts it)")
-            fields.append((array.dtype, tuple(array.shape)))
+            image = np.asarray(fetch.geometry(layout.flatten(first, [])[0], 0, 0))
+            fields[0] = (image.dtype, tuple(image.shape))
         core_pipeline = pipeline._core(pipeline.channels_of(fields[0][1])) if pipeline is not None else None
         seed = self.seed
 
@@ -511,6 +544,7 @@ class Loader:
         n = len(fetch.dataset) if fetch.order is None else fetch.order.n
         return _ProcLoader(fields, fetch, _failure, n, workers=workers, prefetch=prefetch,
                            pipeline=core_pipeline, worker_setup=worker_setup, metrics=self.metrics,
+                           finish=fetch.finish, objects_bytes=layout.objects_bytes(first, self.batch_size),
                            **self._sampling())
 
     # ---- iteration ----
@@ -521,12 +555,14 @@ class Loader:
         self._epoch, self._resume_at = epoch + 1, 0
         if self._order is not None:
             self._order.start_epoch(epoch)
+            if self._order.ends is not None and self._from_worker:  # this epoch's batches, uneven
+                self._core.batch_ends = self._order.ends
         self._core.start_epoch(epoch, first_batch)
         self._progress = (epoch, first_batch)
         active = _Epoch(self, epoch, first_batch)
         self._active = weakref.ref(active)
         if self._feed is not None:
-            return (self._structure.build(batch) for batch in self._feed.iterate(active, epoch))
+            return (self._layout.build(batch, None) for batch in self._feed.iterate(active, epoch))
         return active
 
     def _abandon_active(self) -> None:
@@ -604,17 +640,23 @@ class Loader:
         if self._pinned is not None:
             self._pinned.close()
 
-    def _deliver(self, batch: tuple) -> Any:
-        """A batch's fields as the user gets them: tensors or arrays, in the samples' structure."""
-        if self._feed is not None:  # the feed takes the fields as they are
-            return batch
-        if self._pinned is not None:
-            batch = self._pinned.tensors(batch)
-        elif self.output == "torch":
-            batch = to_tensors(batch)
-        if self.collate_fn is not None:
-            return self.collate_fn(self._structure.unbatch(batch))
-        return self._structure.build(batch)
+    def _deliver(self, made: Any) -> Any:
+        """A batch as the user gets it: tensors or arrays, in the samples' structure, collated
+        (or through the collate_fn, or one sample with batch_size=None); with a device, the
+        slot fields as they are, for the feed."""
+        if type(made) is tuple:  # a core's arrays (then, from worker processes, their object bytes)
+            if self._from_worker:
+                if made[-1] is not None:
+                    made = Batch.from_worker(made)
+                    return self._deliver(made)
+                made = made[:-1]
+            if self._feed is not None:  # the feed takes the fields as they are
+                return made
+            return self._assemble.slots(made)
+        if self._feed is not None:
+            check_same_shapes(made)
+            return tuple(made.fixed)
+        return self._assemble(made)
 
     def __enter__(self) -> "Loader":
         return self
@@ -677,6 +719,9 @@ class _Epoch:
             self.abandon()
 
 
+_RANKS = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}  # kinds a slot field's dtype takes without loss, as the workers'
+
+
 class _InProcess:
     """workers=0 with Python code: samples fetched and collated in the calling thread (as
     torch's num_workers=0), in the same order and with the same augmentations as workers."""
@@ -686,13 +731,21 @@ class _InProcess:
         self.n = len(fetch.dataset) if fetch.order is None else fetch.order.n
         self.order = np.empty(0, np.int64)
         self.position = 0
+        self.batch = 0  # batches of the epoch made
         from ._core import _epoch_order, _epoch_seed
 
         self._epoch_order, self._epoch_seed = _epoch_order, _epoch_seed
         self.seed = 0
 
+    def _ends(self) -> np.ndarray | None:
+        """Where a batch_sampler's (uneven) batches end in the order, else None."""
+        return self.fetch.order.ends if self.fetch.order is not None else None
+
     @property
     def batches(self) -> int:
+        ends = self._ends()
+        if ends is not None:
+            return len(ends)
         size = len(range(self.loader.rank, self.n, self.loader.world_size))
         b = self.loader.batch_size
         return size // b if self.loader.drop_last else -(-size // b)
@@ -702,23 +755,92 @@ class _InProcess:
         self.order = self._epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size)
         self.seed = self._epoch_seed(L.seed, epoch)
         self.position = min(first_batch, self.batches) * L.batch_size
+        self.batch = min(first_batch, self.batches)
 
-    def next(self, timeout: float | None) -> tuple | None:
+    def _next_positions(self) -> np.ndarray | None:
+        """The order's positions of the next batch; None after the last."""
+        L, ends = self.loader, self._ends()
+        if ends is not None:
+            if self.batch >= len(ends):
+                return None
+            start, stop = (int(ends[self.batch - 1]) if self.batch else 0), int(ends[self.batch])
+        else:
+            if self.position >= self.batches * L.batch_size or self.position >= len(self.order):
+                return None
+            start, stop = self.position, self.position + L.batch_size
+            self.position = stop
+        self.batch += 1
+        return self.order[start:stop]
+
+    def next(self, timeout: float | None) -> Batch | None:
         L = self.loader
-        if self.position >= self.batches * L.batch_size or self.position >= len(self.order):
+        ids = self._next_positions()
+        if ids is None:
             return None
-        ids = self.order[self.position:self.position + L.batch_size]
-        self.position += L.batch_size
-        samples = [self.fetch(int(i)) for i in ids]
-        batch = [np.stack([np.asarray(v) for v in column]) for column in zip(*samples)]
-        if self.pipeline is not None:
-            batch[0] = self.pipeline(batch[0], seed=self.seed, ids=ids)
+        indices = [self.fetch.index(int(i)) for i in ids]
+        samples = [self.fetch.sample(int(i)) for i in ids]
         L.metrics.add("loader/samples", len(ids))
         L.metrics.add("loader/batches")
-        return tuple(batch)
+        return self._collect(samples, indices, ids)
+
+    def _collect(self, samples: list, indices: list, ids: np.ndarray) -> Batch:
+        """The batch's slot fields stacked in the first sample's dtypes and shapes (field 0
+        through the pipeline) and its object values; or its samples whole when one does not
+        fit that layout, as a worker sends them."""
+        layout = self.fetch.layout
+        assert layout is not None
+        objects: list = []
+        rows = []
+        for i, sample in enumerate(samples):
+            try:
+                row = layout.flatten(sample, objects)
+            except TypeError as e:  # a tensor NumPy cannot view: name the sample, as workers do
+                raise TypeError(f"sample {indices[i]}: {e}") from None
+            if row is None:
+                return self._whole(samples, indices, i, "is laid out unlike the first sample")
+            rows.append(row)
+        fixed = []
+        for k, (dtype, shape) in enumerate(layout.specs):
+            column = [np.asarray(row[k]) for row in rows]
+            odd = next((i for i, c in enumerate(column) if c.shape != shape), None)
+            if odd is not None:
+                return self._whole(samples, indices, odd, f"has {describe(layout.fixed[k])} of shape "
+                                                          f"{column[odd].shape}, the first sample's is {shape}")
+            try:
+                stacked = np.stack(column)
+                if _RANKS.get(stacked.dtype.kind, -1) > _RANKS.get(dtype.kind, -1):
+                    raise TypeError("a cast would drop a fraction or an imaginary part")
+                fixed.append(stacked.astype(dtype, copy=False))
+            except (TypeError, ValueError, OverflowError):
+                return self._whole(samples, indices, 0, f"has {describe(layout.fixed[k])} of another kind")
+        if self.pipeline is not None:
+            fixed[0] = self.pipeline(fixed[0], seed=self.seed, ids=ids)
+        columns = [list(c) for c in zip(*objects)] if layout.objects else None
+        return Batch(tuple(fixed), columns, None, indices)
+
+    def _whole(self, samples: list, indices: list, odd: int, why: str) -> Batch:
+        if self.pipeline is not None:
+            raise ValueError(f"sample {indices[odd]} {why}: a Pipeline transform needs every sample laid out "
+                             f"as the first")
+        return Batch((), None, [as_arrays(s) for s in samples], indices)
 
     def stop(self) -> None:
         self.position = len(self.order)
+        self.batch = self.batches
+
+
+def _first_non_array(layout: SampleLayout) -> str:
+    """Where a layout first holds something other than a slot field, in words."""
+    if layout.objects:
+        return f"{describe(layout.objects[0])}, neither an array nor a number"
+    return "nested tuples, lists or dicts"
+
+
+def _check_pipeline_field(layout: SampleLayout) -> None:
+    """A Pipeline transform runs on the samples' first value, which must be an array."""
+    if not layout.fixed or layout.fixed[0] != layout.leaves[0]:
+        raise TypeError(f"a Pipeline transform runs on the samples' first value, but "
+                        f"{describe(layout.leaves[0])} is neither an array, a tensor nor a number")
 
 
 def _naming_member(source: Any, error: BaseException) -> BaseException | None:

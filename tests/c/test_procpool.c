@@ -1,7 +1,7 @@
 /* test_procpool.c - the process pool with a C fill function: every sample once and in
  * order through shared memory, persistent workers, a failing sample reported with its index,
- * a SIGKILLed worker reported within a second with no zombie left, restarts, and epochs
- * resumed at a batch. */
+ * a SIGKILLed worker reported within a second with no zombie left, restarts, epochs
+ * resumed at a batch, extra bytes that did not fit a slot, and batches of uneven sizes. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,8 +20,9 @@ enum { SAMPLES = 5000, BATCH = 64 };
 static int64_t fail_at = -1;
 
 static int fill(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t count,
-                unsigned char *slot, int64_t *index, char *error, size_t error_len) {
-    (void)ctx, (void)seed;
+                unsigned char *slot, fl_proc_extra *extra, int64_t *index, char *error,
+                size_t error_len) {
+    (void)ctx, (void)seed, (void)extra;
     int64_t *out = (int64_t *)slot;
     for (size_t i = 0; i < count; i++) {
         if (ids[i] == fail_at) {
@@ -248,6 +249,93 @@ static void test_the_batch_source_table_runs_the_pool(void) {
     src.ops->free(src.impl);
 }
 
+/* Sends every batch's ids again as extra bytes, a batch in 7 with 3 MB of them: more than a
+ * socket buffer holds, so the parent must read while the worker writes. */
+static int fill_with_extra(void *ctx, int worker, uint64_t seed, const int64_t *ids, size_t count,
+                           unsigned char *slot, fl_proc_extra *extra, int64_t *index, char *error,
+                           size_t error_len) {
+    static int64_t big[3 << 17];
+    int rc = fill(ctx, worker, seed, ids, count, slot, extra, index, error, error_len);
+    int64_t *out = ids[0] / BATCH % 7 == 3 ? big : (int64_t *)slot + 2 * BATCH;
+    size_t n = out == big ? sizeof big / sizeof *big : count;
+    for (size_t i = 0; i < n; i++)
+        out[i] = ids[i % count] + (int64_t)(i / count) * SAMPLES;
+    extra->data = out;
+    extra->len = n * sizeof *out;
+    return rc;
+}
+
+static void test_extra_bytes_travel_with_their_batch_and_go_with_its_slot(void) {
+    fl_procpool_config config = {
+        .sampler = {.n = SAMPLES, .world_size = 1, .batch_size = BATCH},
+        .workers = 2, .prefetch = 2, .slot_bytes = BATCH * 4 * sizeof(int64_t),
+        .fill = fill_with_extra,
+    };
+    fl_procpool *pool = NULL;
+    CHECK(fl_procpool_new(&config, &pool) == FL_OK);
+    CHECK(fl_procpool_start_epoch(pool, 0) == FL_OK);
+    int slot, rc, big = 0;
+    size_t count, len;
+    uint64_t batch = 0;
+    while ((rc = fl_procpool_next(pool, 10, &slot, &count)) == FL_OK) {
+        const int64_t *data = fl_procpool_slot(pool, slot);
+        const int64_t *extra = fl_procpool_extra(pool, slot, &len);
+        CHECK(extra != NULL && len % (count * sizeof *extra) == 0);
+        for (size_t i = 0; extra != NULL && i < len / sizeof *extra; i++)
+            CHECK(extra[i] == data[2 * (i % count)] + (int64_t)(i / count) * SAMPLES);
+        big += len > (size_t)1 << 20;
+        fl_procpool_release(pool, slot);
+        CHECK(fl_procpool_extra(pool, slot, &len) == NULL && len == 0); /* went with the slot */
+        batch++;
+    }
+    CHECK(rc == FL_EEND && batch == (SAMPLES + BATCH - 1) / BATCH && big == 11);
+    fl_procpool_free(pool);
+}
+
+static void test_uneven_batches_follow_their_ends_and_bad_ends_are_refused(void) {
+    fl_procpool *pool = make_pool(2, 0);
+    uint64_t short_of_it[] = {1, BATCH + 1, BATCH + 4};
+    CHECK(fl_procpool_set_batches(pool, short_of_it, 3) == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "68 samples in all, the order 5000") != NULL);
+    uint64_t too_big[] = {BATCH + 1, SAMPLES};
+    CHECK(fl_procpool_set_batches(pool, too_big, 2) == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "batch 0 has 65 samples") != NULL);
+    uint64_t empty[] = {3, 3, SAMPLES};
+    CHECK(fl_procpool_set_batches(pool, empty, 3) == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "batch 1 has 0 samples") != NULL);
+    static uint64_t ends[SAMPLES];
+    size_t n = 0;
+    for (uint64_t end = 1; end < SAMPLES; end += 1 + (end * 7919) % BATCH) /* sizes 1 to BATCH */
+        ends[n++] = end;
+    ends[n++] = SAMPLES;
+    CHECK(fl_procpool_set_batches(pool, ends, n) == FL_OK);
+    CHECK(fl_procpool_batches(pool) == n);
+    CHECK(fl_procpool_start_epoch(pool, 0) == FL_OK);
+    int slot;
+    size_t count, b = 0;
+    uint64_t start = 0;
+    while (fl_procpool_next(pool, 10, &slot, &count) == FL_OK) {
+        const int64_t *data = fl_procpool_slot(pool, slot);
+        CHECK(count == ends[b] - start);
+        for (size_t i = 0; i < count; i++)
+            CHECK(data[2 * i] == (int64_t)(start + i)); /* no shuffle: the order is 0, 1, ... */
+        start = ends[b++];
+        fl_procpool_release(pool, slot);
+    }
+    CHECK(b == n && start == SAMPLES);
+    CHECK(fl_procpool_start_epoch_at(pool, 1, 2) == FL_OK); /* resumed: batch 2, ends[1]..ends[2] */
+    CHECK(fl_procpool_next(pool, 10, &slot, &count) == FL_OK && count == ends[2] - ends[1]);
+    CHECK(((const int64_t *)fl_procpool_slot(pool, slot))[0] == (int64_t)ends[1]);
+    CHECK(fl_procpool_set_batches(pool, NULL, 0) == FL_EINVAL); /* mid-epoch */
+    fl_procpool_release(pool, slot);
+    fl_procpool_stop(pool);
+    CHECK(fl_procpool_set_batches(pool, NULL, 0) == FL_OK);     /* back to BATCH each */
+    CHECK(fl_procpool_batches(pool) == (SAMPLES + BATCH - 1) / BATCH);
+    int seen = 0;
+    CHECK(run_epoch(pool, 2, &seen) == SAMPLES);
+    fl_procpool_free(pool);
+}
+
 int main(void) {
     RUN(test_every_sample_once_through_shared_memory);
     RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
@@ -256,5 +344,7 @@ int main(void) {
     RUN(test_stopping_mid_epoch_ends_the_workers);
     RUN(test_a_batch_released_by_a_fork_hook_does_not_deadlock_the_epoch_start);
     RUN(test_the_batch_source_table_runs_the_pool);
+    RUN(test_extra_bytes_travel_with_their_batch_and_go_with_its_slot);
+    RUN(test_uneven_batches_follow_their_ends_and_bad_ends_are_refused);
     return check_failures != 0;
 }
