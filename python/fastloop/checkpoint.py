@@ -146,7 +146,7 @@ def read_checkpoint(path: Union[str, "os.PathLike[str]"], map_location: Any = No
         return arrays
     try:
         return unflatten(arrays, manifest, map_location)
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as error:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError, RecursionError) as error:
         raise CheckpointError(f"checkpoint {path} has a damaged manifest: {error!r}") from error
 
 
@@ -264,12 +264,13 @@ class Checkpointer:
 
     def checkpoints(self) -> list[Checkpoint]:
         """Checkpoint files in `directory`, oldest first (one per step: a .safetensors file
-        over an .npz of an earlier version). Lists names only: see latest() and load() for
-        which of them read back.
+        over an .npz of an earlier version), after waiting for pending saves, so the last
+        save() is among them. Lists names only: see latest() and load() for which read back.
 
         >>> [c.step for c in ckpt.checkpoints()]
         [800, 1000, 1200]
         """
+        self.wait()
         found: dict[int, str] = {}
         for name in os.listdir(self.directory):
             match = _NAME.match(name)
@@ -285,7 +286,6 @@ class Checkpointer:
         >>> ckpt.latest().step
         1200
         """
-        self.wait()
         for checkpoint in reversed(self.checkpoints()):
             problem = _whole(checkpoint.path)
             if problem is None:
