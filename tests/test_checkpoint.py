@@ -189,7 +189,8 @@ def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_array
         "by_id": {0: np.ones(2, np.int8), 1: None},
         "flags": [True, False, None],
         "name": "run-a", "blob": b"\x00\xff", "big": 2**70, "lr": 1e-3 / 3,
-        "a/b": np.zeros(1), "a": {"b": np.ones(1)},  # one path twice: a member name is made up
+        "a.b": np.zeros(1), "a": {"b": np.ones(1)},  # one path twice: a member name is made up
+        "nul\0key": np.ones(1), "\udc80": np.ones(1),  # no tensor name in UTF-8: made up too
     }
     with fastloop.Checkpointer(tmp_path) as ckpt:
         ckpt.save(state, 5)
@@ -201,7 +202,8 @@ def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_array
     assert back["history"][:2] == [0.1, 0.25] and np.isnan(back["history"][2])
     assert back["lr"] == state["lr"] and back["big"] == 2**70 and back["blob"] == b"\x00\xff"
     assert back["flags"] == [True, False, None] and back["name"] == "run-a"
-    assert back["a/b"].tolist() == [0.0] and back["a"]["b"].tolist() == [1.0]
+    assert back["a.b"].tolist() == [0.0] and back["a"]["b"].tolist() == [1.0]
+    assert back["nul\0key"].tolist() == [1.0] and back["\udc80"].tolist() == [1.0]
     assert fastloop.read_checkpoint(ckpt.latest().path)["name"] == "run-a"
 
 

@@ -50,6 +50,14 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _fits(name: str) -> bool:
+    """Whether a dotted path can be a tensor's name: UTF-8 of at most _NAME_MAX bytes, no NUL."""
+    try:
+        return len(name.encode()) <= _NAME_MAX and "\0" not in name
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
 def _where(path: tuple) -> str:
     return "state" + "".join(f"[{key!r}]" for key in path)
 
@@ -67,7 +75,7 @@ class _Flattener:
         too long) with its safetensors code; a dtype safetensors lacks goes as bytes, its
         dtype and shape in node["raw"]. Returns node with its member name in "k"."""
         name = ".".join(str(key) for key in path) or "value"
-        if len(name.encode()) > _NAME_MAX or name in self.arrays or name == "__metadata__":
+        if not _fits(name) or name in self.arrays or name == "__metadata__":
             name = f"_{len(self.arrays)}"
             while name in self.arrays:
                 name += "_"
