@@ -370,6 +370,48 @@ int fl_checkpointer_begin(fl_checkpointer *c, size_t n, size_t bytes, double tim
     return FL_OK;
 }
 
+enum { COPY_CHUNK = 4 << 20 };
+
+typedef struct copy_job {
+    const fl_st_entry *entries;
+    size_t n, total;
+    const void *const *sources;
+    unsigned char *data;
+} copy_job;
+
+/* The first entry that ends after byte `at` (n when none). */
+static size_t entry_at(const fl_st_entry *entries, size_t n, size_t at) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (entries[mid].offset + entries[mid].nbytes <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Copies the bytes of chunks [begin, end) from the entries' sources. */
+static void copy_chunks(void *ctx, size_t begin, size_t end) {
+    const copy_job *job = ctx;
+    size_t from = begin * (size_t)COPY_CHUNK;
+    size_t to = end * (size_t)COPY_CHUNK < job->total ? end * (size_t)COPY_CHUNK : job->total;
+    for (size_t i = entry_at(job->entries, job->n, from); i < job->n && from < to; i++) {
+        const fl_st_entry *e = &job->entries[i];
+        size_t stop = e->offset + e->nbytes < to ? e->offset + e->nbytes : to;
+        if (stop > from)
+            memcpy(job->data + from, (const unsigned char *)job->sources[i] + (from - e->offset), stop - from);
+        from = stop > from ? stop : from;
+    }
+}
+
+void fl_checkpoint_copy(fl_exec exec, const fl_st_entry *entries, size_t n,
+                        const void *const *sources, unsigned char *data) {
+    copy_job job = {entries, n, n > 0 ? entries[n - 1].offset + entries[n - 1].nbytes : 0, sources, data};
+    fl_exec_run(exec, (job.total + COPY_CHUNK - 1) / COPY_CHUNK, 1, copy_chunks, &job);
+}
+
 /* Validates the filled area and copies the metadata into it; the owner's, no lock. */
 static int seal(snapshot *s, const fl_st_meta *meta, size_t n_meta) {
     size_t total;

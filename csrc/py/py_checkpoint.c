@@ -119,38 +119,41 @@ static PyObject *raise_begin_error(PyObject *self, int rc) {
     return fl_raise(ckpt_state(self), rc, "save");
 }
 
-/* Fills the reserved staging area from the entries (the copy with the GIL released) and
- * commits it; on failure gives it back. */
+/* Fills the reserved staging area from the entries (the copy with the GIL released, on
+ * `threads` threads) and commits it; on failure gives it back. */
 static PyObject *fill_and_commit(PyObject *self, begin_call *call, PyObject *entries,
-                                 PyObject *pairs, long long step) {
+                                 PyObject *pairs, long long step, int threads) {
     fl_st_meta *meta = PyMem_Calloc((size_t)PyTuple_GET_SIZE(pairs) + 1, sizeof *meta);
-    if (meta == NULL || metadata_pairs(pairs, meta) < 0)
+    const void **sources = PyMem_Calloc(call->n + 1, sizeof *sources);
+    if (meta == NULL || sources == NULL || metadata_pairs(pairs, meta) < 0)
         goto fail;
     size_t offset = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
         Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call->entries[i], offset);
         if (size < 0)
             goto fail;
+        sources[i] = PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1));
         offset += (size_t)size;
     }
     if (offset > call->bytes) { /* the arrays changed under us (another thread resized one) */
         PyErr_SetString(PyExc_RuntimeError, "save: the state's arrays changed size while it was copied");
         goto fail;
     }
+    fl_exec exec = fl_exec_acquire(ckpt_state(self), threads);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    for (size_t i = 0; i < call->n; i++)
-        memcpy(call->data + call->entries[i].offset,
-               PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1)),
-               call->entries[i].nbytes);
+    fl_checkpoint_copy(exec, call->entries, call->n, sources, call->data);
     rc = fl_checkpointer_commit(call->checkpointer, step, meta, (size_t)PyTuple_GET_SIZE(pairs));
     Py_END_ALLOW_THREADS
+    fl_exec_release(ckpt_state(self), exec);
     PyMem_Free(meta);
+    PyMem_Free(sources);
     if (rc != FL_OK) /* committing gave the area back */
         return fl_raise(ckpt_state(self), rc, "save");
     Py_RETURN_NONE;
 fail:
     PyMem_Free(meta);
+    PyMem_Free(sources);
     fl_checkpointer_abort(call->checkpointer);
     return NULL;
 }
@@ -171,16 +174,21 @@ static int total_bytes(PyObject *entries, size_t *bytes) {
 }
 
 static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entries", "metadata", "step", "timeout", NULL};
+    static char *keywords[] = {"entries", "metadata", "step", "timeout", "threads", NULL};
     PyObject *entries_obj, *metadata_obj, *timeout_obj = Py_None;
     long long step;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOL|O:save", keywords, &entries_obj,
-                                     &metadata_obj, &step, &timeout_obj) ||
+    int threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOL|Oi:save", keywords, &entries_obj,
+                                     &metadata_obj, &step, &timeout_obj, &threads) ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
         return NULL;
     if (step < 0) {
         PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", step);
+        return NULL;
+    }
+    if (threads < 1 || threads > FL_POOL_MAX_WORKERS) {
+        PyErr_Format(PyExc_ValueError, "'threads' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS, threads);
         return NULL;
     }
     PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
@@ -199,7 +207,7 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
         fl_checkpointer_abort(call.checkpointer);
         goto done;
     }
-    result = fill_and_commit(self, &call, entries, pairs, step);
+    result = fill_and_commit(self, &call, entries, pairs, step, threads);
 done:
     Py_XDECREF(entries);
     Py_XDECREF(pairs);
@@ -292,8 +300,9 @@ static PyObject *ckpt_get_directory(PyObject *self, void *closure) {
 
 static PyMethodDef ckpt_methods[] = {
     {"save", (PyCFunction)(void (*)(void))ckpt_save, METH_VARARGS | METH_KEYWORDS,
-     "save($self, /, entries, metadata, step, timeout=None)\n--\n\nSnapshot (name, array, "
-     "safetensors dtype) entries and (key, value) metadata pairs as checkpoint `step`."},
+     "save($self, /, entries, metadata, step, timeout=None, threads=1)\n--\n\nSnapshot (name, "
+     "array, safetensors dtype) entries and (key, value) metadata pairs as checkpoint `step`, "
+     "copying on `threads` threads."},
     {"wait", (PyCFunction)(void (*)(void))ckpt_wait, METH_VARARGS | METH_KEYWORDS,
      "wait($self, /, timeout=None)\n--\n\nWait until every save is written; False on timeout."},
     {"close", (PyCFunction)(void (*)(void))ckpt_close, METH_VARARGS | METH_KEYWORDS,

@@ -37,6 +37,7 @@ __all__ = ["Checkpointer", "Checkpoint", "read_checkpoint"]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.(safetensors|npz)$")
 STATE_KEY = "fastloop.state"  # the __metadata__ entry holding the manifest (JSON)
+_COPY_THREADS = 8  # the default copy_threads' cap: a few cores reach a machine's memory bandwidth
 
 
 class Checkpoint(NamedTuple):
@@ -159,7 +160,7 @@ class Checkpointer:
     (created if missing), keeping the newest `keep`, as safetensors files.
 
     save() blocks only to copy the state into a staging area (kept between saves, so the
-    copy goes to warm memory). Every save is written, in order: up to `max_pending`
+    copy goes to warm memory; on `copy_threads` threads, default min(8, CPUs)). Every save is written, in order: up to `max_pending`
     snapshots may wait for the writer (each costs a staging area the size of the state);
     a save() when that many wait blocks until the oldest is written (back-pressure:
     nothing is skipped or coalesced). A background write error is raised by the next
@@ -183,6 +184,7 @@ class Checkpointer:
         every_s: float | None = None,
         state_fn: Callable[[], Any] | None = None,
         max_pending: int = 1,
+        copy_threads: int | None = None,
     ) -> None:
         if every_s is not None and not every_s > 0:
             raise ValueError(f"'every_s' must be > 0, not {every_s}")
@@ -193,6 +195,11 @@ class Checkpointer:
             raise TypeError(f"'state_fn' must be callable, not {type(state_fn).__name__}")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int):
             raise TypeError(f"'max_pending' must be an int, not {type(max_pending).__name__}")
+        if copy_threads is None:
+            copy_threads = min(_COPY_THREADS, os.cpu_count() or 1)
+        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
+            raise ValueError(f"'copy_threads' must be an int >= 1, not {copy_threads!r}")
+        self._copy_threads = copy_threads
         self.directory = os.fspath(directory)
         self._core = _Checkpointer(self.directory, keep, max_pending)
         self._closed = False
@@ -214,7 +221,7 @@ class Checkpointer:
         """
         with self._snapshot:
             entries, metadata = _snapshot(state, self._pinned)
-            self._core.save(entries, metadata, int(step), timeout)
+            self._core.save(entries, metadata, int(step), timeout, self._copy_threads)
             self._last_step, self._last_time = int(step), time.monotonic()
 
     def due(self, step: int) -> bool:

@@ -206,6 +206,34 @@ static void test_entries_a_reader_would_refuse_are_refused(void) {
     fl_checkpointer_release(c);
 }
 
+/* Entries of odd sizes around the 4 MiB chunks (a zero-size one among them) land intact. */
+static void test_the_copy_over_threads_lands_every_byte(void) {
+    enum { N = 6 };
+    const size_t sizes[N] = {3, (4u << 20) - 1, 0, (9u << 20) + 5, 1, 4u << 20};
+    fl_st_entry entries[N];
+    unsigned char *sources[N];
+    size_t total = 0;
+    for (int i = 0; i < N; i++) {
+        entries[i] = (fl_st_entry){"t", "U8", 1, {(int64_t)sizes[i]}, total, sizes[i]};
+        sources[i] = malloc(sizes[i] + 1);
+        for (size_t k = 0; k < sizes[i]; k++)
+            sources[i][k] = (unsigned char)(k * 7 + (size_t)i);
+        total += sizes[i];
+    }
+    fl_pool *pool;
+    CHECK(fl_pool_new(&pool) == FL_OK);
+    for (int threads = 1; threads <= 3; threads++) {
+        unsigned char *data = calloc(total, 1);
+        fl_checkpoint_copy((fl_exec){pool, threads}, entries, N, (const void *const *)sources, data);
+        for (int i = 0; i < N; i++)
+            CHECK(memcmp(data + entries[i].offset, sources[i], sizes[i]) == 0);
+        free(data);
+    }
+    fl_pool_free(pool);
+    for (int i = 0; i < N; i++)
+        free(sources[i]);
+}
+
 typedef struct saver {
     fl_checkpointer *c;
     int index;
@@ -275,6 +303,7 @@ int main(void) {
     RUN(test_every_snapshot_is_written_in_order_with_max_pending_staged);
     RUN(test_one_snapshot_is_filled_at_a_time);
     RUN(test_entries_a_reader_would_refuse_are_refused);
+    RUN(test_the_copy_over_threads_lands_every_byte);
     RUN(test_concurrent_savers_take_turns);
     RUN(test_write_errors_are_kept_for_the_owner);
     char cleanup[300];
