@@ -164,7 +164,8 @@ def test_load_falls_back_to_the_newest_valid_checkpoint_warning_what_it_skipped(
             latest = ckpt.latest()  # header and size checks: the flipped byte is found by load()
         assert latest.step == 20
         assert [str(w.message) for w in caught] == [
-            f"checkpoint {paths[40]} skipped: 0 bytes, not a whole safetensors file",
+            f"checkpoint {paths[40]} skipped: 0 bytes: too short for a safetensors file (8-byte header length, "
+            "header, data)",
             f"checkpoint {paths[30]} skipped: the tensors cover {os.path.getsize(paths[20]) - 8 - header_len(paths[20])}"
             f" bytes of data; the file holds {os.path.getsize(paths[30]) - 8 - header_len(paths[30])}"]
         with pytest.warns(RuntimeWarning) as caught:

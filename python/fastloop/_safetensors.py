@@ -5,7 +5,7 @@ shape of non-negative ints and offsets whose span is exactly shape x itemsize, a
 entries cover the data buffer back to back, without holes or overlaps, to the end of the file.
 Nothing else in fastloop parses the format (the C writer only writes it).
 
-    arrays, metadata = read("ckpts/ckpt-000000001200.safetensors")
+    contents = read("ckpts/ckpt-000000001200.safetensors")   # .arrays, .codes, .metadata
 """
 
 from __future__ import annotations
@@ -110,6 +110,30 @@ def parse_header(raw: bytes, data_len: int) -> tuple[dict[str, tuple[str, np.dty
     return entries, metadata
 
 
+def _header(f: Any) -> tuple[int, bytes]:
+    """(file size, header bytes) of an open file, its header length checked."""
+    size = os.fstat(f.fileno()).st_size
+    if size < 8:
+        raise FormatError(f"{size} bytes: too short for a safetensors file (8-byte header length, header, data)")
+    header_len = int.from_bytes(f.read(8), "little")
+    if header_len > HEADER_LIMIT:
+        raise FormatError(f"a header length of {header_len} bytes, over the {HEADER_LIMIT} safetensors reads")
+    if header_len > size - 8:
+        raise FormatError(f"a header length of {header_len} bytes in a file of {size}")
+    raw = f.read(header_len)
+    if len(raw) != header_len:
+        raise FormatError(f"the file shrank while it was read (it was {size} bytes)")
+    return size, raw
+
+
+def check(path: str | os.PathLike[str]) -> None:
+    """Checks the header of the file at `path` and that its size is what the header says,
+    without reading the data: FormatError (what is wrong) or OSError."""
+    with open(path, "rb") as f:
+        size, raw = _header(f)
+    parse_header(raw, size - 8 - len(raw))
+
+
 class Contents(NamedTuple):
     arrays: dict[str, np.ndarray]  # by name, views of one writable buffer
     codes: dict[str, str]  # safetensors dtype codes by name
@@ -122,17 +146,9 @@ def read(path: str | os.PathLike[str]) -> Contents:
     their raw bits. Raises FormatError (what is wrong) or OSError; checks the data's CRC-32
     when the metadata holds one."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise FormatError(f"{size} bytes: too short for a safetensors file (8-byte header length, header, data)")
-        header_len = int.from_bytes(f.read(8), "little")
-        if header_len > HEADER_LIMIT:
-            raise FormatError(f"a header length of {header_len} bytes, over the {HEADER_LIMIT} safetensors reads")
-        if header_len > size - 8:
-            raise FormatError(f"a header length of {header_len} bytes in a file of {size}")
-        raw = f.read(header_len)
-        data = bytearray(size - 8 - header_len)
-        if len(raw) != header_len or f.readinto(data) != len(data):
+        size, raw = _header(f)
+        data = bytearray(size - 8 - len(raw))
+        if f.readinto(data) != len(data):
             raise FormatError(f"the file shrank while it was read (it was {size} bytes)")
     entries, metadata = parse_header(raw, len(data))
     if CRC_KEY in metadata and metadata[CRC_KEY] != f"{zlib.crc32(data):08x}":

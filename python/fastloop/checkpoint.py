@@ -112,13 +112,7 @@ def _whole(path: str) -> str | None:
         if _is_zip(path):
             with zipfile.ZipFile(path):
                 return None  # its central directory, at the end, is there
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            header_len = int.from_bytes(head, "little")
-            if len(head) < 8 or header_len > min(size - 8, _safetensors.HEADER_LIMIT):
-                return f"{size} bytes, not a whole safetensors file"
-            _safetensors.parse_header(f.read(header_len), size - 8 - header_len)
+        _safetensors.check(path)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         return str(error)
     return None
