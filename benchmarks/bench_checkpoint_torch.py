@@ -1,7 +1,7 @@
-"""Checkpointer.save stall for a torch model + Adam state (~288 MiB), side by side in one run:
-the first save (a new Checkpointer: its staging buffer is mapped then) against a memcpy into
-freshly allocated memory, a later save against a memcpy into reused buffers, and an inline
-torch.save of the same state to the same disk.
+"""Checkpointer.save stall for a torch model + Adam state (~288 MiB), side by side in one run,
+against an inline torch.save of the same state to the same disk (the targets: the first save,
+whose new Checkpointer maps its staging area then, no more than torch.save; later saves under
+0.2x), with memcpys of the same bytes for reference (into fresh memory, into reused buffers).
 
 As a script: prints the table (python benchmarks/bench_checkpoint_torch.py [--quick]).
 Under pytest: runs the quick size and checks every row was measured (targets are read from
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -72,6 +73,11 @@ def measure(quick: bool) -> list[Result]:
                 start = time.perf_counter()
                 ckpt.save(state, 0)
                 best["first"] = min(best["first"], time.perf_counter() - start)
+            start = time.perf_counter()
+            torch.save(state, os.path.join(tmp, f"inline{r}.pt"))  # a new file, as each first save writes
+            best["torch"] = min(best["torch"], time.perf_counter() - start)
+            os.unlink(os.path.join(tmp, f"inline{r}.pt"))
+            shutil.rmtree(os.path.join(tmp, f"first{r}"))
         with fastloop.Checkpointer(os.path.join(tmp, "steady"), keep=1) as ckpt:
             ckpt.save(state, 0)
             for step in range(1, rounds + 2):
@@ -80,25 +86,23 @@ def measure(quick: bool) -> list[Result]:
                 start = time.perf_counter()
                 ckpt.save(state, step)
                 best["save"] = min(best["save"], time.perf_counter() - start)
-        for _ in range(2):
-            start = time.perf_counter()
-            torch.save(state, os.path.join(tmp, "inline.pt"))
-            best["torch"] = min(best["torch"], time.perf_counter() - start)
     mib = nbytes / 2**20
-    first, steady = best["first"] / best["fresh"], best["save"] / best["reused"]
+    first, later = best["first"] / best["torch"], best["save"] / best["torch"]
     return [
-        Result(f"first save stall / memcpy into fresh memory ({mib:.0f} MiB)", first, "x", "<= 1.5",
-               first <= 1.5, f"{best['first'] * 1e3:.0f} ms vs {best['fresh'] * 1e3:.0f} ms"),
-        Result(f"later save stall / memcpy into reused buffers ({mib:.0f} MiB)", steady, "x", "<= 1.5",
-               steady <= 1.5, f"{best['save'] * 1e3:.0f} ms vs {best['reused'] * 1e3:.0f} ms"),
-        Result("inline torch.save / later save stall", best["torch"] / best["save"], "x", "(reference)",
-               None, f"{best['torch'] * 1e3:.0f} ms blocking"),
+        Result(f"first save stall (new Checkpointer) / inline torch.save ({mib:.0f} MiB)", first, "x", "<= 1.0",
+               first <= 1.0, f"{best['first'] * 1e3:.0f} ms vs {best['torch'] * 1e3:.0f} ms"),
+        Result(f"later save stall / inline torch.save ({mib:.0f} MiB)", later, "x", "< 0.2",
+               later < 0.2, f"{best['save'] * 1e3:.0f} ms vs {best['torch'] * 1e3:.0f} ms"),
+        Result("first save stall / memcpy into fresh memory", best["first"] / best["fresh"], "x", "(reference)",
+               None, f"{best['fresh'] * 1e3:.0f} ms memcpy"),
+        Result("later save stall / memcpy into reused buffers", best["save"] / best["reused"], "x", "(reference)",
+               None, f"{best['reused'] * 1e3:.0f} ms memcpy"),
     ]
 
 
 def test_quick_torch_checkpoint_suite_measures_every_row():
     results = measure(quick=True)
-    assert len(results) == 3 and all(math.isfinite(r.measured) for r in results)
+    assert len(results) == 4 and all(math.isfinite(r.measured) for r in results)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ by ``fastloop.nn.Linear(10, 1)`` with MSE and SGD. Around the training step:
   views of loader-owned slots);
 * ``fastloop.Monitor`` writes every step's loss to TensorBoard and CSV from a C thread;
 * ``fastloop.Checkpointer`` saves model, optimizer and epoch every ``--checkpoint-every``
-  epochs (a memcpy; a C thread writes the .npz), and ``--resume`` continues from the latest.
+  epochs (a memcpy; a C thread writes the safetensors file), and ``--resume`` continues from the latest.
 
     python examples/linear_regression.py                 # 100 epochs, logs in runs/linear_regression
     python examples/linear_regression.py --epochs 150 --resume   # 50 more epochs from the checkpoint

@@ -158,4 +158,61 @@ def test_without_torch_tensors_load_as_numpy_and_bfloat16_as_float32(tmp_path):
     out = subprocess.run([sys.executable, "-c", NUMPY_ONLY_LOAD, ckpt.latest().path],
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
-    assert np.load(ckpt.latest().path)["w"].dtype == np.uint16  # the raw bits, readable anywhere
+
+
+def make_cnn() -> "torch.nn.Module":
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+
+def trained_cnn_and_adam(steps: int = 3) -> tuple:
+    model = make_cnn()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3, amsgrad=True)
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(step)
+        x, y = torch.randn(4, 3, 16, 16, generator=generator), torch.randint(0, 10, (4,), generator=generator)
+        adam.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        adam.step()
+    return model, adam
+
+
+def assert_bit_exact(got, want, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    assert torch.equal(got.view(torch.uint8) if got.dim() else got.reshape(1).view(torch.uint8),
+                       want.view(torch.uint8) if want.dim() else want.reshape(1).view(torch.uint8)), what
+
+
+def test_a_cnn_and_adam_state_is_bit_exact_through_safetensors_and_load(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    model, adam = trained_cnn_and_adam()
+    half = {name: p.detach().to(torch.bfloat16) for name, p in model.named_parameters()}  # bf16 stays bf16
+    state = {"model": model.state_dict(), "optim": adam.state_dict(), "half": half, "epoch": 2,
+             "loader": {"epoch": 2, "position": 128, "seed": 7}}
+    with fastloop.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(state, 3)
+        path = ckpt.latest().path
+        loaded = ckpt.load()
+    tensors = safetensors_torch.load_file(path)  # no fastloop involved in reading
+    expected = {f"model.{k}": v for k, v in model.state_dict().items()}
+    expected.update({f"half.{k}": v for k, v in half.items()})
+    for index, buffers in adam.state_dict()["state"].items():
+        expected.update({f"optim.state.{index}.{k}": v for k, v in buffers.items()})
+    assert set(tensors) == set(expected)
+    for name, want in expected.items():
+        assert_bit_exact(tensors[name], want, name)
+    assert tensors["half.0.weight"].dtype == torch.bfloat16
+    for name, want in model.state_dict().items():
+        assert_bit_exact(loaded["model"][name], want, name)
+    for index, buffers in adam.state_dict()["state"].items():
+        for key, want in buffers.items():
+            assert_bit_exact(loaded["optim"]["state"][index][key], want, f"optim {index} {key}")
+    assert loaded["optim"]["param_groups"] == adam.state_dict()["param_groups"]
+    assert loaded["loader"] == {"epoch": 2, "position": 128, "seed": 7} and loaded["epoch"] == 2
+    resumed, resumed_adam = make_cnn(), None
+    resumed.load_state_dict(loaded["model"])
+    resumed_adam = torch.optim.Adam(resumed.parameters(), lr=1e-3, amsgrad=True)
+    resumed_adam.load_state_dict(loaded["optim"])  # torch accepts both back as they are

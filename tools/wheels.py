@@ -32,8 +32,8 @@ COMPILERS = ["gcc", "cc", "c++", "g++", "clang", "nvcc", "ld"]
 # the thread-heavy C paths, the Python layer's version-sensitive parts, torch interop.
 TEST_SUBSET = ["tests/test_package.py", "tests/test_queue.py", "tests/test_ops.py", "tests/test_loader.py",
                "tests/test_loader_torch.py", "tests/test_loader_samples.py", "tests/test_loader_samples_torch.py",
-               "tests/test_monitor.py", "tests/test_checkpoint.py",
-               "tests/test_checkpoint_torch.py", "tests/test_nn.py", "tests/test_serve.py",
+               "tests/test_monitor.py", "tests/test_checkpoint.py", "tests/test_checkpoint_torch.py",
+               "tests/test_checkpoint_format.py", "tests/test_nn.py", "tests/test_serve.py",
                "tests/test_images.py", "tests/test_free_threading.py", "tests/test_cuda.py",
                "tests/test_device_feed.py", "tests/test_gpu_stage.py"]
 # The CPU build make test uses; PyPI's plain torch==2.13.0 is the CUDA build (about 4.8 GB
@@ -179,6 +179,8 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
         try:
             if not os.path.exists(exe):
                 venv(python, path, "setuptools>=70", "wheel", "numpy>=2.0", "pytest>=7", "pillow", "tensorboard")
+            if subprocess.run([exe, "-m", "pip", "install", "-q", "safetensors"]).returncode != 0:
+                print(f"== Python {name}: safetensors not installed: the checkpoint format tests skip")
             if subprocess.run([exe, "-m", "pip", "install", "-q", TORCH]).returncode != 0:
                 print(f"== Python {name}: {TORCH} has no wheel for it here: the torch tests skip "
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")

@@ -1,10 +1,12 @@
-/* fl_checkpoint.c - the checkpointer's state machine and writer thread.
+/* fl_checkpoint.c - the checkpointer's ring of staging areas and its writer thread.
  *
- *   IDLE --begin--> FILLING --commit--> PENDING --writer--> WRITING --done--> IDLE
- *                       \--abort--> IDLE
+ * Each staging area goes FREE --begin--> FILLING --commit--> PENDING --writer--> WRITING
+ * --done--> FREE (abort: FILLING --> FREE). The areas in use are a run of the ring from
+ * `first`: the oldest is the one written next, the newest may be the one being filled.
  */
 #include "checkpoint/fl_checkpoint.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,12 +20,25 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/fl_buf.h"
+#include "base/fl_crc.h"
 #include "base/fl_error.h"
 #include "base/fl_file.h"
 #include "base/fl_thread.h"
 #include "base/fl_time.h"
 
-typedef enum { IDLE, FILLING, PENDING, WRITING } snapshot_state;
+typedef enum { FREE, FILLING, PENDING, WRITING } snapshot_state;
+
+typedef struct snapshot {
+    snapshot_state state;
+    int64_t step;
+    fl_st_entry *entries;
+    size_t n, entries_cap;
+    unsigned char *data;
+    size_t reserved, data_cap;
+    fl_buf meta; /* n_meta pairs as "key\0value\0" */
+    size_t n_meta;
+} snapshot;
 
 struct fl_checkpointer {
     atomic_int refs; /* owner + writer */
@@ -33,32 +48,48 @@ struct fl_checkpointer {
     int has_writer;
 
     pthread_mutex_t lock;
-    pthread_cond_t changed; /* state, closed or the error changed */
-    snapshot_state state;
+    pthread_cond_t changed; /* a state, closed or the error changed */
     int closed, joined;
-    int64_t step;
-    fl_npz_entry *entries;
-    size_t n, entries_cap;
-    unsigned char *data;
-    size_t data_cap;
+    snapshot *slots;
+    int max_pending;
+    int first;   /* the oldest area in use */
+    int used;    /* areas in use from `first` on, the one being filled included */
+    int filling; /* 1 while the newest area in use is being filled */
     char error[PATH_MAX + 256];
     int error_pending;
     fl_checkpoint_stats stats;
 };
 
+static const char *const EXTENSIONS[] = {".safetensors", ".npz"}; /* written; read by older versions */
+
+static void path_with(const char *dir, int64_t step, const char *ext, char *buf, size_t len) {
+    snprintf(buf, len, "%.*s/ckpt-%012lld%s", PATH_MAX - 64, dir, (long long)step, ext);
+}
+
 void fl_checkpoint_path(const char *dir, int64_t step, char *buf, size_t len) {
-    snprintf(buf, len, "%.*s/ckpt-%012lld.npz", PATH_MAX - 64, dir, (long long)step);
+    path_with(dir, step, EXTENSIONS[0], buf, len);
 }
 
 /* ---- files in the directory ---- */
 
-/* Step of a published checkpoint's file name, or -1. */
-static int64_t published_step(const char *name) {
+typedef struct published {
+    int64_t step;
+    int ext; /* index in EXTENSIONS */
+} published;
+
+/* 1 and *out when `name` is a published checkpoint's file name. */
+static int published_name(const char *name, published *out) {
     long long step;
-    char tail[8];
-    if (sscanf(name, "ckpt-%lld%7s", &step, tail) == 2 && strcmp(tail, ".npz") == 0 && step >= 0)
-        return step;
-    return -1;
+    int end = 0;
+    if (strncmp(name, "ckpt-", 5) != 0 || !isdigit((unsigned char)name[5]) ||
+        sscanf(name, "ckpt-%lld%n", &step, &end) != 1)
+        return 0;
+    for (int i = 0; i < (int)(sizeof EXTENSIONS / sizeof *EXTENSIONS); i++)
+        if (strcmp(name + end, EXTENSIONS[i]) == 0) {
+            *out = (published){step, i};
+            return 1;
+        }
+    return 0;
 }
 
 /* Deletes ".ckpt-*.tmp.<pid>" files whose writer is gone (or is this process). */
@@ -81,9 +112,9 @@ static void remove_stale_temps(const char *dir) {
     closedir(d);
 }
 
-static int compare_steps(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
+static int compare_published(const void *a, const void *b) {
+    const published *x = a, *y = b;
+    return x->step != y->step ? (x->step > y->step) - (x->step < y->step) : y->ext - x->ext;
 }
 
 /* Deletes all but the newest `keep` published checkpoints. */
@@ -91,35 +122,52 @@ static int prune(const char *dir, int keep) {
     DIR *d = opendir(dir);
     if (d == NULL)
         return fl_error_sys("cannot list %s", dir);
-    int64_t steps[4096];
+    published files[4096];
     size_t n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL && n < sizeof steps / sizeof *steps) {
-        int64_t step = published_step(e->d_name);
-        if (step >= 0)
-            steps[n++] = step;
-    }
+    while ((e = readdir(d)) != NULL && n < sizeof files / sizeof *files)
+        n += (size_t)published_name(e->d_name, &files[n]);
     closedir(d);
-    qsort(steps, n, sizeof *steps, compare_steps);
+    qsort(files, n, sizeof *files, compare_published); /* oldest first; .npz before .safetensors */
     char path[PATH_MAX];
     for (size_t i = 0; i + (size_t)keep < n; i++) {
-        fl_checkpoint_path(dir, steps[i], path, sizeof path);
+        path_with(dir, files[i].step, EXTENSIONS[files[i].ext], path, sizeof path);
         if (unlink(path) != 0 && errno != ENOENT)
             return fl_error_sys("cannot delete %s", path);
     }
     return n > (size_t)keep ? fl_file_sync_parent(path) : FL_OK;
 }
 
+/* The snapshot's metadata pairs plus the data's CRC-32, then the file. */
+static int write_file(int fd, const char *path, const snapshot *s) {
+    size_t total = s->n > 0 ? s->entries[s->n - 1].offset + s->entries[s->n - 1].nbytes : 0;
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", (unsigned)fl_crc32(0, s->data, total));
+    fl_st_meta *meta = malloc((s->n_meta + 1) * sizeof *meta);
+    if (meta == NULL)
+        return FL_ENOMEM;
+    const char *text = (const char *)s->meta.data;
+    for (size_t i = 0; i < s->n_meta; i++) {
+        meta[i].key = text;
+        meta[i].value = text + strlen(text) + 1;
+        text = meta[i].value + strlen(meta[i].value) + 1;
+    }
+    meta[s->n_meta] = (fl_st_meta){FL_CHECKPOINT_CRC_KEY, crc};
+    int rc = fl_st_write(fd, path, s->entries, s->n, s->data, meta, s->n_meta + 1);
+    free(meta);
+    return rc;
+}
+
 /* Writes one snapshot: temp file, fsync, rename, fsync of the directory, prune. */
-static int write_checkpoint(fl_checkpointer *c) {
+static int write_checkpoint(fl_checkpointer *c, const snapshot *s) {
     char temp[PATH_MAX], final[PATH_MAX];
-    fl_checkpoint_path(c->dir, c->step, final, sizeof final);
-    snprintf(temp, sizeof temp, "%s/.ckpt-%012lld.npz.tmp.%d", c->dir, (long long)c->step,
-             (int)getpid());
+    fl_checkpoint_path(c->dir, s->step, final, sizeof final);
+    snprintf(temp, sizeof temp, "%s/.ckpt-%012lld%s.tmp.%d", c->dir, (long long)s->step,
+             EXTENSIONS[0], (int)getpid());
     int fd = open(temp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0)
         return fl_error_sys("cannot create %s", temp);
-    int rc = fl_npz_write(fd, temp, c->entries, c->n, c->data, 0);
+    int rc = write_file(fd, temp, s);
     if (rc == FL_OK)
         rc = fl_file_sync(fd, temp);
     if (close(fd) != 0 && rc == FL_OK)
@@ -135,33 +183,41 @@ static int write_checkpoint(fl_checkpointer *c) {
 
 /* ---- writer thread ---- */
 
+/* Records the outcome of writing s; called with the lock held. */
+static void record_write(fl_checkpointer *c, const snapshot *s, int rc, double seconds) {
+    if (rc != FL_OK && !c->error_pending) {
+        snprintf(c->error, sizeof c->error, "checkpoint %lld not written: %s", (long long)s->step,
+                 fl_error_detail()[0] ? fl_error_detail() : fl_strerror(rc));
+        c->error_pending = 1;
+    } else if (rc == FL_OK) {
+        c->stats.written++;
+        c->stats.last_step = s->step;
+        c->stats.last_write_s = seconds;
+        for (size_t i = 0; i < s->n; i++)
+            c->stats.bytes += s->entries[i].nbytes;
+    }
+}
+
 static void *writer_main(void *arg) {
     fl_checkpointer *c = arg;
     fl_thread_background();
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        while (c->state != PENDING && !(c->closed && c->state == IDLE))
+        while (!(c->used > 0 && c->slots[c->first].state == PENDING) && !(c->closed && c->used == 0))
             pthread_cond_wait(&c->changed, &c->lock);
-        if (c->state != PENDING)
+        if (c->used == 0)
             break; /* closed with nothing left to write */
-        c->state = WRITING;
+        snapshot *s = &c->slots[c->first];
+        s->state = WRITING;
         pthread_mutex_unlock(&c->lock);
         double start = fl_monotonic();
-        int rc = write_checkpoint(c); /* entries/data are ours while WRITING */
+        int rc = write_checkpoint(c, s); /* the area is ours while WRITING */
         double seconds = fl_monotonic() - start;
         pthread_mutex_lock(&c->lock);
-        if (rc != FL_OK && !c->error_pending) {
-            snprintf(c->error, sizeof c->error, "checkpoint %lld not written: %s",
-                     (long long)c->step, fl_error_detail());
-            c->error_pending = 1;
-        } else if (rc == FL_OK) {
-            c->stats.written++;
-            c->stats.last_step = c->step;
-            c->stats.last_write_s = seconds;
-            for (size_t i = 0; i < c->n; i++)
-                c->stats.bytes += c->entries[i].nbytes;
-        }
-        c->state = IDLE;
+        record_write(c, s, rc, seconds);
+        s->state = FREE;
+        c->first = (c->first + 1) % c->max_pending;
+        c->used--;
         pthread_cond_broadcast(&c->changed);
     }
     pthread_mutex_unlock(&c->lock);
@@ -171,20 +227,29 @@ static void *writer_main(void *arg) {
 
 /* ---- owner API ---- */
 
-int fl_checkpointer_new(const char *dir, int keep, fl_checkpointer **out) {
+int fl_checkpointer_new(const char *dir, int keep, int max_pending, fl_checkpointer **out) {
     *out = NULL;
     if (keep < 1)
         return fl_error_set(FL_EINVAL, "keep must be >= 1, not %d", keep);
+    if (max_pending < 1 || max_pending > FL_CHECKPOINT_MAX_PENDING)
+        return fl_error_set(FL_EINVAL, "max_pending must be 1 to %d, not %d",
+                            FL_CHECKPOINT_MAX_PENDING, max_pending);
     if (strlen(dir) + 64 >= PATH_MAX)
         return fl_error_set(FL_EINVAL, "directory path too long: %.100s...", dir);
     int rc = fl_file_make_dirs(dir);
     if (rc != FL_OK)
         return rc;
     fl_checkpointer *c = calloc(1, sizeof *c);
-    if (c == NULL)
+    snapshot *slots = calloc((size_t)max_pending, sizeof *slots);
+    if (c == NULL || slots == NULL) {
+        free(c);
+        free(slots);
         return FL_ENOMEM;
+    }
     snprintf(c->dir, sizeof c->dir, "%s", dir);
     c->keep = keep;
+    c->slots = slots;
+    c->max_pending = max_pending;
     c->stats.last_step = -1;
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->lock, NULL);
@@ -231,61 +296,165 @@ static void staging_unmap(unsigned char *data, size_t cap) {
         munmap(data, cap);
 }
 
-/* Grows the staging arrays to n entries and `bytes`; called with the lock held, IDLE. */
-static int reserve(fl_checkpointer *c, size_t n, size_t bytes) {
-    if (n > c->entries_cap) {
-        fl_npz_entry *entries = realloc(c->entries, n * sizeof *entries);
+/* Grows one area to n entries and `bytes`; it is FILLING (the owner's), so no lock needed. */
+static int reserve(snapshot *s, size_t n, size_t bytes) {
+    if (bytes > SIZE_MAX - STAGING_ALIGN || n > SIZE_MAX / sizeof *s->entries)
+        return fl_error_set(FL_ENOMEM, "a snapshot of %zu bytes in %zu tensors", bytes, n);
+    if (n > s->entries_cap) {
+        fl_st_entry *entries = realloc(s->entries, n * sizeof *entries);
         if (entries == NULL)
             return FL_ENOMEM;
-        c->entries = entries;
-        c->entries_cap = n;
+        s->entries = entries;
+        s->entries_cap = n;
     }
-    if (bytes > c->data_cap) {
+    if (bytes > s->data_cap) {
         size_t cap;
         unsigned char *data = staging_map(bytes, &cap);
         if (data == NULL)
             return FL_ENOMEM;
-        staging_unmap(c->data, c->data_cap);
-        c->data = data;
-        c->data_cap = cap;
+        staging_unmap(s->data, s->data_cap);
+        s->data = data;
+        s->data_cap = cap;
     }
     return FL_OK;
 }
 
+/* Takes the next area of the ring for filling; called with the lock held. */
+static snapshot *take_area(fl_checkpointer *c) {
+    snapshot *s = &c->slots[(c->first + c->used) % c->max_pending];
+    c->used++;
+    c->filling = 1;
+    s->state = FILLING;
+    return s;
+}
+
+/* Gives the area being filled back; called with the lock held. */
+static void give_back(fl_checkpointer *c, snapshot *s) {
+    s->state = FREE;
+    c->used--;
+    c->filling = 0;
+    pthread_cond_broadcast(&c->changed);
+}
+
+static snapshot *filling_area(fl_checkpointer *c) {
+    return &c->slots[(c->first + c->used - 1) % c->max_pending];
+}
+
 int fl_checkpointer_begin(fl_checkpointer *c, size_t n, size_t bytes, double timeout_s,
-                          fl_npz_entry **entries, unsigned char **data) {
+                          fl_st_entry **entries, unsigned char **data) {
     pthread_mutex_lock(&c->lock);
     int rc = FL_OK;
     struct timespec until = fl_deadline_after(timeout_s);
-    while (c->state != IDLE && !c->closed && rc == FL_OK)
+    while ((c->filling || c->used == c->max_pending) && !c->closed && rc == FL_OK)
         rc = timeout_s == 0 ? FL_EAGAIN
                             : fl_cond_wait_until(&c->changed, &c->lock, timeout_s < 0 ? NULL : &until);
     if (c->closed)
         rc = FL_ECLOSED;
-    else if (c->state == IDLE)
-        rc = reserve(c, n ? n : 1, bytes ? bytes : 1);
-    if (rc == FL_OK) {
-        c->state = FILLING;
-        c->n = n;
-        *entries = c->entries;
-        *data = c->data;
+    else if (!c->filling && c->used < c->max_pending)
+        rc = FL_OK; /* room appeared just as the wait timed out */
+    snapshot *s = rc == FL_OK ? take_area(c) : NULL;
+    pthread_mutex_unlock(&c->lock);
+    if (s == NULL)
+        return rc;
+    rc = reserve(s, n ? n : 1, bytes ? bytes : 1); /* outside the lock: mapping takes a while */
+    if (rc != FL_OK) {
+        pthread_mutex_lock(&c->lock);
+        give_back(c, s);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    s->n = n;
+    s->reserved = bytes;
+    *entries = s->entries;
+    *data = s->data;
+    return FL_OK;
+}
+
+enum { COPY_CHUNK = 4 << 20 };
+
+typedef struct copy_job {
+    const fl_st_entry *entries;
+    size_t n, total;
+    const void *const *sources;
+    unsigned char *data;
+} copy_job;
+
+/* The first entry that ends after byte `at` (n when none). */
+static size_t entry_at(const fl_st_entry *entries, size_t n, size_t at) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (entries[mid].offset + entries[mid].nbytes <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Copies the bytes of chunks [begin, end) from the entries' sources. */
+static void copy_chunks(void *ctx, size_t begin, size_t end) {
+    const copy_job *job = ctx;
+    size_t from = begin * (size_t)COPY_CHUNK;
+    size_t to = end * (size_t)COPY_CHUNK < job->total ? end * (size_t)COPY_CHUNK : job->total;
+    for (size_t i = entry_at(job->entries, job->n, from); i < job->n && from < to; i++) {
+        const fl_st_entry *e = &job->entries[i];
+        size_t stop = e->offset + e->nbytes < to ? e->offset + e->nbytes : to;
+        if (stop > from)
+            memcpy(job->data + from, (const unsigned char *)job->sources[i] + (from - e->offset), stop - from);
+        from = stop > from ? stop : from;
+    }
+}
+
+void fl_checkpoint_copy(fl_exec exec, const fl_st_entry *entries, size_t n,
+                        const void *const *sources, unsigned char *data) {
+    copy_job job = {entries, n, n > 0 ? entries[n - 1].offset + entries[n - 1].nbytes : 0, sources, data};
+    fl_exec_run(exec, (job.total + COPY_CHUNK - 1) / COPY_CHUNK, 1, copy_chunks, &job);
+}
+
+/* Validates the filled area and copies the metadata into it; the owner's, no lock. */
+static int seal(snapshot *s, const fl_st_meta *meta, size_t n_meta) {
+    size_t total;
+    int rc = fl_st_check(s->entries, s->n, &total);
+    if (rc != FL_OK)
+        return rc;
+    if (total > s->reserved)
+        return fl_error_set(FL_EINVAL, "the tensors hold %zu bytes, %zu were reserved", total,
+                            s->reserved);
+    s->meta.len = 0;
+    s->n_meta = n_meta;
+    for (size_t i = 0; i < n_meta; i++) {
+        fl_buf_append(&s->meta, meta[i].key, strlen(meta[i].key) + 1);
+        fl_buf_append(&s->meta, meta[i].value, strlen(meta[i].value) + 1);
+    }
+    if (s->meta.failed) {
+        fl_buf_free(&s->meta);
+        return FL_ENOMEM;
+    }
+    return FL_OK;
+}
+
+int fl_checkpointer_commit(fl_checkpointer *c, int64_t step, const fl_st_meta *meta, size_t n_meta) {
+    pthread_mutex_lock(&c->lock);
+    snapshot *s = filling_area(c);
+    pthread_mutex_unlock(&c->lock);
+    int rc = seal(s, meta, n_meta);
+    pthread_mutex_lock(&c->lock);
+    if (rc != FL_OK) {
+        give_back(c, s);
+    } else {
+        s->step = step;
+        s->state = PENDING;
+        c->filling = 0;
+        pthread_cond_broadcast(&c->changed);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
 
-void fl_checkpointer_commit(fl_checkpointer *c, int64_t step) {
-    pthread_mutex_lock(&c->lock);
-    c->step = step;
-    c->state = PENDING;
-    pthread_cond_broadcast(&c->changed);
-    pthread_mutex_unlock(&c->lock);
-}
-
 void fl_checkpointer_abort(fl_checkpointer *c) {
     pthread_mutex_lock(&c->lock);
-    c->state = IDLE;
-    pthread_cond_broadcast(&c->changed);
+    give_back(c, filling_area(c));
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -293,10 +462,10 @@ int fl_checkpointer_wait(fl_checkpointer *c, double timeout_s) {
     pthread_mutex_lock(&c->lock);
     int rc = FL_OK;
     struct timespec until = fl_deadline_after(timeout_s);
-    while ((c->state == PENDING || c->state == WRITING) && rc == FL_OK)
+    while (c->used - c->filling > 0 && rc == FL_OK)
         rc = timeout_s == 0 ? FL_EAGAIN
                             : fl_cond_wait_until(&c->changed, &c->lock, timeout_s < 0 ? NULL : &until);
-    if (c->state != PENDING && c->state != WRITING)
+    if (c->used - c->filling == 0)
         rc = FL_OK;
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -315,6 +484,10 @@ int fl_checkpointer_take_error(fl_checkpointer *c, char *message, size_t len) {
 void fl_checkpointer_stats(fl_checkpointer *c, fl_checkpoint_stats *out) {
     pthread_mutex_lock(&c->lock);
     *out = c->stats;
+    out->pending = c->used - c->filling;
+    out->pending_step = -1;
+    if (out->pending > 0)
+        out->pending_step = c->slots[(c->first + out->pending - 1) % c->max_pending].step;
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -337,7 +510,11 @@ void fl_checkpointer_release(fl_checkpointer *c) {
         pthread_detach(c->writer); /* the writer itself dropped the last reference */
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->lock);
-    free(c->entries);
-    staging_unmap(c->data, c->data_cap);
+    for (int i = 0; i < c->max_pending; i++) {
+        free(c->slots[i].entries);
+        staging_unmap(c->slots[i].data, c->slots[i].data_cap);
+        fl_buf_free(&c->slots[i].meta);
+    }
+    free(c->slots);
     free(c);
 }

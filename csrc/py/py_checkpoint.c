@@ -1,12 +1,13 @@
 /* py_checkpoint.c - fastloop._core._Checkpointer, the C half of fastloop.Checkpointer.
- * save() waits (interruptibly, GIL released) for the previous snapshot to be written, copies
- * the arrays into the staging buffer with the GIL released, and hands it to the writer. */
+ * save() waits (interruptibly, GIL released) while max_pending snapshots wait to be written,
+ * copies the arrays into a staging area with the GIL released, and hands it to the writer. */
 #include "fl_module.h"
 #include "fl_numpy.h"
 
 #include <limits.h>
 
 #include "checkpoint/fl_checkpoint.h"
+#include "checkpoint/fl_safetensors.h"
 #include "base/fl_error.h"
 
 typedef struct {
@@ -29,7 +30,7 @@ static int raise_write_error(PyObject *self) {
 typedef struct {
     fl_checkpointer *checkpointer;
     size_t n, bytes;
-    fl_npz_entry *entries;
+    fl_st_entry *entries;
     unsigned char *data;
 } begin_call;
 
@@ -39,106 +40,178 @@ static int attempt_begin(void *ctx, double timeout_s) {
                                  &call->entries, &call->data);
 }
 
-/* Checks one (name, array, descr) entry; fills its metadata; returns its size or -1. */
-static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_npz_entry *entry, size_t offset) {
-    PyObject *name_obj, *array_obj, *descr_obj;
+/* UTF-8 of a str without NULs (the core takes C strings); NULL with ValueError naming `what`. */
+static const char *c_text(PyObject *text, const char *what, Py_ssize_t index, Py_ssize_t *len) {
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, len);
+    if (utf8 != NULL && (size_t)*len != strlen(utf8)) {
+        PyErr_Format(PyExc_ValueError, "%s %zd contains a NUL character", what, index);
+        return NULL;
+    }
+    return utf8;
+}
+
+/* Checks one (name, array, dtype) entry; fills its metadata; returns its size or -1. */
+static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_st_entry *entry, size_t offset) {
+    PyObject *name_obj, *array_obj, *dtype_obj;
     if (!PyTuple_Check(item) ||
-        !PyArg_ParseTuple(item, "UOU;entries are (name, array, descr) tuples", &name_obj,
-                          &array_obj, &descr_obj))
+        !PyArg_ParseTuple(item, "UOU;entries are (name, array, dtype) tuples", &name_obj,
+                          &array_obj, &dtype_obj))
         return -1;
-    Py_ssize_t name_len, descr_len;
-    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
-    const char *descr = PyUnicode_AsUTF8AndSize(descr_obj, &descr_len);
-    if (name == NULL || descr == NULL)
+    Py_ssize_t name_len, dtype_len;
+    const char *name = c_text(name_obj, "tensor name", index, &name_len);
+    const char *dtype = name ? c_text(dtype_obj, "dtype of tensor", index, &dtype_len) : NULL;
+    if (name == NULL || dtype == NULL)
         return -1;
-    if (name_len == 0 || name_len >= FL_NPZ_NAME_MAX || descr_len >= FL_NPZ_DESCR_MAX) {
-        PyErr_Format(PyExc_ValueError, "state key %R must be 1 to %d bytes (dtype text under %d)",
-                     name_obj, FL_NPZ_NAME_MAX - 1, FL_NPZ_DESCR_MAX);
+    if (name_len == 0 || name_len >= FL_ST_NAME_MAX || dtype_len >= FL_ST_DTYPE_MAX) {
+        PyErr_Format(PyExc_ValueError, "tensor name %R must be 1 to %d bytes (dtype code under %d)",
+                     name_obj, FL_ST_NAME_MAX - 1, FL_ST_DTYPE_MAX);
         return -1;
     }
-    char arg[FL_NPZ_NAME_MAX + 16];
+    char arg[FL_ST_NAME_MAX + 16];
     snprintf(arg, sizeof arg, "state[%s]", name);
     if (fl_check_array(array_obj, arg) == NULL)
         return -1;
     PyArrayObject *array = (PyArrayObject *)array_obj;
-    if (PyArray_NDIM(array) > FL_NPZ_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "'%s' has more than %d dimensions", arg, FL_NPZ_MAX_DIMS);
+    if (PyArray_NDIM(array) > FL_ST_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "'%s' has more than %d dimensions", arg, FL_ST_MAX_DIMS);
         return -1;
     }
     memcpy(entry->name, name, (size_t)name_len + 1);
-    memcpy(entry->descr, descr, (size_t)descr_len + 1);
+    memcpy(entry->dtype, dtype, (size_t)dtype_len + 1);
     entry->ndim = PyArray_NDIM(array);
     for (int d = 0; d < entry->ndim; d++)
         entry->shape[d] = PyArray_DIM(array, d);
     entry->offset = offset;
     entry->nbytes = (size_t)PyArray_NBYTES(array);
-    (void)index;
     return PyArray_NBYTES(array);
 }
 
+/* The (key, value) str pairs of `pairs` (a tuple the caller holds) as C strings borrowed
+ * from it; -1 with an exception. */
+static int metadata_pairs(PyObject *pairs, fl_st_meta *meta) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pairs); i++) {
+        PyObject *key, *value, *pair = PyTuple_GET_ITEM(pairs, i);
+        Py_ssize_t len;
+        if (!PyTuple_Check(pair) ||
+            !PyArg_ParseTuple(pair, "UU;metadata is a sequence of (str, str) pairs", &key, &value))
+            return -1;
+        meta[i].key = c_text(key, "metadata key", i, &len);
+        meta[i].value = meta[i].key ? c_text(value, "metadata value", i, &len) : NULL;
+        if (meta[i].value == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+/* Raises what begin answered when it gave no staging area. */
+static PyObject *raise_begin_error(PyObject *self, int rc) {
+    if (rc == FL_EINTR)
+        return NULL;
+    if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
+        PyErr_SetString(PyExc_TimeoutError, "save: the writer is still behind (max_pending "
+                                            "checkpoints wait to be written) after the timeout");
+        return NULL;
+    }
+    if (rc == FL_ECLOSED) {
+        PyErr_SetString(ckpt_state(self)->closed, "save() on a closed Checkpointer");
+        return NULL;
+    }
+    return fl_raise(ckpt_state(self), rc, "save");
+}
+
+/* Fills the reserved staging area from the entries (the copy with the GIL released, on
+ * `threads` threads) and commits it; on failure gives it back. */
+static PyObject *fill_and_commit(PyObject *self, begin_call *call, PyObject *entries,
+                                 PyObject *pairs, long long step, int threads) {
+    fl_st_meta *meta = PyMem_Calloc((size_t)PyTuple_GET_SIZE(pairs) + 1, sizeof *meta);
+    const void **sources = PyMem_Calloc(call->n + 1, sizeof *sources);
+    if (meta == NULL || sources == NULL || metadata_pairs(pairs, meta) < 0)
+        goto fail;
+    size_t offset = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
+        Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call->entries[i], offset);
+        if (size < 0)
+            goto fail;
+        sources[i] = PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1));
+        offset += (size_t)size;
+    }
+    if (offset > call->bytes) { /* the arrays changed under us (another thread resized one) */
+        PyErr_SetString(PyExc_RuntimeError, "save: the state's arrays changed size while it was copied");
+        goto fail;
+    }
+    fl_exec exec = fl_exec_acquire(ckpt_state(self), threads);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    fl_checkpoint_copy(exec, call->entries, call->n, sources, call->data);
+    rc = fl_checkpointer_commit(call->checkpointer, step, meta, (size_t)PyTuple_GET_SIZE(pairs));
+    Py_END_ALLOW_THREADS
+    fl_exec_release(ckpt_state(self), exec);
+    PyMem_Free(meta);
+    PyMem_Free(sources);
+    if (rc != FL_OK) /* committing gave the area back */
+        return fl_raise(ckpt_state(self), rc, "save");
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(meta);
+    PyMem_Free(sources);
+    fl_checkpointer_abort(call->checkpointer);
+    return NULL;
+}
+
+/* The arrays' total size, overflow-checked; -1 with an exception. */
+static int total_bytes(PyObject *entries, size_t *bytes) {
+    *bytes = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
+        PyObject *item = PyTuple_GET_ITEM(entries, i);
+        PyObject *array = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? PyTuple_GET_ITEM(item, 1) : NULL;
+        size_t size = array != NULL && PyArray_Check(array) ? (size_t)PyArray_NBYTES((PyArrayObject *)array) : 0;
+        if (__builtin_add_overflow(*bytes, size, bytes)) {
+            PyErr_SetString(PyExc_OverflowError, "save: the state's arrays add up to more than SIZE_MAX bytes");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entries", "step", "timeout", NULL};
-    PyObject *entries_obj, *timeout_obj = Py_None;
+    static char *keywords[] = {"entries", "metadata", "step", "timeout", "threads", NULL};
+    PyObject *entries_obj, *metadata_obj, *timeout_obj = Py_None;
     long long step;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|O:save", keywords, &entries_obj, &step,
-                                     &timeout_obj) ||
+    int threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOL|Oi:save", keywords, &entries_obj,
+                                     &metadata_obj, &step, &timeout_obj, &threads) ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
         return NULL;
     if (step < 0) {
         PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", step);
         return NULL;
     }
-    PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
-    if (entries == NULL)
+    if (threads < 1 || threads > FL_POOL_MAX_WORKERS) {
+        PyErr_Format(PyExc_ValueError, "'threads' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS, threads);
         return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(entries);
-    size_t bytes = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyArrayObject *array = (PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1);
-        bytes += PyArray_Check((PyObject *)array) ? (size_t)PyArray_NBYTES(array) : 0;
     }
-    begin_call call = {((CheckpointerObject *)self)->checkpointer, (size_t)n, bytes, NULL, NULL};
+    PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
+    PyObject *pairs = entries ? PySequence_Tuple(metadata_obj) : NULL;
+    begin_call call = {((CheckpointerObject *)self)->checkpointer, 0, 0, NULL, NULL};
+    PyObject *result = NULL;
+    if (pairs == NULL || total_bytes(entries, &call.bytes) < 0)
+        goto done;
+    call.n = (size_t)PyTuple_GET_SIZE(entries);
     int rc = fl_wait_interruptibly(attempt_begin, &call, timeout);
     if (rc != FL_OK) {
-        Py_DECREF(entries);
-        if (rc == FL_EINTR)
-            return NULL;
-        if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-            PyErr_SetString(PyExc_TimeoutError, "save: the previous checkpoint is still being "
-                                                "written after the timeout");
-            return NULL;
-        }
-        if (rc == FL_ECLOSED) {
-            PyErr_SetString(ckpt_state(self)->closed, "save() on a closed Checkpointer");
-            return NULL;
-        }
-        return fl_raise(ckpt_state(self), rc, "save");
+        result = raise_begin_error(self, rc);
+        goto done;
     }
-    if (raise_write_error(self) < 0) { /* the write this save waited for failed: say so now */
+    if (raise_write_error(self) < 0) { /* a write this save waited for failed: say so now */
         fl_checkpointer_abort(call.checkpointer);
-        Py_DECREF(entries);
-        return NULL;
+        goto done;
     }
-    size_t offset = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t size = describe(PyTuple_GET_ITEM(entries, i), i, &call.entries[i], offset);
-        if (size < 0) {
-            fl_checkpointer_abort(call.checkpointer);
-            Py_DECREF(entries);
-            return NULL;
-        }
-        offset += (size_t)size;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        memcpy(call.data + call.entries[i].offset,
-               PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(PyTuple_GET_ITEM(entries, i), 1)),
-               call.entries[i].nbytes);
-    Py_END_ALLOW_THREADS
-    fl_checkpointer_commit(call.checkpointer, step);
-    Py_DECREF(entries);
-    Py_RETURN_NONE;
+    result = fill_and_commit(self, &call, entries, pairs, step, threads);
+done:
+    Py_XDECREF(entries);
+    Py_XDECREF(pairs);
+    return result;
 }
 
 static int attempt_wait(void *ctx, double timeout_s) { return fl_checkpointer_wait(ctx, timeout_s); }
@@ -174,24 +247,25 @@ static PyObject *ckpt_stats(PyObject *self, PyObject *unused) {
     (void)unused;
     fl_checkpoint_stats s;
     fl_checkpointer_stats(((CheckpointerObject *)self)->checkpointer, &s);
-    return Py_BuildValue("{s:K,s:K,s:d,s:L}", "written", (unsigned long long)s.written, "bytes",
-                         (unsigned long long)s.bytes, "last_write_s", s.last_write_s,
-                         "last_step", (long long)s.last_step);
+    return Py_BuildValue("{s:K,s:K,s:d,s:L,s:i,s:L}", "written", (unsigned long long)s.written,
+                         "bytes", (unsigned long long)s.bytes, "last_write_s", s.last_write_s,
+                         "last_step", (long long)s.last_step, "pending", s.pending,
+                         "pending_step", (long long)s.pending_step);
 }
 
 static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"directory", "keep", NULL};
+    static char *keywords[] = {"directory", "keep", "max_pending", NULL};
     PyObject *dir_bytes = NULL;
-    int keep = 3;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|i:_Checkpointer", keywords,
-                                     PyUnicode_FSConverter, &dir_bytes, &keep))
+    int keep = 3, max_pending = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|ii:_Checkpointer", keywords,
+                                     PyUnicode_FSConverter, &dir_bytes, &keep, &max_pending))
         return NULL;
     fl_module_state *state = fl_state_from_type(type);
     CheckpointerObject *self = (CheckpointerObject *)type->tp_alloc(type, 0);
     int rc = FL_ENOMEM;
     if (self != NULL) {
         Py_BEGIN_ALLOW_THREADS
-        rc = fl_checkpointer_new(PyBytes_AS_STRING(dir_bytes), keep, &self->checkpointer);
+        rc = fl_checkpointer_new(PyBytes_AS_STRING(dir_bytes), keep, max_pending, &self->checkpointer);
         Py_END_ALLOW_THREADS
     }
     if (rc != FL_OK) {
@@ -226,10 +300,11 @@ static PyObject *ckpt_get_directory(PyObject *self, void *closure) {
 
 static PyMethodDef ckpt_methods[] = {
     {"save", (PyCFunction)(void (*)(void))ckpt_save, METH_VARARGS | METH_KEYWORDS,
-     "save($self, /, entries, step, timeout=None)\n--\n\nSnapshot (name, array, descr) "
-     "entries as checkpoint `step`."},
+     "save($self, /, entries, metadata, step, timeout=None, threads=1)\n--\n\nSnapshot (name, "
+     "array, safetensors dtype) entries and (key, value) metadata pairs as checkpoint `step`, "
+     "copying on `threads` threads."},
     {"wait", (PyCFunction)(void (*)(void))ckpt_wait, METH_VARARGS | METH_KEYWORDS,
-     "wait($self, /, timeout=None)\n--\n\nWait until nothing is being written; False on timeout."},
+     "wait($self, /, timeout=None)\n--\n\nWait until every save is written; False on timeout."},
     {"close", (PyCFunction)(void (*)(void))ckpt_close, METH_VARARGS | METH_KEYWORDS,
      "close($self, /, wait=True)\n--\n\nRefuse new saves; with wait, finish the pending write."},
     {"stats", ckpt_stats, METH_NOARGS, "stats($self, /)\n--\n\nCounts and the last write's time."},

@@ -1,11 +1,14 @@
-"""Nested training state <-> a flat dict of arrays plus a JSON manifest, with no pickle.
+"""Nested training state <-> a flat dict of tensors plus a JSON manifest, with no pickle.
 
 A state is any nesting of dicts (keys: str, int, float, bool or None), lists and tuples whose
-leaves are NumPy arrays, torch tensors (any dtype torch has: ones NumPy lacks, such as
-bfloat16, travel as their raw bits in an unsigned integer array of the same width), NumPy
-scalars, Python numbers, strings, bytes, bools and None. flatten() returns the arrays to
-store and a manifest (JSON text) describing the structure and types; unflatten() rebuilds
-the same nested types from them. Floats are kept as float.hex() text, so they round-trip
+leaves are NumPy arrays, torch tensors (any dtype torch has), NumPy scalars, Python numbers,
+strings, bytes, bools and None. flatten() returns the tensors to store, each under its dotted
+path (``model.fc.weight``) with its safetensors dtype code, and a manifest (JSON text)
+describing the structure and types; unflatten() rebuilds the same nested types from them.
+Tensors NumPy has no dtype for (bfloat16, float8) travel as their raw bits in an unsigned
+integer array of the same width, under their own safetensors code (BF16, F8_E4M3); a dtype
+safetensors lacks (complex128, a NumPy string or record) travels as bytes (U8) with its
+dtype and shape in the manifest. Floats are kept as float.hex() text, so they round-trip
 bit-exactly.
 """
 
@@ -14,13 +17,23 @@ from __future__ import annotations
 import json
 import sys
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-MANIFEST = "__fastloop_state__"  # the .npz member holding the manifest (uint8 UTF-8 JSON)
+MANIFEST = "__fastloop_state__"  # the .npz member holding the manifest (older checkpoints)
 _NAME_MAX = 200  # member names longer than this are replaced by a short one
 _RAW_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# safetensors dtype codes of the NumPy dtypes it has, and of the torch dtypes NumPy lacks
+ST_CODES = {"b1": "BOOL", "u1": "U8", "i1": "I8", "i2": "I16", "u2": "U16", "f2": "F16", "i4": "I32",
+            "u4": "U32", "f4": "F32", "i8": "I64", "u8": "U64", "f8": "F64", "c8": "C64"}
+TORCH_ST_CODES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+                  "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ"}
+
+
+def st_code(dtype: np.dtype) -> str | None:
+    """The safetensors code of a native-order NumPy dtype, or None when it has none."""
+    return ST_CODES.get(dtype.kind + str(dtype.itemsize)) if dtype.isnative and dtype.fields is None else None
 
 
 def _torch() -> Any:
@@ -37,6 +50,14 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _fits(name: str) -> bool:
+    """Whether a dotted path can be a tensor's name: UTF-8 of at most _NAME_MAX bytes, no NUL."""
+    try:
+        return len(name.encode()) <= _NAME_MAX and "\0" not in name
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
 def _where(path: tuple) -> str:
     return "state" + "".join(f"[{key!r}]" for key in path)
 
@@ -45,12 +66,16 @@ class _Flattener:
     """Walks a state once, collecting arrays under unique member names."""
 
     def __init__(self, cuda_copy: Callable[[Any, tuple], Any] | None) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
+        self.arrays: dict[str, tuple[np.ndarray, str]] = {}
         self.cuda_copy = cuda_copy
+        self.has_tensors = False
 
-    def member(self, path: tuple, array: np.ndarray) -> str:
-        name = "/".join(str(key) for key in path) or "value"
-        if len(name.encode()) > _NAME_MAX or name in self.arrays or name == MANIFEST:
+    def member(self, path: tuple, array: np.ndarray, node: dict, code: str | None = None) -> dict:
+        """Stores `array` under the dotted path (or a short made-up name when that is taken or
+        too long) with its safetensors code; a dtype safetensors lacks goes as bytes, its
+        dtype and shape in node["raw"]. Returns node with its member name in "k"."""
+        name = ".".join(str(key) for key in path) or "value"
+        if not _fits(name) or name in self.arrays or name == "__metadata__":
             name = f"_{len(self.arrays)}"
             while name in self.arrays:
                 name += "_"
@@ -58,12 +83,17 @@ class _Flattener:
             array = np.ascontiguousarray(array)  # a copy only for a non-contiguous view
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
-        self.arrays[name] = array
-        return name
+        code = code or st_code(array.dtype)
+        if code is None:
+            node["raw"] = [array.dtype.descr if array.dtype.fields else array.dtype.str, list(array.shape)]
+            array, code = array.reshape(-1).view(np.uint8), "U8"
+        self.arrays[name] = (array, code)
+        node["k"] = name
+        return node
 
     def node(self, value: Any, path: tuple) -> dict:
         if isinstance(value, np.generic):  # before float: np.float64 is a float subclass
-            return {"t": "npscalar", "k": self.member(path, self.array(np.asarray(value), path))}
+            return self.member(path, self.array(np.asarray(value), path), {"t": "npscalar"})
         if value is None or isinstance(value, (bool, str)):
             return {"t": "const", "v": value}
         if isinstance(value, int):
@@ -71,9 +101,9 @@ class _Flattener:
         if isinstance(value, float):
             return {"t": "float", "v": value.hex()}
         if isinstance(value, bytes):
-            return {"t": "bytes", "k": self.member(path, np.frombuffer(value, np.uint8))}
+            return self.member(path, np.frombuffer(value, np.uint8), {"t": "bytes"})
         if isinstance(value, np.ndarray):
-            return {"t": "ndarray", "k": self.member(path, self.array(value, path))}
+            return self.member(path, self.array(value, path), {"t": "ndarray"})
         if _is_tensor(value):
             return self.tensor(value, path)
         if isinstance(value, dict):
@@ -117,8 +147,14 @@ class _Flattener:
         if tensor.device.type != "cpu":
             tensor = self.cuda_copy(tensor, path) if self.cuda_copy else tensor.cpu()
         tensor = tensor.resolve_conj().resolve_neg()
-        node["k"] = self.member(path, tensor_to_numpy(tensor))
-        return node
+        self.has_tensors = True
+        array = tensor_to_numpy(tensor)
+        code = TORCH_ST_CODES.get(node["dtype"])
+        if code is None and array.dtype.kind == "u" and node["dtype"] not in ("uint8", "uint16", "uint32", "uint64"):
+            array = array.reshape(-1).view(np.uint8)  # raw bits of a dtype safetensors lacks: bytes
+            node["raw"] = [None, list(tensor.shape)]
+            code = "U8"
+        return self.member(path, array, node, code)
 
 
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
@@ -138,12 +174,22 @@ def tensor_to_numpy(tensor: Any) -> np.ndarray:
     return tensor.view(signed).numpy().view(_RAW_BITS[width])
 
 
-def flatten(state: Any, cuda_copy: Callable[[Any, tuple], Any] | None = None) -> tuple[dict[str, np.ndarray], str]:
-    """(arrays by member name, manifest JSON) for `state`; TypeError names the path of what
-    cannot be stored. `cuda_copy(tensor, path)` returns a CPU copy of a device tensor."""
+class Flat(NamedTuple):
+    """What flatten() gives: (array, safetensors code) by member name, the manifest, and
+    whether the state held torch tensors."""
+
+    arrays: dict[str, tuple[np.ndarray, str]]
+    manifest: str
+    has_tensors: bool
+
+
+def flatten(state: Any, cuda_copy: Callable[[Any, tuple], Any] | None = None) -> Flat:
+    """The tensors and manifest of `state`; TypeError names the path of what cannot be
+    stored. `cuda_copy(tensor, path)` returns a CPU copy of a device tensor."""
     flattener = _Flattener(cuda_copy)
     root = flattener.node(state, ())
-    return flattener.arrays, json.dumps({"version": 1, "root": root}, separators=(",", ":"))
+    manifest = json.dumps({"version": 1, "root": root}, separators=(",", ":"))
+    return Flat(flattener.arrays, manifest, flattener.has_tensors)
 
 
 class _Builder:
@@ -164,9 +210,9 @@ class _Builder:
         if kind == "bytes":
             return self.arrays[node["k"]].tobytes()
         if kind == "npscalar":
-            return self.arrays[node["k"]][()]
+            return self.array(node)[()]
         if kind == "ndarray":
-            return self.arrays[node["k"]]
+            return self.array(node)
         if kind == "tensor":
             return self.tensor(node)
         if kind in ("list", "tuple"):
@@ -180,8 +226,17 @@ class _Builder:
             return result
         raise ValueError(f"unknown node type {kind!r} in the checkpoint's manifest")
 
-    def tensor(self, node: dict) -> Any:
+    def array(self, node: dict) -> np.ndarray:
+        """The member's array; one stored as bytes (node["raw"]) viewed as its dtype and shape."""
         array = self.arrays[node["k"]]
+        if "raw" not in node or node["raw"][0] is None:
+            return array
+        descr, shape = node["raw"]
+        dtype = np.dtype([tuple(field) for field in descr] if isinstance(descr, list) else descr)
+        return array.view(dtype).reshape(shape)
+
+    def tensor(self, node: dict) -> Any:
+        array = self.array(node)
         torch = _torch()  # imported only when the state holds tensors
         dtype_name = node["dtype"]
         if torch is None:  # NumPy only: bfloat16 as float32 values (exact); others as stored
@@ -189,7 +244,9 @@ class _Builder:
                 return (array.astype(np.uint32) << 16).view(np.float32)
             return array
         dtype = getattr(torch, dtype_name)
-        if array.dtype in (np.uint16, np.uint32, np.uint64) and dtype not in (torch.uint16, torch.uint32, torch.uint64):
+        if "raw" in node and node["raw"][0] is None:  # bytes of a dtype NumPy lacks
+            tensor = torch.from_numpy(array.reshape(-1)).view(dtype).reshape(node["raw"][1])
+        elif array.dtype in (np.uint16, np.uint32, np.uint64) and dtype not in (torch.uint16, torch.uint32, torch.uint64):
             signed = array.view(array.dtype.str.replace("u", "i"))
             tensor = torch.from_numpy(signed.reshape(-1) if signed.ndim == 0 else signed)
             tensor = tensor.view(dtype).reshape(array.shape)

@@ -7,7 +7,7 @@ model, or any model a factory in the user's code builds, or a TorchScript file
     $ python -m fastloop serve --model cnn.ts --input float32:3,32,32
 
 The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is used, or one
-.npz file) holds what ``fastloop.nn.training_state(model, arch=arch_of(model))`` saved: the
+checkpoint file: .safetensors, or .npz of earlier versions) holds what ``fastloop.nn.training_state(model, arch=arch_of(model))`` saved: the
 "model.<name>" parameters and ``arch``, a JSON string naming the layers, e.g.
 ``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
 A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import nn
-from ..checkpoint import Checkpointer
+from ..checkpoint import Checkpointer, read_checkpoint
 from .model_source import load_source, parse_input
 
 __all__ = ["arch_of", "model_from_arch", "load_model", "main"]
@@ -76,12 +76,8 @@ def _layers_arch(layers: str) -> str:
 
 
 def load_model(path: str, layers: str | None = None) -> nn.Sequential:
-    """The model a checkpoint directory (latest checkpoint) or .npz file holds."""
-    if os.path.isdir(path):
-        state = Checkpointer(path).load()
-    else:
-        with np.load(path, allow_pickle=False) as npz:
-            state = {name: npz[name] for name in npz.files}
+    """The model a checkpoint directory (latest checkpoint) or checkpoint file holds."""
+    state = Checkpointer(path).load() if os.path.isdir(path) else read_checkpoint(path)
     if layers is not None:
         arch = _layers_arch(layers)
     elif "arch" in state:
@@ -134,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a model over HTTP")
     parser.add_argument("--model", required=True,
-                        help="a fastloop.Checkpointer directory or .npz (fastloop.nn), module:factory (a function "
+                        help="a fastloop.Checkpointer directory or checkpoint file (fastloop.nn), module:factory (a function "
                              "returning the model or (model, inputs)), a TorchScript file or a torch.export .pt2")
     parser.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE:SHAPE",
                         help="one input per row, e.g. float32:3,32,32 or ids=int64:* (repeat for several); "

@@ -1,5 +1,5 @@
 """What ``python -m fastloop serve --model`` serves: a fastloop.nn checkpoint (a
-Checkpointer directory or an .npz), a factory in the user's code (``module:function``), a
+Checkpointer directory or a checkpoint file), a factory in the user's code (``module:function``), a
 TorchScript file (``torch.jit.save``) or a ``torch.export`` program (``.pt2``). Nothing is
 unpickled: a ``torch.save`` file (a state_dict, a pickled module) is refused with the way
 to serve it (a factory that builds the model and loads the state dict).
