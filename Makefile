@@ -81,7 +81,7 @@ $(BIN)/replay_json_numbers: tests/fuzz/replay_json_numbers.c tests/fuzz/fuzz_jso
 $(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
-	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_dl.c -lm -ldl
+	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_size.c csrc/base/fl_dl.c -lm -ldl
 
 fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_json_numbers $(BIN)/replay_image
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy

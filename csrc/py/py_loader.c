@@ -97,15 +97,16 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     self->paths_storage[index] = (const char *)list; /* freed in dealloc */
     const int32_t *files = PyArray_DATA(fi);
     const int64_t *offs = PyArray_DATA((PyArrayObject *)offsets);
+    const int64_t *lens = PyArray_DATA((PyArrayObject *)lengths);
     for (Py_ssize_t i = 0; i < n; i++)
-        if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld", i,
-                         (int)files[i], n_paths, (long long)offs[i]);
+        if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0 || lens[i] < -1) { /* -1: to the end of the file */
+            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld, %lld bytes",
+                         i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
             return -1;
         }
     const fl_image_geometry *g = &self->geometries[index];
     *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
-                        .file_index = files, .offsets = offs, .lengths = PyArray_DATA((PyArrayObject *)lengths)};
+                        .file_index = files, .offsets = offs, .lengths = lens};
     *n_samples = (uint64_t)n;
     PyObject *shape = Py_BuildValue("(nni)", (Py_ssize_t)g->out_h, (Py_ssize_t)g->out_w, 3);
     PyObject *descr = (PyObject *)PyArray_DescrFromType(NPY_UINT8);
@@ -158,9 +159,16 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
         PyObject *paths, *descr, *sample_shape, *header_path;
         int raw;
         Py_ssize_t sample_bytes;
-        if (!PyArg_ParseTuple(spec, "sOpnOOO", &kind, &paths, &raw, &sample_bytes, &descr, &sample_shape,
-                              &header_path))
+        if (!PyArg_ParseTuple(spec, "sOpnO!O!O", &kind, &paths, &raw, &sample_bytes, &PyArrayDescr_Type, &descr,
+                              &PyTuple_Type, &sample_shape, &header_path))
             return -1;
+        Py_ssize_t checked = fl_sample_nbytes(descr, sample_shape); /* also refuses too many dimensions */
+        if (checked != sample_bytes) {
+            if (checked >= 0)
+                PyErr_Format(PyExc_ValueError, "source[%zu]: %zd bytes per sample, but its shape %R makes %zd",
+                             index, sample_bytes, sample_shape, checked);
+            return -1;
+        }
         PyObject *bytes_list = PySequence_List(paths);
         if (bytes_list == NULL)
             return -1;

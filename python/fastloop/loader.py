@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import importlib
 import logging
+import math
 import os
 import re
 import weakref
@@ -22,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
+from ._args import INT_MAX, SSIZE_MAX, int_arg
 from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._samples import Fetcher, SampleStructure, SharedOrder
@@ -80,7 +82,9 @@ class Folder:
         if self.raw:
             if shape is None:
                 raise ValueError("raw files need both 'dtype' and 'shape'")
-            self.dtype, self.shape = np.dtype(dtype), tuple(int(d) for d in shape)
+            self.dtype, self.shape = np.dtype(dtype), tuple(int_arg("shape", d, 0, SSIZE_MAX) for d in shape)
+            if math.prod(self.shape) * self.dtype.itemsize > SSIZE_MAX:
+                raise OverflowError(f"'shape' {self.shape} of {self.dtype} is too large: more bytes than a size holds")
         else:
             descr, fortran, sample_shape = _npy_header(self.paths[0])
             if fortran:
@@ -91,7 +95,7 @@ class Folder:
         return len(self.paths)
 
     def _field(self) -> tuple:
-        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        nbytes = math.prod(self.shape) * self.dtype.itemsize  # Python ints: nothing wraps
         return ("files", [os.fsencode(p) for p in self.paths], self.raw, nbytes, self.dtype, self.shape,
                 os.fsencode(self.paths[0]))
 
@@ -185,7 +189,8 @@ class Loader:
     mode: "threads" (C threads fill batch slots; for arrays, files and C pipelines),
       "processes" (forked workers run Python code and write into shared memory) or "auto"
       (processes when a Python dataset or transform is involved, else threads).
-    workers: worker threads or processes (0: batches are made in the calling thread).
+    workers: worker threads (up to 1024) or processes (up to 256); 0: batches are made in the
+      calling thread.
 
     Sampling: shuffle with `seed` (a new order each epoch, reproducible), sharded by
     rank/world_size (default: the RANK and WORLD_SIZE environment variables torchrun sets;
@@ -286,10 +291,8 @@ class Loader:
         self._resume_at = 0
         self._progress: tuple[int, int] | None = None  # (epoch, batches handed out) of an unfinished pass
         source = _normalize_source(source)
-        if batch_size < 1:
-            raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
-        if workers < 0 or prefetch < 1:
-            raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
+        batch_size = int_arg("batch_size", batch_size, 1, SSIZE_MAX)
+        workers, prefetch = _worker_counts(workers, prefetch)
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
         if on_error not in ("raise", "skip"):
@@ -308,8 +311,9 @@ class Loader:
         self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
         self._pin_tensors = self.device is None and pins_tensors(self.pin_memory, output)
         self._feed: Any = None  # the DeviceFeed of a CUDA loader
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.world_size = int_arg("world_size", _env_int("WORLD_SIZE", 1) if world_size is None else world_size,
+                                  1, INT_MAX)
+        self.rank = int_arg("rank", _env_int("RANK", 0) if rank is None else rank, 0, self.world_size - 1)
         if order is not None:  # the sampler decides which indices, and shards if it is distributed
             self.rank, self.world_size = 0, 1
         if split_by not in ("sample", "shard"):
@@ -668,6 +672,18 @@ def _naming_member(source: Any, error: BaseException) -> BaseException | None:
     if match is None or not hasattr(source, "members") or not int(match.group(1)) < len(source.members):
         return None
     return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
+
+
+_MAX_WORKERS = 1024  # threads; fl_procpool takes at most 256 processes
+
+
+def _worker_counts(workers: Any, prefetch: Any) -> tuple[int, int]:
+    """(workers, prefetch) checked by name; their batch slots (workers x prefetch + 2) count in a C int."""
+    workers, prefetch = int_arg("workers", workers, 0, _MAX_WORKERS), int_arg("prefetch", prefetch, 1, INT_MAX)
+    if workers * prefetch + 2 > INT_MAX:
+        raise ValueError(f"'workers' x 'prefetch' is too large: {workers} x {prefetch} batches in flight, more "
+                         f"than {INT_MAX - 2}")
+    return workers, prefetch
 
 
 def _alias(ours: str, value: int, default: int, theirs: str, alias: int | None) -> int:
