@@ -10,6 +10,10 @@
  * epoch), without it the order wraps around to pad the last shards (up to world_size - 1
  * samples are seen twice). When world_size divides n, the shards are disjoint and together
  * hold every sample exactly once. Pure functions of their arguments; thread-safe; no Python.
+ *
+ * The one sharding rule of every Loader mode: the thread loader (fl_loader), the process pool
+ * (fl_procpool) and the in-process path (workers=0 with Python code, through the binding's
+ * _epoch_order/_epoch_batches) all take their order and batch count from here.
  */
 #ifndef FL_SAMPLER_H
 #define FL_SAMPLER_H

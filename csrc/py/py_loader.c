@@ -333,11 +333,11 @@ static const fl_source_type loader_type = {
 
 static PyObject *epoch_order(PyObject *module, PyObject *args) {
     unsigned long long n, seed, epoch;
-    int shuffle, rank, world_size;
-    if (!PyArg_ParseTuple(args, "KpKKii:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size))
+    int shuffle, rank, world_size, drop_last = 0;
+    if (!PyArg_ParseTuple(args, "KpKKii|p:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size, &drop_last))
         return NULL;
     fl_sampler s = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
-                    .batch_size = 1};
+                    .batch_size = 1, .drop_last = drop_last};
     int rc = fl_sampler_check(&s);
     if (rc != FL_OK)
         return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
@@ -355,6 +355,21 @@ static PyObject *epoch_order(PyObject *module, PyObject *args) {
     return order;
 }
 
+/* The batches of an epoch on this rank: the rule both C loaders follow, for the in-process path. */
+static PyObject *epoch_batches(PyObject *module, PyObject *args) {
+    unsigned long long n;
+    int rank, world_size, drop_last;
+    Py_ssize_t batch_size;
+    if (!PyArg_ParseTuple(args, "Kiinp:_epoch_batches", &n, &rank, &world_size, &batch_size, &drop_last))
+        return NULL;
+    fl_sampler s = {.n = n, .rank = rank, .world_size = world_size,
+                    .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last};
+    int rc = fl_sampler_check(&s);
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
+    return PyLong_FromUnsignedLongLong(fl_sampler_batches(&s));
+}
+
 static PyObject *epoch_seed(PyObject *module, PyObject *args) {
     (void)module;
     unsigned long long seed, epoch;
@@ -365,7 +380,10 @@ static PyObject *epoch_seed(PyObject *module, PyObject *args) {
 
 static PyMethodDef sampler_functions[] = {
     {"_epoch_order", epoch_order, METH_VARARGS,
-     "_epoch_order(n, shuffle, seed, epoch, rank, world_size, /)\n--\n\nThis shard's sample order."},
+     "_epoch_order(n, shuffle, seed, epoch, rank, world_size, drop_last=False, /)\n--\n\n"
+     "This shard's sample order (trimmed with drop_last, else padded, to the same length on every rank)."},
+    {"_epoch_batches", epoch_batches, METH_VARARGS,
+     "_epoch_batches(n, rank, world_size, batch_size, drop_last, /)\n--\n\nBatches per epoch on this rank."},
     {"_epoch_seed", epoch_seed, METH_VARARGS,
      "_epoch_seed(seed, epoch, /)\n--\n\nThe epoch's augmentation seed."},
     {NULL, NULL, 0, NULL},

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ._args import INT_MAX, SSIZE_MAX, int_arg
-from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
+from ._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._samples import Fetcher, SampleStructure, SharedOrder
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
@@ -631,21 +631,18 @@ class _InProcess:
         self.n = len(fetch.dataset) if fetch.order is None else fetch.order.n
         self.order = np.empty(0, np.int64)
         self.position = 0
-        from ._core import _epoch_order, _epoch_seed
-
-        self._epoch_order, self._epoch_seed = _epoch_order, _epoch_seed
         self.seed = 0
 
     @property
     def batches(self) -> int:
-        size = len(range(self.loader.rank, self.n, self.loader.world_size))
-        b = self.loader.batch_size
-        return size // b if self.loader.drop_last else -(-size // b)
+        """Batches per epoch: the C sampler's rule, as in both worker modes (the same on every rank)."""
+        L = self.loader
+        return _epoch_batches(self.n, L.rank, L.world_size, L.batch_size, L.drop_last)
 
     def start_epoch(self, epoch: int, first_batch: int = 0) -> None:
         L = self.loader
-        self.order = self._epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size)
-        self.seed = self._epoch_seed(L.seed, epoch)
+        self.order = _epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size, L.drop_last)
+        self.seed = _epoch_seed(L.seed, epoch)
         self.position = min(first_batch, self.batches) * L.batch_size
 
     def next(self, timeout: float | None) -> tuple | None:
