@@ -43,7 +43,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets starlette prometheus_client fastapi flask httpx pillow
+	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets starlette prometheus_client fastapi flask httpx pillow hypothesis
 	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
@@ -69,7 +69,7 @@ ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
 # The .npy parser's, the JSON fast path's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
-# under ASan/UBSan with gcc.
+# under ASan/UBSan with gcc; the tar header index's (Python) checked against Python's tarfile.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
@@ -83,10 +83,11 @@ $(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuz
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
 	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_size.c csrc/base/fl_dl.c -lm -ldl
 
-fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_json_numbers $(BIN)/replay_image
+fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_json_numbers $(BIN)/replay_image venv
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_json_numbers tests/fuzz/corpus/json
 	$(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_image tests/fuzz/corpus/image
+	$(PY) tests/fuzz/replay_tar.py tests/fuzz/corpus/tar
 
 ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 
