@@ -101,9 +101,14 @@ pytest: build
 # GCC 12's libasan takes no lock around fork(): a forked worker can copy an allocator lock
 # another thread holds and wait on it forever, so nothing in these tests may start or end
 # threads as a test forks (the watchdog in tests/conftest.py is a timer signal for that reason).
+# tests/test_extreme_arguments.py drives the loaders, pipelines and ops with sizes at and past
+# every limit (hypothesis): FASTLOOP_EXTREME_EXAMPLES examples per test, 60 here, 2,500 (10,625
+# cases) in make stress. allocator_may_return_null: a huge allocation fails as it does without
+# ASan (MemoryError, which that test reports), not as an ASan abort.
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
-	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_serve_json_inputs.py
+	tests/test_checkpoint.py tests/test_nn.py tests/test_loader.py tests/test_serve_json_inputs.py \
+	tests/test_extreme_arguments.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
@@ -115,23 +120,31 @@ $(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
 $(ASAN_EXT)/_core.so: $(ASAN_OBJS)
 	$(CC) $(ASAN_FLAGS) -shared -o $@ $^ -lm -ldl -pthread
 
-pytest-asan: build $(ASAN_EXT)/_core.so
-	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+# $(call asan_pytest,FILES): pytest on FILES against a copy of the package holding the ASan build.
+asan_pytest = set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
 	cp -r python/fastloop "$$dir/fastloop"; rm -f "$$dir"/fastloop/_core.*.so; \
 	so="$$dir/fastloop/_core$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"; \
 	cp $(ASAN_EXT)/_core.so "$$so"; \
 	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
-	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS) || { $(SHOW_HANG); exit 1; }
+	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
+	$(PY) -m pytest -q -p no:cacheprovider $(1) || { $(SHOW_HANG); exit 1; }
+
+pytest-asan: build $(ASAN_EXT)/_core.so
+	@$(call asan_pytest,$(ASAN_PYTESTS))
 
 test: build ctest pytest-asan pytest
 
 # The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
-# background job (`yes`, one per core, ended on every way out); not part of make test.
+# background job (`yes`, one per core, ended on every way out); first the extreme-argument
+# property tests under ASan with EXTREME_EXAMPLES per test (10,625 cases at 2,500). Not part
+# of make test.
 STRESS_RUNS ?= 20
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_gc_cycles.py tests/test_monitor.py \
 	tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
-stress: build
+EXTREME_EXAMPLES ?= 2500
+stress: build $(ASAN_EXT)/_core.so
+	@export FASTLOOP_EXTREME_EXAMPLES=$(EXTREME_EXAMPLES) FASTLOOP_TEST_TIMEOUT=3600; \
+	$(call asan_pytest,tests/test_extreme_arguments.py --hypothesis-show-statistics)
 	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
 	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \
 	for run in $$(seq $(STRESS_RUNS)); do \

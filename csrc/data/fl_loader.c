@@ -428,6 +428,17 @@ static int field_bytes(fl_loader *l, size_t f, size_t *bytes) {
     return rc == FL_OK ? fl_pipeline_image_bytes(l->out_image, l->out_dtype, bytes) : rc;
 }
 
+/* Checks that each filling thread's scratch (scratch_alloc: a sample of field 0 and the
+ * pipeline's intermediate images) fits in memory, for the workers and the consumer. */
+static int plan_scratch(const fl_loader *l) {
+    const char *what = "the pipeline's scratch per thread (a sample of source[0] and its steps' images)";
+    size_t one, all;
+    int rc = fl_size_add(l->fields[0].sample_bytes, l->scratch_per_image, what, &one);
+    if (rc == FL_OK)
+        rc = fl_size_mul(one, (size_t)l->config.workers + 1, what, &all);
+    return rc == FL_OK ? fl_size_fits_memory(all, what) : rc;
+}
+
 /* Output bytes per sample of each field and the slot layout, every size checked: a slot holds
  * the largest batch the epoch makes (batch_size, or the shard when smaller), and all of the
  * slots must fit in memory. */
@@ -437,11 +448,11 @@ static int plan(fl_loader *l) {
     for (size_t f = 0; f < l->config.n_fields && rc == FL_OK; f++) {
         rc = field_bytes(l, f, &l->field_bytes[f]);
         if (rc == FL_OK)
-            rc = fl_size_add(sample_bytes, l->field_bytes[f], "a sample's bytes", &sample_bytes);
+            rc = fl_size_add(sample_bytes, l->field_bytes[f], "sample bytes (its fields' shapes)", &sample_bytes);
     }
     if (rc == FL_OK)
         rc = fl_batch_layout(l->field_bytes, l->config.n_fields, batch, l->field_offset, &l->slot_bytes);
-    const char *slots = "the batch slots (workers x prefetch + 2) x a batch's bytes";
+    const char *slots = "the batch slots ((workers x prefetch + 2) x batch_size x sample bytes)";
     size_t per_slot = 0, all = 0; /* the slot, its bookkeeping and skip_errors' flags */
     if (rc == FL_OK)
         rc = fl_size_add(l->slot_bytes, sizeof(slot), slots, &per_slot);
@@ -451,6 +462,8 @@ static int plan(fl_loader *l) {
         rc = fl_size_mul((size_t)l->config.slots, per_slot, slots, &all);
     if (rc == FL_OK)
         rc = fl_size_fits_memory(all, slots);
+    if (rc == FL_OK && l->config.pipeline != NULL)
+        rc = plan_scratch(l);
     if (rc != FL_OK)
         return rc;
     l->chunk_samples = CHUNK_BYTES / (sample_bytes ? sample_bytes : 1);

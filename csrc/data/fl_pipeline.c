@@ -123,11 +123,12 @@ int fl_pipeline_cast(fl_pipeline *p, fl_dtype dtype) {
 
 int fl_pipeline_image_bytes(fl_images dims, fl_dtype dtype, size_t *bytes) {
     size_t pixels, values;
-    int rc = fl_size_mul(dims.h, dims.w, "image height x width", &pixels);
+    const char *what = "an image of this shape (height x width x channels x item size)";
+    int rc = fl_size_mul(dims.h, dims.w, what, &pixels);
     if (rc == FL_OK)
-        rc = fl_size_mul(pixels, dims.c, "image height x width x channels", &values);
+        rc = fl_size_mul(pixels, dims.c, what, &values);
     if (rc == FL_OK)
-        rc = fl_size_mul(values, fl_dtype_size(dtype), "an image's bytes", bytes);
+        rc = fl_size_mul(values, fl_dtype_size(dtype), what, bytes);
     return rc;
 }
 
@@ -174,7 +175,7 @@ int fl_pipeline_plan(const fl_pipeline *p, fl_images in, fl_dtype in_dtype, fl_i
             largest = bytes; /* intermediate results live in scratch */
     }
     if (rc == FL_OK) /* two halves, written in turn */
-        rc = fl_size_mul(2, largest, "the pipeline's scratch", scratch_per_image);
+        rc = fl_size_mul(2, largest, "the pipeline's scratch (two images of the input shape, after each step)", scratch_per_image);
     if (rc != FL_OK)
         return rc;
     *out = st.dims;

@@ -141,7 +141,10 @@ static int axes_of(const fl_image_geometry *g, const frame *f, unsigned d, size_
  * image, into dst; the scratch is the decoder's when there is one. */
 static int resample(fl_decoder *d, const fl_resample_axis *ax, const fl_resample_axis *ay,
                     const uint8_t *pixels, size_t stride, size_t c, uint8_t *dst) {
-    size_t bytes = fl_resample_tmp_bytes(ax, ay, c);
+    size_t bytes;
+    int rc = fl_resample_tmp_bytes(ax, ay, c, &bytes);
+    if (rc != FL_OK)
+        return rc;
     uint8_t *tmp = d != NULL ? fl_decoder_scratch(d, bytes) : malloc(bytes);
     if (tmp == NULL)
         return FL_ENOMEM;

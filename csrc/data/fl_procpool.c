@@ -369,9 +369,9 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
     if (fl_sampler_batch_capacity(&config->sampler) > UINT32_MAX) /* a task's count is 32 bits */
         return fl_error_set(FL_EINVAL, "batch_size is too large: at most %u samples per batch in worker processes",
                             (unsigned)UINT32_MAX);
-    const char *slots = "the batch slots (workers x prefetch + 2) x a batch's bytes";
+    const char *slots = "the batch slots ((workers x prefetch + 2) x batch_size x sample bytes)";
     size_t with_bookkeeping;
-    if ((rc = fl_size_align(config->slot_bytes, ALIGN, "a batch's bytes", &stride)) != FL_OK ||
+    if ((rc = fl_size_align(config->slot_bytes, ALIGN, "batch_size x sample bytes", &stride)) != FL_OK ||
         (rc = fl_size_mul(stride, (size_t)n_slots, slots, &region_len)) != FL_OK ||
         (rc = fl_size_mul(stride + sizeof(slot), (size_t)n_slots, slots, &with_bookkeeping)) != FL_OK ||
         (rc = fl_size_fits_memory(with_bookkeeping, slots)) != FL_OK)

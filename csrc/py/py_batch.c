@@ -51,6 +51,7 @@ Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
         return -1;
     }
     size_t n = (size_t)PyDataType_ELSIZE((PyArray_Descr *)descr);
+    int empty = 0;
     for (Py_ssize_t d = 0; d < ndim; d++) {
         Py_ssize_t dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
         if (dim == -1 && PyErr_Occurred()) {
@@ -63,10 +64,11 @@ Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
             PyErr_Format(PyExc_ValueError, "a sample of shape %R has a negative dimension", shape);
             return -1;
         }
-        if (fl_size_mul(n, (size_t)dim, "sample bytes", &n) != FL_OK)
+        empty |= dim == 0; /* NumPy's rule: the other dimensions must still fit */
+        if (dim > 0 && fl_size_mul(n, (size_t)dim, "sample bytes", &n) != FL_OK)
             return sample_too_large(descr, shape);
     }
-    return (Py_ssize_t)n;
+    return empty ? 0 : (Py_ssize_t)n;
 }
 
 int fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size, size_t *offsets,
@@ -85,8 +87,15 @@ static PyObject *field_array(const fl_slot_batch *b, size_t f, PyObject *lease) 
     if (ndim > NPY_MAXDIMS) /* refused when the loader was made (fl_sample_nbytes) */
         return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zd dimensions", f, ndim);
     dims[0] = (npy_intp)b->count;
-    for (Py_ssize_t d = 1; d < ndim; d++)
+    size_t span = b->count; /* NumPy's size check (non-zero dimensions): the sample's passed it, the batch's may not */
+    for (Py_ssize_t d = 1; d < ndim; d++) {
         dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sample_shape, d - 1));
+        if (dims[d] > 0 && fl_size_mul(span ? span : 1, (size_t)dims[d], "a batch", &span) != FL_OK) {
+            fl_error_clear();
+            return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zu samples of shape %R is larger than NumPy "
+                                "allows", f, b->count, sample_shape);
+        }
+    }
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(b->descrs, (Py_ssize_t)f);
     Py_INCREF(descr);
     PyObject *view = PyArray_NewFromDescr(&PyArray_Type, descr, (int)ndim, dims, NULL,

@@ -68,6 +68,10 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
     }
     PyObject *pairs = PyArray_FROMANY(array, NPY_INT64, 1, 2, NPY_ARRAY_CARRAY);
     Py_DECREF(array);
+    if (pairs == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) { /* uint64 past int64's range */
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "'offsets' must be integers within int64's range");
+    }
     if (pairs == NULL)
         return -1;
     const int64_t *values = PyArray_DATA((PyArrayObject *)pairs);
