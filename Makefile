@@ -43,7 +43,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets starlette prometheus_client fastapi flask httpx pillow safetensors
+	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" "pytest>=7" matplotlib tensorboard nbclient nbformat ipykernel redis "uvicorn[standard]" websockets starlette prometheus_client fastapi flask httpx pillow safetensors hypothesis
 	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
@@ -69,7 +69,7 @@ ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) TSAN_OPTIONS=halt_on_error=1 $$t || exit 1; done
 
 # The .npy and JPEG header parsers', the JSON fast path's and the image decoders' fuzz corpora (tests/fuzz/README.md), replayed
-# under ASan/UBSan with gcc.
+# under ASan/UBSan with gcc; the tar header index's (Python) checked against Python's tarfile.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
@@ -85,13 +85,14 @@ $(BIN)/replay_json_numbers: tests/fuzz/replay_json_numbers.c tests/fuzz/fuzz_jso
 $(BIN)/replay_image: tests/fuzz/replay_image.c tests/fuzz/fuzz_image.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_image*.c csrc/data/fl_pipeline_image.c \
-	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_dl.c -lm -ldl
+	    csrc/ops/ops_resize.c csrc/base/fl_error.c csrc/base/fl_size.c csrc/base/fl_dl.c -lm -ldl
 
-fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_jpeg_header $(BIN)/replay_json_numbers $(BIN)/replay_image
+fuzz-replay: $(BIN)/replay_npy $(BIN)/replay_jpeg_header $(BIN)/replay_json_numbers $(BIN)/replay_image venv
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_npy tests/fuzz/corpus/npy
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_jpeg_header tests/fuzz/corpus/jpeg_header
 	ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_json_numbers tests/fuzz/corpus/json
 	$(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $(BIN)/replay_image tests/fuzz/corpus/image
+	$(PY) tests/fuzz/replay_tar.py tests/fuzz/corpus/tar
 
 ctest: core-warnings ctest-asan ctest-tsan fuzz-replay
 
@@ -105,10 +106,15 @@ pytest: build
 # GCC 12's libasan takes no lock around fork(): a forked worker can copy an allocator lock
 # another thread holds and wait on it forever, so nothing in these tests may start or end
 # threads as a test forks (the watchdog in tests/conftest.py is a timer signal for that reason).
+# tests/test_extreme_arguments.py drives the loaders, pipelines and ops with sizes at and past
+# every limit (hypothesis): FASTLOOP_EXTREME_EXAMPLES examples per test, 60 here, 2,500 (10,625
+# cases) in make stress. allocator_may_return_null: a huge allocation fails as it does without
+# ASan (MemoryError, which that test reports), not as an ASan abort.
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_checkpoint_format.py tests/test_nn.py tests/test_loader.py \
-	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py
+	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py \
+	tests/test_extreme_arguments.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
@@ -120,23 +126,31 @@ $(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
 $(ASAN_EXT)/_core.so: $(ASAN_OBJS)
 	$(CC) $(ASAN_FLAGS) -shared -o $@ $^ -lm -ldl -pthread
 
-pytest-asan: build $(ASAN_EXT)/_core.so
-	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+# $(call asan_pytest,FILES): pytest on FILES against a copy of the package holding the ASan build.
+asan_pytest = set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
 	cp -r python/fastloop "$$dir/fastloop"; rm -f "$$dir"/fastloop/_core.*.so; \
 	so="$$dir/fastloop/_core$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"; \
 	cp $(ASAN_EXT)/_core.so "$$so"; \
 	$(BLAS_ENV) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
-	$(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTESTS) || { $(SHOW_HANG); exit 1; }
+	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 PYTHONPATH="$$dir" FASTLOOP_EXPECT_CORE="$$so" \
+	$(PY) -m pytest -q -p no:cacheprovider $(1) || { $(SHOW_HANG); exit 1; }
+
+pytest-asan: build $(ASAN_EXT)/_core.so
+	@$(call asan_pytest,$(ASAN_PYTESTS))
 
 test: build ctest pytest-asan pytest
 
 # The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
-# background job (`yes`, one per core, ended on every way out); not part of make test.
+# background job (`yes`, one per core, ended on every way out); first the extreme-argument
+# property tests under ASan with EXTREME_EXAMPLES per test (10,625 cases at 2,500). Not part
+# of make test.
 STRESS_RUNS ?= 20
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
-stress: build
+EXTREME_EXAMPLES ?= 2500
+stress: build $(ASAN_EXT)/_core.so
+	@export FASTLOOP_EXTREME_EXAMPLES=$(EXTREME_EXAMPLES) FASTLOOP_TEST_TIMEOUT=3600; \
+	$(call asan_pytest,tests/test_extreme_arguments.py --hypothesis-show-statistics)
 	@load=""; trap 'kill $$load 2>/dev/null' EXIT INT TERM; \
 	for core in $$(seq $$(nproc)); do yes > /dev/null & load="$$load $$!"; done; \
 	for run in $$(seq $(STRESS_RUNS)); do \

@@ -7,8 +7,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,6 +293,103 @@ def test_unusable_tars_are_refused_naming_the_shard(tmp_path: Path) -> None:
         fastloop.TarShards(str(tmp_path / "none-*.tar"))
     with pytest.raises(FileNotFoundError, match=r"missing-000\.tar' does not exist"):
         fastloop.TarShards(str(tmp_path / "missing-{000..001}.tar"))
+
+
+FUZZ = Path(__file__).resolve().parent / "fuzz"
+
+
+def tar_seeds() -> tuple[list[bytes], list[bytes]]:
+    """(well-formed, malformed) tar files of tests/fuzz/make_tar_seeds.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tar_seeds", FUZZ / "make_tar_seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)  # type: ignore[union-attr]
+    return seeds.well_formed(), seeds.malformed()
+
+
+def test_each_malformed_shard_is_refused_naming_the_shard_and_the_byte(tmp_path: Path) -> None:
+    """Negative and overflowing sizes, pax records of any length ("0 x=y" looped forever), pax
+    size=-512, headers describing no member, members cut short: a ValueError naming the shard
+    and the byte offset, never a hang."""
+    for i, data in enumerate(tar_seeds()[1]):
+        path = tmp_path / f"bad-{i:02d}.tar"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=rf"TarShards: {re.escape(str(path))} is .*\bbyte \d+"):
+            fastloop.TarShards(path)
+
+
+def test_random_mutations_of_shards_are_indexed_as_tarfile_reads_them_or_refused() -> None:
+    """tests/fuzz/fuzz_tar.check (never more lenient than tarfile, an error names its byte, a
+    bounded number of reads) over mutated shards: bytes changed, inserted, deleted, header
+    fields overwritten, checksums fixed so the mutation reaches past them."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    sys.path.insert(0, str(FUZZ))
+    from fuzz_tar import check
+
+    good, bad = tar_seeds()
+    values = [b"\xff" * 12, b"\x80" + bytes(10) + b"\x01", b"-1", b"77777777777", b"x", b"g", b"L", b"S", b"\0"]
+
+    def mutated(draw: Any) -> bytes:
+        data = bytearray(draw(st.sampled_from(good + bad)))
+        for _ in range(draw(st.integers(1, 6))):
+            at = draw(st.integers(0, max(0, len(data) - 1)))
+            kind = draw(st.integers(0, 3))
+            if kind == 0 and data:
+                data[at] = draw(st.integers(0, 255))
+            elif kind == 1:
+                data[at:at] = draw(st.binary(min_size=1, max_size=16))
+            elif kind == 2:
+                del data[at:at + draw(st.integers(1, 600))]
+            else:
+                block, field = at // 512 * 512, draw(st.sampled_from([0, 124, 148, 156, 345, 482]))
+                value = draw(st.sampled_from(values))
+                data[block + field:block + field + len(value)] = value
+        for block in range(0, len(data) - 511, 512):  # valid checksums take the mutation deeper
+            header = data[block:block + 512]
+            if any(header):
+                header[148:156] = b" " * 8
+                data[block + 148:block + 156] = b"%06o\0 " % sum(header)
+        return bytes(data)
+
+    @hypothesis.settings(max_examples=300, deadline=None, database=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(st.composite(mutated)())
+    def holds(data: bytes) -> None:
+        check(data)
+
+    holds()
+
+
+def test_the_encoded_image_reader_refuses_lengths_it_cannot_read(tmp_path: Path) -> None:
+    """What the C reader is handed is checked: a length below -1 (-1 alone means "to the end
+    of the file"; a pax size=-512 used to become that) at construction, and a length past the
+    end of the file before a buffer that large is asked for."""
+    image = tmp_path / "a.jpg"
+    image.write_bytes(jpeg_bytes(0))
+
+    class Spans:
+        targets = [0]
+
+        def __init__(self, length: int) -> None:
+            self.length = length
+
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, i: int) -> tuple:
+            raise AssertionError("read by the C threads")
+
+        def _encoded_spec(self) -> tuple:
+            return [str(image)], [0], [0], [self.length]
+
+    with pytest.raises(ValueError, match=r"sample 0 .* at offset 0, -512 bytes"):
+        fastloop.Loader(Spans(-512), transform=FUSED)
+    with fastloop.Loader(Spans(2**40), transform=FUSED) as loader:
+        with pytest.raises(ValueError, match=r"a\.jpg ends at byte \d+, before the image's 1099511627776 bytes"):
+            next(iter(loader))
+    assert next(iter(fastloop.Loader(Spans(-1), transform=FUSED)))[0].shape == (1, *SIZE, 3)
 
 
 def test_labels_missing_or_malformed_are_named(tmp_path: Path) -> None:

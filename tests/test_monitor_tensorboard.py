@@ -80,10 +80,23 @@ def test_histograms_images_text_and_scalars_read_back_by_tensorboard(tmp_path):
                                   np.rint(chw.transpose(1, 2, 0) * 255).astype(np.uint8))
     np.testing.assert_array_equal(decode_png(images["gray"].encoded_image_string), rgb[:, :, 0])
 
-    text = acc.Tensors("notes")[0]
+    assert acc.Tags()["tensors"] == ["notes/text_summary"]  # the tag SummaryWriter.add_text("notes", ...) writes
+    text = acc.Tensors("notes/text_summary")[0]
     assert text.step == 4
     assert tensor_util.make_ndarray(text.tensor_proto).item().decode() == "lr **1e-3**, batch 256 — ünïcode"
-    assert acc.SummaryMetadata("notes").plugin_data.plugin_name == "text"  # the Text tab's
+    assert acc.SummaryMetadata("notes/text_summary").plugin_data.plugin_name == "text"  # the Text tab's
+
+
+def test_text_is_written_under_the_tag_summary_writer_gives_it(tmp_path):
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    with tensorboard.SummaryWriter(str(tmp_path / "torch")) as writer:
+        writer.add_text("notes", "same", 1)
+    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path / "fastloop")]) as mon:
+        mon.text("notes", "same", step=1)
+    theirs, ours = read_back(tmp_path / "torch"), read_back(tmp_path / "fastloop")
+    assert ours.Tags()["tensors"] == theirs.Tags()["tensors"] == ["notes/text_summary"]
+    assert [tensor_util.make_ndarray(acc.Tensors("notes/text_summary")[0].tensor_proto).ravel()[0]
+            for acc in (ours, theirs)] == [b"same", b"same"]
 
 
 def test_torch_tensors_are_accepted_for_histograms_and_images(tmp_path):

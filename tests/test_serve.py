@@ -121,10 +121,9 @@ def test_queue_full_raises_at_once_at_the_bound():
         running = svc.submit(np.zeros(2))
         wait_for(lambda: svc.status(running) == "running")
         queued = [svc.submit(np.ones(2)) for _ in range(3)]
-        start = time.perf_counter()
-        with pytest.raises(fl.QueueFull, match="full"):
+        with pytest.raises(fl.QueueFull, match="full"):  # at once: no slot can free while the gate holds the worker
             svc.submit(np.ones(2))
-        assert time.perf_counter() - start < 0.05
+        assert svc.status(running) == "running" and not gate.open.is_set()
         stats = svc.stats()
         assert stats["rejected"] == 1 and stats["queue_depth"] == 3
         gate.open.set()
@@ -430,10 +429,9 @@ def test_result_times_out():
     gate = Gate()
     with InferenceService(gate, workers=1, store=MemoryStore()) as svc:
         job = svc.submit(np.ones(1))
-        start = time.monotonic()
-        with pytest.raises(TimeoutError, match="did not finish"):
+        with pytest.raises(TimeoutError, match="did not finish"):  # the timeout ended the wait, not the job
             svc.result(job, timeout=0.2)
-        assert 0.15 < time.monotonic() - start < 1.0
+        assert svc.status(job) in ("queued", "running")
         gate.open.set()
 
 
@@ -717,8 +715,7 @@ def test_result_with_no_wait_returns_a_job_whose_status_reads_done():
     with serve.InferenceService(lambda x: x * 2, workers=2, store=serve.MemoryStore()) as svc:
         for i in range(300):
             job = svc.submit(np.full(4, float(i), np.float32))
-            while svc.status(job) != "done":
-                pass
+            wait_for(lambda: svc.status(job) == "done", interval=0)  # polls as a client would, bounded
             np.testing.assert_array_equal(svc.result(job, timeout=0), np.full(4, 2.0 * i, np.float32))
 
 

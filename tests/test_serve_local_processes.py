@@ -35,7 +35,7 @@ from fastloop.serve.cli import arch_of  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE  # noqa: E402
 from fastloop.serve.peers import owner_of  # noqa: E402
 from test_serve_http import ROOT, free_port, mlp, npy, sample, ws_url  # noqa: E402,F401 (mlp: a fixture)
-from waiting import wait_for, wait_until  # noqa: E402
+from waiting import read_until, wait_for, wait_until  # noqa: E402
 from websockets.exceptions import InvalidStatus  # noqa: E402
 
 ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -154,12 +154,12 @@ class Fleet:
             left = children_of(self.proc.pid)
             for pid in left:
                 os.kill(pid, signal.SIGUSR1)  # its stacks, for the failure message
-            time.sleep(1)  # lets the stacks reach the pipe before it is read
+            stacks = read_until(self.proc.stdout, lambda out: out.count(b"Current thread") >= len(left), timeout=10)
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
             self.proc.kill()
             pytest.fail(f"the server did not stop within 60 s; processes left: {left}; "
-                        f"{self.proc.stdout.read().decode()[-12000:]}")
+                        f"{(stacks + self.proc.stdout.read()).decode()[-12000:]}")
         self.output = self.proc.stdout.read().decode()
         assert rc == 0, self.output
         assert "Traceback" not in self.output, self.output

@@ -30,7 +30,7 @@ from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve.redisqueue import LEVELS  # noqa: E402
 from fastloop.serve.spec import Input  # noqa: E402
 from fastloop.serve.metrics import render, service_registry  # noqa: E402
-from waiting import wait_for  # noqa: E402
+from waiting import read_until, wait_for  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "serve_shared_child.py")
@@ -365,12 +365,12 @@ def test_cli_processes_share_one_port_and_a_killed_one_is_replaced(server, tmp_p
             left = _children_of(proc.pid)
             for pid in left:
                 os.kill(pid, signal.SIGUSR1)  # its stacks, for the failure message
-            time.sleep(1)  # lets the stacks reach the pipe before it is read
+            stacks = read_until(proc.stdout, lambda out: out.count(b"Current thread") >= len(left), timeout=10)
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
             proc.kill()
             pytest.fail(f"the server did not stop within 60 s; processes left: {left}; "
-                        f"{proc.stdout.read().decode()[-12000:]}")
+                        f"{(stacks + proc.stdout.read()).decode()[-12000:]}")
         output = proc.stdout.read().decode()
         assert rc == 0, output
         assert f"server process {victim} died (signal 9); starting another" in output, output

@@ -4,15 +4,16 @@ generous timeout passes (a loaded machine or a sanitizer build only makes it tak
     from waiting import wait_for, wait_until
     wait_for(lambda: service.stats()["done"] == 3)        # AssertionError when it never holds
     assert wait_until(lambda: not alive(pid)), "still alive"   # False when it never holds
+    stacks = read_until(proc.stdout, lambda out: b"most recent call first" in out)  # a child's output
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import IO, Callable
 
-__all__ = ["wait_until", "wait_for", "alive"]
+__all__ = ["wait_until", "wait_for", "alive", "read_until"]
 
 TIMEOUT_S = 30.0
 
@@ -40,3 +41,29 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def read_until(pipe: IO[bytes], condition: Callable[[bytes], object], timeout: float = TIMEOUT_S) -> bytes:
+    """What `pipe` gives until condition(all of it) holds, its writers close it, or `timeout`
+    seconds pass: what a test waits on for a child's output (a stack dump it was asked for)."""
+    fd, got, ended = pipe.fileno(), bytearray(), []
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+
+    def arrived() -> bool:
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:  # every writer closed it
+                    ended.append(True)
+                    break
+                got.extend(chunk)
+        except BlockingIOError:
+            pass
+        return bool(ended) or bool(condition(bytes(got)))
+
+    try:
+        wait_until(arrived, timeout)
+    finally:
+        os.set_blocking(fd, blocking)
+    return bytes(got)

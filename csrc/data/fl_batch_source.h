@@ -11,6 +11,7 @@
  * The contract of every op is that of the implementation's function it stands for
  * (fl_loader.h, fl_procpool.h), in short: one consumer thread calls them all, except
  * `release`, which any thread may call. Ops that wait say so; none needs Python. Plain C.
+ * fl_batch_source.c holds what both implementations share (the slot layout).
  */
 #ifndef FL_BATCH_SOURCE_H
 #define FL_BATCH_SOURCE_H
@@ -59,5 +60,13 @@ typedef struct fl_batch_source {
     const fl_batch_source_ops *ops;
     void *impl;
 } fl_batch_source;
+
+/* The layout of a slot, the same in both sources: field f's batch (`batch` samples of
+ * sample_bytes[f] each) at offsets[f], each aligned to FL_SLOT_ALIGN bytes; *slot_bytes in all
+ * (at least FL_SLOT_ALIGN). Every size is checked: returns 0, or FL_EOVERFLOW naming
+ * batch_size (*slot_bytes unchanged). Pure; cannot block. */
+enum { FL_SLOT_ALIGN = 64 };
+int fl_batch_layout(const size_t *sample_bytes, size_t n_fields, size_t batch, size_t *offsets,
+                    size_t *slot_bytes);
 
 #endif

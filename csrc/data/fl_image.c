@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "data/image_codec.h"
 
 static _Atomic uint64_t max_pixels = FL_IMAGE_MAX_PIXELS;
@@ -18,7 +19,13 @@ int image_check_size(size_t width, size_t height) {
     if (width == 0 || height == 0)
         return fl_error_set(FL_EINVAL, "the image header says %zux%zu pixels", width, height);
     uint64_t cap = fl_image_max_pixels();
-    if ((uint64_t)width * height > cap)
+    size_t pixels, bytes; /* header fields: a decode buffer of up to 4 bytes a pixel (CMYK) must fit */
+    int rc = fl_size_mul(width, height, "the image header's width x height", &pixels);
+    if (rc == FL_OK)
+        rc = fl_size_mul(pixels, 4, "the image header's width x height", &bytes);
+    if (rc != FL_OK)
+        return rc;
+    if (pixels > cap)
         return fl_error_set(FL_EINVAL, "the image is %zux%zu (width x height), more than the %llu-pixel cap "
                             "(fastloop.images.set_max_pixels raises it)", width, height,
                             (unsigned long long)cap);

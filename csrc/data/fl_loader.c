@@ -27,12 +27,13 @@
 #include <unistd.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "base/fl_thread.h"
 #include "base/fl_time.h"
 
 /* CHUNK_BYTES: output per chunk: big enough that the lock is rare, small enough to split a
  * batch between several threads. */
-enum { ALIGN = 64, ERROR_TEXT = 1024, CHUNK_BYTES = 512 << 10 };
+enum { ALIGN = FL_SLOT_ALIGN, ERROR_TEXT = 1024, CHUNK_BYTES = 512 << 10 };
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_LENT } slot_state;
 
@@ -97,8 +98,6 @@ struct fl_loader {
     char skipped_text[ERROR_TEXT];  /* the first one's message */
 };
 
-static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-
 /* ---- reading one sample ---- */
 
 /* Reads exactly len bytes of a raw per-sample file. */
@@ -130,11 +129,16 @@ static int read_encoded(const fl_field *f, int64_t index, const char *path, scra
         return fl_error_sys("cannot open %s", path);
     int64_t offset = f->offsets[index], want = f->lengths[index];
     struct stat st;
-    int rc = FL_OK;
-    if (want < 0 && fstat(fd, &st) != 0)
+    int rc = FL_OK, grow = want >= 0 && (uint64_t)want + 1 > scr->encoded_capacity;
+    if (want < -1 || offset < 0) /* only -1 means "to the end of the file" */
+        rc = fl_error_set(FL_EINVAL, "%s: %lld bytes at offset %lld", path, (long long)want, (long long)offset);
+    else if ((want < 0 || grow) && fstat(fd, &st) != 0)
         rc = fl_error_sys("cannot stat %s", path);
     else if (want < 0)
         want = st.st_size > offset ? st.st_size - offset : 0;
+    else if (grow && want > st.st_size - offset) /* before a buffer that size is asked for */
+        rc = fl_error_set(FL_EINVAL, "%s ends at byte %lld, before the image's %lld bytes at offset %lld", path,
+                          (long long)st.st_size, (long long)want, (long long)offset);
     if (rc == FL_OK && (size_t)want + 1 > scr->encoded_capacity) {
         unsigned char *grown = realloc(scr->encoded, (size_t)want + 1);
         if (grown == NULL)
@@ -429,35 +433,65 @@ static void *worker_main(void *arg) {
 
 /* ---- owner API ---- */
 
-/* Output bytes per sample of each field and the slot layout. */
-static int plan(fl_loader *l) {
-    size_t offset = 0, batch = l->config.sampler.batch_size;
-    for (size_t f = 0; f < l->config.n_fields; f++) {
-        size_t bytes = l->fields[f].sample_bytes;
-        if (f == 0 && l->config.pipeline != NULL) {
-            int rc = fl_pipeline_plan(l->config.pipeline, l->config.image, l->config.image_dtype,
-                                      &l->out_image, &l->out_dtype, &l->out_layout,
-                                      &l->scratch_per_image);
-            if (rc != FL_OK)
-                return rc;
-            bytes = l->out_image.h * l->out_image.w * l->out_image.c * fl_dtype_size(l->out_dtype);
-        }
-        if (l->fields[f].gpu_entry_bytes > 0) {
-            int flip;
-            if (f != 0 || l->fields[f].geometry == NULL)
-                return fl_error_set(FL_EINVAL, "only field 0 holding encoded images can be staged for a GPU decoder");
-            if (fl_pipeline_draw_flip(l->config.pipeline, 0, 0, &flip) != FL_OK)
-                return fl_error_prefix(FL_EINVAL, "staging for a GPU decoder");
-            bytes = l->fields[f].gpu_entry_bytes;
-        }
-        l->field_bytes[f] = bytes;
-        l->field_offset[f] = offset;
-        offset = align_up(offset + bytes * batch);
+/* Field f's output bytes per sample (field 0 as the pipeline makes it, or staged for a GPU
+ * decoder: an entry of gpu_entry_bytes, the pipeline then flips only). */
+static int field_bytes(fl_loader *l, size_t f, size_t *bytes) {
+    const fl_field *field = &l->fields[f];
+    if (field->gpu_entry_bytes > 0 && (f != 0 || field->geometry == NULL))
+        return fl_error_set(FL_EINVAL, "only field 0 holding encoded images can be staged for a GPU decoder");
+    if (f > 0 || l->config.pipeline == NULL) {
+        *bytes = field->gpu_entry_bytes > 0 ? field->gpu_entry_bytes : field->sample_bytes;
+        return FL_OK;
     }
-    l->slot_bytes = offset ? offset : ALIGN;
-    size_t sample_bytes = 0;
-    for (size_t f = 0; f < l->config.n_fields; f++)
-        sample_bytes += l->field_bytes[f];
+    int flip, rc = fl_pipeline_plan(l->config.pipeline, l->config.image, l->config.image_dtype, &l->out_image,
+                                    &l->out_dtype, &l->out_layout, &l->scratch_per_image);
+    if (rc == FL_OK && field->gpu_entry_bytes > 0) {
+        if (fl_pipeline_draw_flip(l->config.pipeline, 0, 0, &flip) != FL_OK)
+            return fl_error_prefix(FL_EINVAL, "staging for a GPU decoder");
+        *bytes = field->gpu_entry_bytes;
+        return FL_OK;
+    }
+    return rc == FL_OK ? fl_pipeline_image_bytes(l->out_image, l->out_dtype, bytes) : rc;
+}
+
+/* Checks that each filling thread's scratch (scratch_alloc: a sample of field 0 and the
+ * pipeline's intermediate images) fits in memory, for the workers and the consumer. */
+static int plan_scratch(const fl_loader *l) {
+    const char *what = "the pipeline's scratch per thread (a sample of source[0] and its steps' images)";
+    size_t one, all;
+    int rc = fl_size_add(l->fields[0].sample_bytes, l->scratch_per_image, what, &one);
+    if (rc == FL_OK)
+        rc = fl_size_mul(one, (size_t)l->config.workers + 1, what, &all);
+    return rc == FL_OK ? fl_size_fits_memory(all, what) : rc;
+}
+
+/* Output bytes per sample of each field and the slot layout, every size checked: a slot holds
+ * the largest batch the epoch makes (batch_size, or the shard when smaller), and all of the
+ * slots must fit in memory. */
+static int plan(fl_loader *l) {
+    size_t sample_bytes = 0, batch = fl_sampler_batch_capacity(&l->config.sampler);
+    int rc = FL_OK;
+    for (size_t f = 0; f < l->config.n_fields && rc == FL_OK; f++) {
+        rc = field_bytes(l, f, &l->field_bytes[f]);
+        if (rc == FL_OK)
+            rc = fl_size_add(sample_bytes, l->field_bytes[f], "sample bytes (its fields' shapes)", &sample_bytes);
+    }
+    if (rc == FL_OK)
+        rc = fl_batch_layout(l->field_bytes, l->config.n_fields, batch, l->field_offset, &l->slot_bytes);
+    const char *slots = "the batch slots ((workers x prefetch + 2) x batch_size x sample bytes)";
+    size_t per_slot = 0, all = 0; /* the slot, its bookkeeping and skip_errors' flags */
+    if (rc == FL_OK)
+        rc = fl_size_add(l->slot_bytes, sizeof(slot), slots, &per_slot);
+    if (rc == FL_OK)
+        rc = fl_size_add(per_slot, batch, slots, &per_slot);
+    if (rc == FL_OK)
+        rc = fl_size_mul((size_t)l->config.slots, per_slot, slots, &all);
+    if (rc == FL_OK)
+        rc = fl_size_fits_memory(all, slots);
+    if (rc == FL_OK && l->config.pipeline != NULL)
+        rc = plan_scratch(l);
+    if (rc != FL_OK)
+        return rc;
     l->chunk_samples = CHUNK_BYTES / (sample_bytes ? sample_bytes : 1);
     l->chunk_samples = l->chunk_samples < 1 ? 1 : l->chunk_samples > batch ? batch : l->chunk_samples;
     return FL_OK;
@@ -481,22 +515,23 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
     l->fields = malloc(config->n_fields * sizeof *l->fields);
     l->field_offset = malloc(config->n_fields * sizeof *l->field_offset);
     l->field_bytes = malloc(config->n_fields * sizeof *l->field_bytes);
-    l->slots = calloc((size_t)config->slots, sizeof *l->slots);
     l->threads = calloc((size_t)(config->workers ? config->workers : 1), sizeof *l->threads);
     pthread_mutex_init(&l->lock, NULL);
     rc = fl_cond_init(&l->changed);
-    if (!l->fields || !l->field_offset || !l->field_bytes || !l->slots || !l->threads)
+    if (!l->fields || !l->field_offset || !l->field_bytes || !l->threads)
         rc = FL_ENOMEM;
     if (rc == FL_OK) {
         memcpy(l->fields, config->fields, config->n_fields * sizeof *l->fields);
         l->config.fields = l->fields;
         l->n_batches = fl_sampler_batches(&config->sampler);
-        rc = plan(l);
+        rc = plan(l); /* checks that the slots fit in memory before any is made */
     }
+    if (rc == FL_OK && (l->slots = calloc((size_t)config->slots, sizeof *l->slots)) == NULL)
+        rc = FL_ENOMEM;
     for (int i = 0; rc == FL_OK && i < config->slots; i++) {
         if ((l->slots[i].data = aligned_alloc(ALIGN, l->slot_bytes)) == NULL)
             rc = FL_ENOMEM;
-        if (config->skip_errors && (l->slots[i].dropped = calloc(config->sampler.batch_size, 1)) == NULL)
+        if (config->skip_errors && (l->slots[i].dropped = calloc(fl_sampler_batch_capacity(&config->sampler), 1)) == NULL)
             rc = FL_ENOMEM;
     }
     if (rc == FL_OK)
@@ -715,7 +750,7 @@ uint64_t fl_loader_batches(const fl_loader *l) { return l->n_batches; }
 void fl_loader_free(fl_loader *l) {
     if (l == NULL)
         return;
-    if (l->threads != NULL)
+    if (l->threads != NULL && l->slots != NULL) /* else fl_loader_new failed: no worker ran */
         fl_loader_stop(l);
     for (int i = 0; l->slots && i < l->config.slots; i++) {
         free(l->slots[i].data);

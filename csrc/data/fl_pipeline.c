@@ -7,6 +7,7 @@
 
 #include "base/fl_error.h"
 #include "base/fl_rng.h"
+#include "base/fl_size.h"
 
 enum { MAX_STEPS = 16 };
 
@@ -120,8 +121,15 @@ int fl_pipeline_cast(fl_pipeline *p, fl_dtype dtype) {
     return FL_OK;
 }
 
-static size_t image_bytes(stage st) {
-    return st.dims.h * st.dims.w * st.dims.c * fl_dtype_size(st.dtype);
+int fl_pipeline_image_bytes(fl_images dims, fl_dtype dtype, size_t *bytes) {
+    size_t pixels, values;
+    const char *what = "an image of this shape (height x width x channels x item size)";
+    int rc = fl_size_mul(dims.h, dims.w, what, &pixels);
+    if (rc == FL_OK)
+        rc = fl_size_mul(pixels, dims.c, what, &values);
+    if (rc == FL_OK)
+        rc = fl_size_mul(values, fl_dtype_size(dtype), what, bytes);
+    return rc;
 }
 
 /* The stage after step i, or FL_EINVAL when it cannot apply to `st`. */
@@ -157,18 +165,22 @@ int fl_pipeline_plan(const fl_pipeline *p, fl_images in, fl_dtype in_dtype, fl_i
                      fl_dtype *out_dtype, fl_layout *out_layout, size_t *scratch_per_image) {
     stage st = {in, in_dtype, p->layout};
     st.dims.n = 1;
-    size_t largest = 0;
-    for (size_t i = 0; i < p->n; i++) {
-        int rc = advance(&p->steps[i], i, &st);
-        if (rc != FL_OK)
-            return rc;
-        if (i + 1 < p->n && image_bytes(st) > largest)
-            largest = image_bytes(st); /* intermediate results live in scratch */
+    size_t largest = 0, bytes;
+    int rc = fl_pipeline_image_bytes(st.dims, st.dtype, &bytes);
+    for (size_t i = 0; i < p->n && rc == FL_OK; i++) {
+        rc = advance(&p->steps[i], i, &st);
+        if (rc == FL_OK)
+            rc = fl_pipeline_image_bytes(st.dims, st.dtype, &bytes); /* a cast may grow it */
+        if (rc == FL_OK && i + 1 < p->n && bytes > largest)
+            largest = bytes; /* intermediate results live in scratch */
     }
+    if (rc == FL_OK) /* two halves, written in turn */
+        rc = fl_size_mul(2, largest, "the pipeline's scratch (two images of the input shape, after each step)", scratch_per_image);
+    if (rc != FL_OK)
+        return rc;
     *out = st.dims;
     *out_dtype = st.dtype;
     *out_layout = st.layout;
-    *scratch_per_image = 2 * largest; /* two halves, written in turn */
     return FL_OK;
 }
 
@@ -232,8 +244,11 @@ int fl_pipeline_run(const fl_pipeline *p, fl_exec exec, const void *src, fl_imag
                     const int64_t *ids) {
     stage st = {in, in_dtype, p->layout};
     if (p->n == 0) {
-        memcpy(dst, src, in.n * image_bytes(st));
-        return FL_OK;
+        size_t one, all;
+        int rc = fl_pipeline_image_bytes(in, in_dtype, &one);
+        if (rc == FL_OK && (rc = fl_size_mul(in.n, one, "the batch's bytes", &all)) == FL_OK)
+            memcpy(dst, src, all);
+        return rc;
     }
     fl_images one = in;
     fl_dtype out_dtype;

@@ -31,9 +31,13 @@ int fl_pipeline_cast(fl_pipeline *p, fl_dtype dtype);
 /* What the pipeline makes of one image of `in` geometry (in.n ignored) and dtype: the output
  * geometry, dtype and layout, and the scratch bytes fl_pipeline_run() needs per image.
  * Returns 0 or FL_EINVAL when a step cannot apply (a crop larger than the image, a channel
- * count that does not match, an input dtype normalize does not take); detail names the step. */
+ * count that does not match, an input dtype normalize does not take; detail names the step),
+ * or FL_EOVERFLOW when an image's bytes do not fit in a size_t. */
 int fl_pipeline_plan(const fl_pipeline *p, fl_images in, fl_dtype in_dtype, fl_images *out,
                      fl_dtype *out_dtype, fl_layout *out_layout, size_t *scratch_per_image);
+
+/* The bytes of one image of `dims` (n ignored) and dtype. Returns 0 or FL_EOVERFLOW. */
+int fl_pipeline_image_bytes(fl_images dims, fl_dtype dtype, size_t *bytes);
 
 /* Runs the pipeline on in.n images at src into dst (both C-contiguous; dst sized by plan),
  * using scratch (in.n * scratch_per_image bytes). ids: in.n dataset indices for the random

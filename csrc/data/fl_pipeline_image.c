@@ -8,6 +8,7 @@
 
 #include "base/fl_error.h"
 #include "base/fl_rng.h"
+#include "base/fl_size.h"
 #include "ops/fl_ops.h"
 
 /* Where one image's output comes from, in full-scale source pixels. */
@@ -19,8 +20,17 @@ typedef struct frame {
 } frame;
 
 int fl_image_geometry_check(const fl_image_geometry *g) {
+    size_t pixels, bytes;
     if (g->out_h == 0 || g->out_w == 0)
         return fl_error_set(FL_EINVAL, "the output size must be positive");
+    /* a side at most INT32_MAX (PNG's limit) keeps resize_h x a side within 64 bits */
+    if (g->out_h > INT32_MAX || g->out_w > INT32_MAX || g->resize_h > INT32_MAX || g->resize_w > INT32_MAX)
+        return fl_error_set(FL_EINVAL, "size: an image side is at most %d pixels", INT32_MAX);
+    int rc = fl_size_mul(g->out_h, g->out_w, "size (height x width)", &pixels);
+    if (rc == FL_OK)
+        rc = fl_size_mul(pixels, 3, "size (height x width x 3 channels)", &bytes);
+    if (rc != FL_OK)
+        return rc;
     if (g->kind == FL_GEOMETRY_RESIZED_CROP) {
         if (!(g->scale[0] > 0 && g->scale[0] <= g->scale[1]) || !(g->ratio[0] > 0 && g->ratio[0] <= g->ratio[1]))
             return fl_error_set(FL_EINVAL, "RandomResizedCrop needs 0 < scale[0] <= scale[1] and "
@@ -131,7 +141,10 @@ static int axes_of(const fl_image_geometry *g, const frame *f, unsigned d, size_
  * image, into dst; the scratch is the decoder's when there is one. */
 static int resample(fl_decoder *d, const fl_resample_axis *ax, const fl_resample_axis *ay,
                     const uint8_t *pixels, size_t stride, size_t c, uint8_t *dst) {
-    size_t bytes = fl_resample_tmp_bytes(ax, ay, c);
+    size_t bytes;
+    int rc = fl_resample_tmp_bytes(ax, ay, c, &bytes);
+    if (rc != FL_OK)
+        return rc;
     uint8_t *tmp = d != NULL ? fl_decoder_scratch(d, bytes) : malloc(bytes);
     if (tmp == NULL)
         return FL_ENOMEM;

@@ -28,7 +28,8 @@ typedef struct fl_image_geometry {
     int dct_scaling;           /* JPEG may decode at 1/2..1/8 when the output needs no more */
 } fl_image_geometry;
 
-/* Checks a geometry's parameters. Returns 0 or FL_EINVAL (detail says which). */
+/* Checks a geometry's parameters (sides at most INT32_MAX, the output's bytes within a size).
+ * Returns 0, FL_EINVAL or FL_EOVERFLOW (detail says which). */
 int fl_image_geometry_check(const fl_image_geometry *g);
 
 /* torchvision's RandomResizedCrop.get_params for an h x w image, drawn from (seed, id):

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "base/fl_time.h"
 
 enum { ALIGN = 4096, STOP_GRACE_MS = 1000 };
@@ -128,7 +129,7 @@ static void close_other_workers_sockets(fl_procpool *pool) {
 }
 
 static void worker_loop(fl_procpool *pool, int me, int fd) {
-    int64_t *ids = malloc(pool->config.sampler.batch_size * sizeof *ids);
+    int64_t *ids = malloc(fl_sampler_batch_capacity(&pool->config.sampler) * sizeof *ids); /* checked in _new */
     char *text = malloc(sizeof pool->failure.text);
     if (ids == NULL || text == NULL)
         _exit(70);
@@ -424,15 +425,31 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
         return rc;
     if (config->workers < 1 || config->workers > 256 || config->prefetch < 1 || config->fill == NULL)
         return fl_error_set(FL_EINVAL, "a process pool needs 1..256 workers, prefetch >= 1 and a fill function");
+    /* + 2: the batch the consumer still holds while it takes the next one, so that
+     * `prefetch` batches per worker stay in flight meanwhile (as DataLoader's prefetch_factor) */
+    int n_slots;
+    size_t stride, region_len;
+    if (__builtin_mul_overflow(config->workers, config->prefetch, &n_slots) ||
+        __builtin_add_overflow(n_slots, 2, &n_slots))
+        return fl_error_set(FL_EOVERFLOW, "workers x prefetch is too large: %d x %d", config->workers,
+                            config->prefetch);
+    if (fl_sampler_batch_capacity(&config->sampler) > UINT32_MAX) /* a task's count is 32 bits */
+        return fl_error_set(FL_EINVAL, "batch_size is too large: at most %u samples per batch in worker processes",
+                            (unsigned)UINT32_MAX);
+    const char *slots = "the batch slots ((workers x prefetch + 2) x batch_size x sample bytes)";
+    size_t with_bookkeeping;
+    if ((rc = fl_size_align(config->slot_bytes, ALIGN, "batch_size x sample bytes", &stride)) != FL_OK ||
+        (rc = fl_size_mul(stride, (size_t)n_slots, slots, &region_len)) != FL_OK ||
+        (rc = fl_size_mul(stride + sizeof(slot), (size_t)n_slots, slots, &with_bookkeeping)) != FL_OK ||
+        (rc = fl_size_fits_memory(with_bookkeeping, slots)) != FL_OK)
+        return rc;
     fl_procpool *pool = calloc(1, sizeof *pool);
     if (pool == NULL)
         return FL_ENOMEM;
     pool->config = *config;
-    /* + 2: the batch the consumer still holds while it takes the next one, so that
-     * `prefetch` batches per worker stay in flight meanwhile (as DataLoader's prefetch_factor) */
-    pool->n_slots = config->workers * config->prefetch + 2;
-    pool->slot_stride = (config->slot_bytes + ALIGN - 1) / ALIGN * ALIGN;
-    pool->region_len = pool->slot_stride * (size_t)pool->n_slots;
+    pool->n_slots = n_slots;
+    pool->slot_stride = stride;
+    pool->region_len = region_len;
     pool->region = mmap(NULL, pool->region_len ? pool->region_len : ALIGN, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     pool->slots = calloc((size_t)pool->n_slots, sizeof *pool->slots);

@@ -5,6 +5,16 @@
 
 #include "base/fl_error.h"
 #include "base/fl_rng.h"
+#include "base/fl_size.h"
+
+/* The bytes an epoch's order takes: the shard, and the whole permutation when shuffling. */
+static int order_bytes(const fl_sampler *s, size_t *bytes) {
+    uint64_t entries;
+    if (__builtin_add_overflow(fl_sampler_shard_size(s), s->shuffle ? s->n : 0, &entries) || entries > FL_SIZE_MAX)
+        return fl_error_set(FL_EOVERFLOW, "a source of %llu samples is too large to order",
+                            (unsigned long long)s->n);
+    return fl_size_mul((size_t)entries, sizeof(int64_t), "the epoch order of len(source) samples", bytes);
+}
 
 int fl_sampler_check(const fl_sampler *s) {
     if (s->world_size < 1 || s->rank < 0 || s->rank >= s->world_size)
@@ -12,7 +22,9 @@ int fl_sampler_check(const fl_sampler *s) {
                             s->world_size);
     if (s->batch_size < 1)
         return fl_error_set(FL_EINVAL, "batch_size must be >= 1");
-    return FL_OK;
+    size_t bytes;
+    int rc = order_bytes(s, &bytes);
+    return rc == FL_OK ? fl_size_fits_memory(bytes, "the epoch order of len(source) samples") : rc;
 }
 
 uint64_t fl_sampler_shard_size(const fl_sampler *s) {
@@ -20,12 +32,17 @@ uint64_t fl_sampler_shard_size(const fl_sampler *s) {
     if (w == 1)
         return s->n;
     /* Equal shards, as torch's DistributedSampler: trimmed with drop_last, else padded. */
-    return s->drop_last ? s->n / w : (s->n + w - 1) / w;
+    return s->drop_last ? s->n / w : s->n / w + (s->n % w != 0); /* no n + w - 1 to wrap */
 }
 
 uint64_t fl_sampler_batches(const fl_sampler *s) {
     uint64_t size = fl_sampler_shard_size(s);
-    return s->drop_last ? size / s->batch_size : (size + s->batch_size - 1) / s->batch_size;
+    return size / s->batch_size + (!s->drop_last && size % s->batch_size != 0);
+}
+
+size_t fl_sampler_batch_capacity(const fl_sampler *s) {
+    uint64_t size = fl_sampler_shard_size(s);
+    return size == 0 ? 1 : size < s->batch_size ? (size_t)size : s->batch_size;
 }
 
 uint64_t fl_sampler_epoch_seed(uint64_t seed, uint64_t epoch) {

@@ -10,6 +10,10 @@
  * epoch), without it the order wraps around to pad the last shards (up to world_size - 1
  * samples are seen twice). When world_size divides n, the shards are disjoint and together
  * hold every sample exactly once. Pure functions of their arguments; thread-safe; no Python.
+ *
+ * The one sharding rule of every Loader mode: the thread loader (fl_loader), the process pool
+ * (fl_procpool) and the in-process path (workers=0 with Python code, through the binding's
+ * _epoch_order/_epoch_batches) all take their order and batch count from here.
  */
 #ifndef FL_SAMPLER_H
 #define FL_SAMPLER_H
@@ -27,14 +31,19 @@ typedef struct fl_sampler {
     int drop_last;   /* 1: no final partial batch */
 } fl_sampler;
 
-/* Checks the fields. Returns 0 or FL_EINVAL with a detail. */
+/* Checks the fields, and that an epoch's order (fl_sampler_epoch's memory) fits in memory.
+ * Returns 0 or FL_EINVAL/FL_EOVERFLOW with a detail naming the argument. */
 int fl_sampler_check(const fl_sampler *s);
 
 /* Samples in this rank's shard. */
 uint64_t fl_sampler_shard_size(const fl_sampler *s);
 
-/* Batches per epoch for this shard. */
+/* Batches per epoch for this shard: the same on every rank. */
 uint64_t fl_sampler_batches(const fl_sampler *s);
+
+/* The most samples one batch holds: batch_size, or the shard's size when smaller (a batch
+ * slot sized by it fits any batch of the epoch), at least 1. */
+size_t fl_sampler_batch_capacity(const fl_sampler *s);
 
 /* Writes this shard's sample indices for `epoch` into order (shard_size entries). Needs
  * n * 8 bytes of scratch when shuffling (the full permutation): returns 0 or FL_ENOMEM. */

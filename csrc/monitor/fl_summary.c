@@ -231,6 +231,11 @@ static int encode_histogram(fl_buf *value, const fl_summary *s) {
     return rc;
 }
 
+/* A text summary's tag is "<tag>/text_summary", as torch's SummaryWriter.add_text and
+ * tensorboard's own text_summary write it (tensorboard/plugins/text/summary.py), so a dashboard
+ * made for one finds the other's. */
+#define TEXT_SUFFIX "/text_summary"
+
 /* The text plugin's form: metadata naming the plugin, and a scalar DT_STRING tensor. */
 static int encode_text(fl_buf *value, const fl_summary *s) {
     static const char plugin[] = "text";
@@ -251,7 +256,10 @@ static int encode_text(fl_buf *value, const fl_summary *s) {
 
 int fl_tfevents_append_summary(fl_buf *out, const fl_summary *s) {
     fl_buf value = {0}, summary = {0}, event = {0};
-    fl_pb_field_bytes(&value, VALUE_TAG, s->tag, strnlen(s->tag, sizeof s->tag));
+    char tag[sizeof s->tag + sizeof TEXT_SUFFIX];
+    int tag_len = snprintf(tag, sizeof tag, "%.*s%s", (int)strnlen(s->tag, sizeof s->tag), s->tag,
+                           s->kind == FL_SUMMARY_TEXT ? TEXT_SUFFIX : "");
+    fl_pb_field_bytes(&value, VALUE_TAG, tag, (size_t)tag_len);
     int rc = s->kind == FL_SUMMARY_IMAGE       ? encode_image(&value, s)
              : s->kind == FL_SUMMARY_HISTOGRAM ? encode_histogram(&value, s)
              : s->kind == FL_SUMMARY_TEXT      ? encode_text(&value, s)

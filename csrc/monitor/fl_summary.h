@@ -44,8 +44,9 @@ typedef struct fl_summary {
  * free() (one block). */
 fl_summary *fl_summary_new(fl_summary_kind kind, size_t payload_bytes);
 
-/* Appends the framed Event carrying `s` to out. Returns 0, FL_ENOMEM, or FL_EINVAL when an
- * image cannot be PNG-encoded (zlib not loadable; detail says why). */
+/* Appends the framed Event carrying `s` to out (a text summary under "<tag>/text_summary",
+ * as SummaryWriter.add_text names it). Returns 0, FL_ENOMEM, or FL_EINVAL when an image
+ * cannot be PNG-encoded (zlib not loadable; detail says why). */
 int fl_tfevents_append_summary(fl_buf *out, const fl_summary *s);
 
 /* PNG (8-bit gray, RGB or RGBA, no interlace) of an HWC uint8 image, appended to out. zlib

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 
 typedef struct param {
     int layer, is_bias;
@@ -55,6 +56,16 @@ static void *device_alloc(fl_nn_model *m, size_t bytes, int *rc) {
     return ptr;
 }
 
+/* The bytes of a rows x cols matrix of the model's elements: 0, or FL_EOVERFLOW/FL_EINVAL
+ * naming `what` when they overflow (or, in host memory, exceed the machine's memory). */
+static int matrix_bytes(const fl_nn_model *m, int64_t rows, int64_t cols, const char *what, size_t *bytes) {
+    size_t values;
+    int rc = fl_size_mul((size_t)rows, (size_t)cols, what, &values);
+    if (rc == FL_OK)
+        rc = fl_size_mul(values, m->esize, what, bytes);
+    return rc == FL_OK && m->be->host_memory ? fl_size_fits_memory(*bytes, what) : rc;
+}
+
 static void free_activations(fl_nn_model *m) {
     for (int i = 0; i < m->layer_count; i++) {
         m->be->free(m->ctx, m->layers[i].act);
@@ -72,8 +83,13 @@ static void free_activations(fl_nn_model *m) {
 static int reserve_rows(fl_nn_model *m, int64_t rows) {
     if (rows <= m->rows_cap)
         return FL_OK;
+    /* every buffer below is at most rows x the widest layer (8 bytes at least): checked once */
+    size_t widest;
+    int rc = matrix_bytes(m, rows, m->max_width > 8 ? m->max_width : 8, "a batch's activations (rows x the widest layer)",
+                          &widest);
+    if (rc != FL_OK)
+        return rc;
     free_activations(m);
-    int rc = FL_OK;
     size_t row_bytes = m->esize * (size_t)m->max_width;
     for (int i = 0; i < m->layer_count && rc == FL_OK; i++)
         m->layers[i].act = device_alloc(m, (size_t)rows * m->esize * (size_t)m->layers[i].width_out, &rc);
@@ -109,9 +125,11 @@ static const void *on_device(fl_nn_model *m, fl_nn_array a, void *stage, size_t 
 
 static int add_param(fl_nn_model *m, int layer_index, int is_bias, int64_t rows, int64_t cols) {
     param *p = &m->params[m->param_count];
+    size_t bytes;
+    int rc = matrix_bytes(m, rows, cols, "Linear(in_features, out_features)'s weights", &bytes);
+    if (rc != FL_OK)
+        return rc;
     *p = (param){.layer = layer_index, .is_bias = is_bias, .rows = rows, .cols = cols, .count = rows * cols};
-    int rc = FL_OK;
-    size_t bytes = (size_t)p->count * m->esize;
     p->value = device_alloc(m, bytes, &rc);
     if (rc == FL_OK)
         p->grad = device_alloc(m, bytes, &rc);

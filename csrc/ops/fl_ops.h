@@ -88,8 +88,9 @@ typedef struct fl_resample_axis {
     int32_t *k;          /* n * ksize fixed-point weights */
 } fl_resample_axis;
 
-/* Computes an axis's coefficients. Returns 0, FL_EINVAL (empty span, first + n > out_size)
- * or FL_ENOMEM. fl_resample_axis_free() releases them (also after a failure). */
+/* Computes an axis's coefficients. Returns 0, FL_EINVAL (empty span, first + n > out_size, a
+ * side over INT32_MAX, weights larger than memory), FL_EOVERFLOW or FL_ENOMEM.
+ * fl_resample_axis_free() releases them (also after a failure). */
 int fl_resample_axis_init(fl_resample_axis *a, size_t in_size, double b0, double b1,
                           size_t out_size, size_t first, size_t n);
 void fl_resample_axis_free(fl_resample_axis *a);
@@ -102,9 +103,9 @@ static inline size_t fl_resample_axis_hi(const fl_resample_axis *a) {
 
 /* Resamples into dst (ay->n rows of ax->n pixels of c channels, contiguous) from src, whose
  * row 0 / column 0 are source pixel (y0, x0) of the axes' frame and which holds at least
- * the pixels the axes read; rows `stride` bytes apart. tmp: fl_resample_tmp_bytes() bytes.
- * Never fails. */
-size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c);
+ * the pixels the axes read; rows `stride` bytes apart. tmp: fl_resample_tmp_bytes() bytes
+ * (0, or FL_EOVERFLOW/FL_EINVAL when they overflow or exceed memory). fl_resample never fails. */
+int fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c, size_t *bytes);
 void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
                  size_t stride, size_t x0, size_t y0, size_t c, uint8_t *tmp, uint8_t *dst);
 

@@ -7,6 +7,7 @@
 
 #include "base/fl_error.h"
 #include "base/fl_simd.h"
+#include "base/fl_size.h"
 #include "ops/fl_ops.h"
 
 enum { PRECISION_BITS = 32 - 8 - 2 }; /* Pillow's: room for 8-bit samples times weights */
@@ -28,9 +29,17 @@ int fl_resample_axis_init(fl_resample_axis *a, size_t in_size, double b0, double
     memset(a, 0, sizeof *a);
     if (!(b1 > b0) || out_size == 0 || n == 0 || first + n > out_size || in_size == 0)
         return fl_error_set(FL_EINVAL, "resample: empty span or window outside the output");
+    if (in_size > INT32_MAX || out_size > INT32_MAX) /* source positions are int32 */
+        return fl_error_set(FL_EINVAL, "resample: a side of more than %d pixels (%zu -> %zu)", INT32_MAX,
+                            in_size, out_size);
     double scale = (b1 - b0) / (double)out_size, filterscale = scale < 1 ? 1 : scale;
     double support = filterscale; /* bilinear's support is 1 */
-    size_t ksize = (size_t)ceil(support) * 2 + 1;
+    size_t ksize = (size_t)ceil(support) * 2 + 1, weights;
+    int rc = fl_size_mul(n, ksize * sizeof *a->k, "resample: the filter of the output size", &weights);
+    if (rc == FL_OK)
+        rc = fl_size_fits_memory(weights, "resample: the filter of the output size");
+    if (rc != FL_OK)
+        return rc;
     double *pre = malloc(ksize * sizeof *pre);
     a->lo = malloc(n * sizeof *a->lo);
     a->count = malloc(n * sizeof *a->count);
@@ -136,6 +145,23 @@ static scratch_layout layout_of(const fl_resample_axis *ax, const fl_resample_ax
     return l;
 }
 
+/* layout_of's sizes, checked: its largest terms are (cols + 2 n) x rows x c and a row of sums. */
+static int checked_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c) {
+    const char *what = "resample: the scratch of the output size";
+    size_t rows = fl_resample_axis_hi(ay) - fl_resample_axis_lo(ay);
+    size_t cols = fl_resample_axis_hi(ax) - fl_resample_axis_lo(ax), across, area, bytes, sums;
+    int rc = fl_size_add(cols, 2 * ax->n, what, &across); /* n <= INT32_MAX: 2 n fits */
+    if (rc == FL_OK)
+        rc = fl_size_mul(across, rows, what, &area);
+    if (rc == FL_OK)
+        rc = fl_size_mul(area, c, what, &bytes);
+    if (rc == FL_OK)
+        rc = fl_size_mul((rows > ax->n ? rows : ax->n) + 1, c * sizeof(int32_t), what, &sums);
+    if (rc == FL_OK)
+        rc = fl_size_add(bytes, sums, what, &bytes);
+    return rc == FL_OK ? fl_size_fits_memory(bytes, what) : rc;
+}
+
 /* Pillow's two passes (horizontal, then vertical, each rounded to uint8), the horizontal one
  * on the transposed window so that both run as vectorized weighted sums of whole rows. */
 void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const uint8_t *src,
@@ -156,8 +182,11 @@ void fl_resample(const fl_resample_axis *ax, const fl_resample_axis *ay, const u
                       row_bytes, acc, dst + i * row_bytes);
 }
 
-size_t fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c) {
-    return layout_of(ax, ay, c).bytes;
+int fl_resample_tmp_bytes(const fl_resample_axis *ax, const fl_resample_axis *ay, size_t c, size_t *bytes) {
+    int rc = checked_tmp_bytes(ax, ay, c);
+    if (rc == FL_OK)
+        *bytes = layout_of(ax, ay, c).bytes;
+    return rc;
 }
 
 int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, size_t out_h,
@@ -171,7 +200,10 @@ int fl_resize(const uint8_t *src, size_t h, size_t w, size_t c, uint8_t *dst, si
         rc = fl_resample_axis_init(&ay, h, 0, (double)h, out_h, 0, out_h);
     else
         memset(&ay, 0, sizeof ay);
-    uint8_t *tmp = rc == FL_OK ? malloc(fl_resample_tmp_bytes(&ax, &ay, c)) : NULL;
+    size_t tmp_bytes = 0;
+    if (rc == FL_OK)
+        rc = fl_resample_tmp_bytes(&ax, &ay, c, &tmp_bytes);
+    uint8_t *tmp = rc == FL_OK ? malloc(tmp_bytes) : NULL;
     if (rc == FL_OK && tmp == NULL)
         rc = FL_ENOMEM;
     if (rc == FL_OK)

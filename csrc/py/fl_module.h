@@ -68,13 +68,15 @@ typedef enum fl_exc {
     FL_EXC_SINK,        /* fastloop.SinkError */
     FL_EXC_CHECKPOINT,  /* fastloop.CheckpointError */
     FL_EXC_CUDA,        /* fastloop.CudaError */
+    FL_EXC_OVERFLOW,    /* OverflowError: a size computed from the arguments does not fit */
 } fl_exc;
 
 #define FL_RAISE_OVERRIDES 4
 
 /* How one call raises. Zeroed fields take the defaults: the table (FL_EINVAL -> ValueError,
  * FL_ENOMEM -> MemoryError, FL_ECLOSED -> Closed, FL_ETIMEDOUT -> TimeoutError,
- * FL_EUNAVAILABLE -> CodecUnavailable, any other -> fastloop.Error) and the core's detail. */
+ * FL_EUNAVAILABLE -> CodecUnavailable, FL_EOVERFLOW -> OverflowError, any other ->
+ * fastloop.Error) and the core's detail. */
 typedef struct fl_raise_opts {
     const char *what;    /* message prefix: "what: message"; NULL: the message alone */
     const char *message; /* NULL: the core's thread-local detail (fl_strerror() when empty) */

@@ -2,6 +2,10 @@
 #include "py_batch.h"
 #include "fl_numpy.h"
 
+#include "base/fl_error.h"
+#include "base/fl_size.h"
+#include "data/fl_batch_source.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *owner;
@@ -32,21 +36,47 @@ static PyType_Spec lease_spec = {
     .slots = lease_slots,
 };
 
-Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
-    Py_ssize_t n = (Py_ssize_t)PyDataType_ELSIZE((PyArray_Descr *)descr);
-    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++)
-        n *= PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
-    return n;
+static Py_ssize_t sample_too_large(PyObject *descr, PyObject *shape) {
+    fl_error_clear();
+    PyErr_Format(PyExc_OverflowError, "a sample of shape %R and dtype %R is too large: more bytes than a size holds",
+                 shape, descr);
+    return -1;
 }
 
-size_t fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size,
-                      size_t *offsets) {
-    size_t offset = 0;
-    for (size_t f = 0; f < n_fields; f++) {
-        offsets[f] = offset;
-        offset = (offset + sample_bytes[f] * batch_size + 63) / 64 * 64;
+Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (ndim >= NPY_MAXDIMS) { /* a batch adds a dimension */
+        PyErr_Format(PyExc_ValueError, "a sample of shape %R has %zd dimensions: a batch of them would have %zd, "
+                     "more than NumPy's %d", shape, ndim, ndim + 1, NPY_MAXDIMS);
+        return -1;
     }
-    return offset ? offset : 64;
+    size_t n = (size_t)PyDataType_ELSIZE((PyArray_Descr *)descr);
+    int empty = 0;
+    for (Py_ssize_t d = 0; d < ndim; d++) {
+        Py_ssize_t dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (dim == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            return sample_too_large(descr, shape);
+        }
+        if (dim < 0) {
+            PyErr_Format(PyExc_ValueError, "a sample of shape %R has a negative dimension", shape);
+            return -1;
+        }
+        empty |= dim == 0; /* NumPy's rule: the other dimensions must still fit */
+        if (dim > 0 && fl_size_mul(n, (size_t)dim, "sample bytes", &n) != FL_OK)
+            return sample_too_large(descr, shape);
+    }
+    return empty ? 0 : (Py_ssize_t)n;
+}
+
+int fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size, size_t *offsets,
+                   size_t *slot_bytes) {
+    int rc = fl_batch_layout(sample_bytes, n_fields, batch_size, offsets, slot_bytes);
+    if (rc != FL_OK)
+        fl_raise_with(NULL, rc, &(fl_raise_opts){.what = "Loader"});
+    return rc == FL_OK ? 0 : -1;
 }
 
 /* A view of field f (or a copy, with lease NULL). */
@@ -54,9 +84,18 @@ static PyObject *field_array(const fl_slot_batch *b, size_t f, PyObject *lease) 
     PyObject *sample_shape = PyTuple_GET_ITEM(b->shapes, (Py_ssize_t)f);
     Py_ssize_t ndim = PyTuple_GET_SIZE(sample_shape) + 1;
     npy_intp dims[NPY_MAXDIMS];
+    if (ndim > NPY_MAXDIMS) /* refused when the loader was made (fl_sample_nbytes) */
+        return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zd dimensions", f, ndim);
     dims[0] = (npy_intp)b->count;
-    for (Py_ssize_t d = 1; d < ndim; d++)
+    size_t span = b->count; /* NumPy's size check (non-zero dimensions): the sample's passed it, the batch's may not */
+    for (Py_ssize_t d = 1; d < ndim; d++) {
         dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sample_shape, d - 1));
+        if (dims[d] > 0 && fl_size_mul(span ? span : 1, (size_t)dims[d], "a batch", &span) != FL_OK) {
+            fl_error_clear();
+            return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zu samples of shape %R is larger than NumPy "
+                                "allows", f, b->count, sample_shape);
+        }
+    }
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(b->descrs, (Py_ssize_t)f);
     Py_INCREF(descr);
     PyObject *view = PyArray_NewFromDescr(&PyArray_Type, descr, (int)ndim, dims, NULL,

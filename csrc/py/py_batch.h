@@ -31,13 +31,14 @@ static inline int fl_copy_out(int lent, int slots) { return lent > 2 || lent >= 
  * else by the lease. NULL with an exception on failure. */
 PyObject *fl_batch_from_slot(fl_module_state *state, const fl_slot_batch *batch);
 
-/* The size in bytes of one sample of (descr, shape). */
+/* The size in bytes of one sample of (descr, shape), or -1 with ValueError (a negative
+ * dimension, too many to batch) or OverflowError (more bytes than a size holds) naming it. */
 Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape);
 
-/* Offsets of each field's batch in a slot (aligned to 64 bytes) for batch_size samples of
- * per-sample sizes `sample_bytes`; returns the slot size. */
-size_t fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size,
-                      size_t *offsets);
+/* fl_batch_layout (the slot layout both loaders share) for batch_size samples of per-sample
+ * sizes `sample_bytes`: offsets and *slot_bytes. Returns 0, or -1 with OverflowError. */
+int fl_slot_layout(const size_t *sample_bytes, size_t n_fields, size_t batch_size, size_t *offsets,
+                   size_t *slot_bytes);
 
 int fl_batch_module_init(PyObject *module, fl_module_state *state);
 

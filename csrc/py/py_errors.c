@@ -11,7 +11,7 @@ static const struct {
 } default_table[] = {
     {FL_EINVAL, FL_EXC_VALUE},         {FL_ENOMEM, FL_EXC_MEMORY},
     {FL_ECLOSED, FL_EXC_CLOSED},       {FL_ETIMEDOUT, FL_EXC_TIMEOUT},
-    {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE},
+    {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE}, {FL_EOVERFLOW, FL_EXC_OVERFLOW},
 };
 
 static fl_exc class_for(int err, const fl_raise_opts *opts) {
@@ -36,7 +36,8 @@ static PyObject *cuda_error_type(void) {
 
 /* A new reference to the class, or NULL with an exception set. */
 static PyObject *class_object(fl_module_state *state, fl_exc exc) {
-    if (state == NULL && exc != FL_EXC_VALUE && exc != FL_EXC_MEMORY && exc != FL_EXC_TIMEOUT && exc != FL_EXC_OS) {
+    if (state == NULL && exc != FL_EXC_VALUE && exc != FL_EXC_MEMORY && exc != FL_EXC_TIMEOUT && exc != FL_EXC_OS &&
+        exc != FL_EXC_OVERFLOW) {
         PyErr_SetString(PyExc_SystemError, "fl_raise_with: a fastloop exception class needs the module state");
         return NULL;
     }
@@ -45,6 +46,7 @@ static PyObject *class_object(fl_module_state *state, fl_exc exc) {
     case FL_EXC_MEMORY: return Py_NewRef(PyExc_MemoryError);
     case FL_EXC_TIMEOUT: return Py_NewRef(PyExc_TimeoutError);
     case FL_EXC_OS: return Py_NewRef(PyExc_OSError);
+    case FL_EXC_OVERFLOW: return Py_NewRef(PyExc_OverflowError);
     case FL_EXC_CLOSED: return Py_NewRef(state->closed);
     case FL_EXC_UNAVAILABLE: return Py_NewRef(state->codec_unavailable);
     case FL_EXC_SINK: return Py_NewRef(state->sink_error);

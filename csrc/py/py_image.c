@@ -7,6 +7,7 @@
 #include "fl_numpy.h"
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "data/fl_image.h"
 #include "ops/fl_ops.h"
 #include "py_image.h"
@@ -127,7 +128,18 @@ static PyObject *probe(PyObject *module, PyObject *arg) {
                          info.format == FL_IMAGE_JPEG ? "jpeg" : "png");
 }
 
+/* A new h x w x c uint8 array; OverflowError/ValueError naming the output 'size' when its
+ * bytes overflow or exceed the machine's memory. */
 static PyObject *new_image(size_t h, size_t w, size_t c) {
+    const char *what = "the output 'size' (height x width x channels)";
+    size_t pixels, bytes;
+    int rc = fl_size_mul(h, w, what, &pixels);
+    if (rc == FL_OK)
+        rc = fl_size_mul(pixels, c, what, &bytes);
+    if (rc == FL_OK)
+        rc = fl_size_fits_memory(bytes, what);
+    if (rc != FL_OK)
+        return fl_raise_with(NULL, rc, &(fl_raise_opts){.what = "image"});
     npy_intp shape[3] = {(npy_intp)h, (npy_intp)w, (npy_intp)c};
     return PyArray_SimpleNew(3, shape, NPY_UINT8);
 }

@@ -108,15 +108,15 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     self->paths_storage[index] = (const char *)list; /* freed in dealloc */
     const int32_t *files = PyArray_DATA(fi);
     const int64_t *offs = PyArray_DATA((PyArrayObject *)offsets);
+    const int64_t *lens = PyArray_DATA((PyArrayObject *)lengths);
     for (Py_ssize_t i = 0; i < n; i++)
-        if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld", i,
-                         (int)files[i], n_paths, (long long)offs[i]);
+        if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0 || lens[i] < -1) { /* -1: to the end of the file */
+            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld, %lld bytes",
+                         i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
             return -1;
         }
     *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
-                        .file_index = files, .offsets = offs, .lengths = PyArray_DATA((PyArrayObject *)lengths),
-                        .gpu_entry_bytes = entry_bytes};
+                        .file_index = files, .offsets = offs, .lengths = lens, .gpu_entry_bytes = entry_bytes};
     *n_samples = (uint64_t)n;
     PyObject *shape = entry_bytes ? Py_BuildValue("(n)", (Py_ssize_t)entry_bytes)
                                   : Py_BuildValue("(nni)", (Py_ssize_t)g->out_h, (Py_ssize_t)g->out_w, 3);
@@ -170,9 +170,16 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
         PyObject *paths, *descr, *sample_shape, *header_path;
         int raw;
         Py_ssize_t sample_bytes;
-        if (!PyArg_ParseTuple(spec, "sOpnOOO", &kind, &paths, &raw, &sample_bytes, &descr, &sample_shape,
-                              &header_path))
+        if (!PyArg_ParseTuple(spec, "sOpnO!O!O", &kind, &paths, &raw, &sample_bytes, &PyArrayDescr_Type, &descr,
+                              &PyTuple_Type, &sample_shape, &header_path))
             return -1;
+        Py_ssize_t checked = fl_sample_nbytes(descr, sample_shape); /* also refuses too many dimensions */
+        if (checked != sample_bytes) {
+            if (checked >= 0)
+                PyErr_Format(PyExc_ValueError, "source[%zu]: %zd bytes per sample, but its shape %R makes %zd",
+                             index, sample_bytes, sample_shape, checked);
+            return -1;
+        }
         PyObject *bytes_list = PySequence_List(paths);
         if (bytes_list == NULL)
             return -1;
@@ -351,11 +358,11 @@ static const fl_source_type loader_type = {
 
 static PyObject *epoch_order(PyObject *module, PyObject *args) {
     unsigned long long n, seed, epoch;
-    int shuffle, rank, world_size;
-    if (!PyArg_ParseTuple(args, "KpKKii:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size))
+    int shuffle, rank, world_size, drop_last = 0;
+    if (!PyArg_ParseTuple(args, "KpKKii|p:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size, &drop_last))
         return NULL;
     fl_sampler s = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
-                    .batch_size = 1};
+                    .batch_size = 1, .drop_last = drop_last};
     int rc = fl_sampler_check(&s);
     if (rc != FL_OK)
         return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
@@ -373,6 +380,21 @@ static PyObject *epoch_order(PyObject *module, PyObject *args) {
     return order;
 }
 
+/* The batches of an epoch on this rank: the rule both C loaders follow, for the in-process path. */
+static PyObject *epoch_batches(PyObject *module, PyObject *args) {
+    unsigned long long n;
+    int rank, world_size, drop_last;
+    Py_ssize_t batch_size;
+    if (!PyArg_ParseTuple(args, "Kiinp:_epoch_batches", &n, &rank, &world_size, &batch_size, &drop_last))
+        return NULL;
+    fl_sampler s = {.n = n, .rank = rank, .world_size = world_size,
+                    .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last};
+    int rc = fl_sampler_check(&s);
+    if (rc != FL_OK)
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){0});
+    return PyLong_FromUnsignedLongLong(fl_sampler_batches(&s));
+}
+
 static PyObject *epoch_seed(PyObject *module, PyObject *args) {
     (void)module;
     unsigned long long seed, epoch;
@@ -383,7 +405,10 @@ static PyObject *epoch_seed(PyObject *module, PyObject *args) {
 
 static PyMethodDef sampler_functions[] = {
     {"_epoch_order", epoch_order, METH_VARARGS,
-     "_epoch_order(n, shuffle, seed, epoch, rank, world_size, /)\n--\n\nThis shard's sample order."},
+     "_epoch_order(n, shuffle, seed, epoch, rank, world_size, drop_last=False, /)\n--\n\n"
+     "This shard's sample order (trimmed with drop_last, else padded, to the same length on every rank)."},
+    {"_epoch_batches", epoch_batches, METH_VARARGS,
+     "_epoch_batches(n, rank, world_size, batch_size, drop_last, /)\n--\n\nBatches per epoch on this rank."},
     {"_epoch_seed", epoch_seed, METH_VARARGS,
      "_epoch_seed(seed, epoch, /)\n--\n\nThe epoch's augmentation seed."},
     {NULL, NULL, 0, NULL},

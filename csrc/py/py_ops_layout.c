@@ -8,14 +8,18 @@
 
 /* Parses `size`: an int (square) or an (h, w) pair. */
 static int parse_crop_size(PyObject *size, size_t *out_h, size_t *out_w) {
-    Py_ssize_t h, w;
-    if (PyLong_Check(size)) {
+    Py_ssize_t h = -1, w = -1;
+    if (PyLong_Check(size))
         h = w = PyLong_AsSsize_t(size);
-    } else if (!PyArg_ParseTuple(size, "nn;'size' must be an int or an (h, w) pair", &h, &w)) {
+    else
+        (void)PyArg_ParseTuple(size, "nn;'size' must be an int or an (h, w) pair", &h, &w);
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_OverflowError, "crop 'size' %R is too large", size);
+        }
         return -1;
     }
-    if ((h == -1 || w == -1) && PyErr_Occurred())
-        return -1;
     if (h <= 0 || w <= 0) {
         PyErr_Format(PyExc_ValueError, "'size' must be positive, not (%zd, %zd)", h, w);
         return -1;
@@ -64,6 +68,10 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
     }
     PyObject *pairs = PyArray_FROMANY(array, NPY_INT64, 1, 2, NPY_ARRAY_CARRAY);
     Py_DECREF(array);
+    if (pairs == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) { /* uint64 past int64's range */
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "'offsets' must be integers within int64's range");
+    }
     if (pairs == NULL)
         return -1;
     const int64_t *values = PyArray_DATA((PyArrayObject *)pairs);

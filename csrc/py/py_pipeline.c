@@ -3,6 +3,7 @@
 #include "py_pipeline.h"
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "fl_numpy.h"
 #include "py_ops.h"
 
@@ -139,9 +140,12 @@ static PyObject *pipeline_run(PyObject *self_obj, PyObject *args, PyObject *kwar
             return NULL;
         }
     }
-    size_t scratch_per_image;
+    size_t scratch_per_image, scratch_bytes = 0;
     PyObject *out = planned_output(self, x, &dims, &dtype, &scratch_per_image);
-    void *scratch = out ? PyMem_RawMalloc(dims.n * scratch_per_image + 1) : NULL;
+    int rc = out ? fl_size_mul(dims.n, scratch_per_image, "the Pipeline's scratch for 'x'", &scratch_bytes) : FL_OK;
+    if (rc != FL_OK)
+        Py_SETREF(out, fl_raise(fl_state_from_type(Py_TYPE(self)), rc, "Pipeline"));
+    void *scratch = out ? PyMem_RawMalloc(scratch_bytes + 1) : NULL;
     if (out != NULL && scratch == NULL)
         Py_SETREF(out, PyErr_NoMemory());
     if (out != NULL) {

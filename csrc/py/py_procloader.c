@@ -143,8 +143,11 @@ static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *desc
             return -1;
         PyList_Append(descrs, (PyObject *)descr);
         PyList_Append(shapes, shape);
-        child->in_bytes[f] = (size_t)fl_sample_nbytes((PyObject *)descr, shape);
+        Py_ssize_t nbytes = fl_sample_nbytes((PyObject *)descr, shape);
         Py_DECREF(descr);
+        if (nbytes < 0)
+            return -1;
+        child->in_bytes[f] = (size_t)nbytes;
     }
     child->in_descrs = self->in_descrs = PySequence_Tuple(descrs);
     child->in_shapes = self->in_shapes = PySequence_Tuple(shapes);
@@ -156,11 +159,15 @@ static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *desc
 static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyObject *descrs, PyObject *shapes,
                         size_t objects_bytes) {
     fl_fork_child *child = &self->child;
-    for (size_t f = 0; f < child->n_fields; f++)
-        child->out_bytes[f] = (size_t)fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f),
-                                                       PyList_GET_ITEM(shapes, (Py_ssize_t)f));
-    config->slot_bytes = fl_slot_layout(child->out_bytes, child->n_fields, config->sampler.batch_size,
-                                        self->base.offsets);
+    for (size_t f = 0; f < child->n_fields; f++) {
+        Py_ssize_t nbytes = fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f), PyList_GET_ITEM(shapes, (Py_ssize_t)f));
+        if (nbytes < 0)
+            return -1;
+        child->out_bytes[f] = (size_t)nbytes;
+    }
+    if (fl_slot_layout(child->out_bytes, child->n_fields, fl_sampler_batch_capacity(&config->sampler),
+                       self->base.offsets, &config->slot_bytes) < 0)
+        return -1;
     child->offsets = self->base.offsets;
     if (child->finish != NULL) { /* the area: a u64 length, then objects_bytes */
         child->objects_offset = config->slot_bytes;

@@ -311,7 +311,7 @@ def _sample(path: str, key: str, members: dict[str, tuple[str, int, int]], fd: i
     return (*image, label)
 
 
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2  # 2: indexes made before the strict header checks are made again
 
 
 def _shard_index(path: str, labels: bool, use_cache: bool) -> list[tuple[str, int, int, int]]:
@@ -354,7 +354,8 @@ class TarShards(_EncodedSource):
     kept in fastloop's cache folder ($FASTLOOP_CACHE, else ~/.cache/fastloop) for the next
     open of the same unchanged shard (index_cache=False: read the headers every time);
     images are never extracted: the Loader's threads pread each member in place. Long
-    member names (pax and GNU) are handled; compressed tars are refused with a ValueError.
+    member names (pax and GNU) are handled; compressed tars are refused with a ValueError, as
+    are malformed headers (a ValueError naming the shard and the byte offset).
     `urls`: a path, a brace/glob pattern (``"train-{0000..0146}.tar"``, ``"shards/*.tar"``)
     or a list of them.
 

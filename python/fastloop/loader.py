@@ -15,6 +15,7 @@ import glob
 import importlib
 import logging
 import numbers
+import math
 import os
 import re
 import weakref
@@ -23,9 +24,10 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
+from ._args import INT_MAX, SSIZE_MAX, int_arg
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
-from ._core import Metrics, _Loader, _npy_header, _ProcLoader, load_npy
+from ._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
 from ._device import parse_device
 from ._device_feed import dtype_name, memory_format_name
 from ._sample_codec import describe
@@ -86,7 +88,9 @@ class Folder:
         if self.raw:
             if shape is None:
                 raise ValueError("raw files need both 'dtype' and 'shape'")
-            self.dtype, self.shape = np.dtype(dtype), tuple(int(d) for d in shape)
+            self.dtype, self.shape = np.dtype(dtype), tuple(int_arg("shape", d, 0, SSIZE_MAX) for d in shape)
+            if math.prod(self.shape) * self.dtype.itemsize > SSIZE_MAX:
+                raise OverflowError(f"'shape' {self.shape} of {self.dtype} is too large: more bytes than a size holds")
         else:
             descr, fortran, sample_shape = _npy_header(self.paths[0])
             if fortran:
@@ -97,7 +101,7 @@ class Folder:
         return len(self.paths)
 
     def _field(self) -> tuple:
-        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        nbytes = math.prod(self.shape) * self.dtype.itemsize  # Python ints: nothing wraps
         return ("files", [os.fsencode(p) for p in self.paths], self.raw, nbytes, self.dtype, self.shape,
                 os.fsencode(self.paths[0]))
 
@@ -206,7 +210,8 @@ class Loader:
     mode: "threads" (C threads fill batch slots; for arrays, files and C pipelines),
       "processes" (forked workers run Python code and write into shared memory) or "auto"
       (processes when a Python dataset or transform is involved, else threads).
-    workers: worker threads or processes (0: batches are made in the calling thread).
+    workers: worker threads (up to 1024) or processes (up to 256); 0: batches are made in the
+      calling thread.
 
     Sampling: shuffle with `seed` (a new order each epoch, reproducible), sharded by
     rank/world_size (default: the RANK and WORLD_SIZE environment variables torchrun sets;
@@ -331,10 +336,8 @@ class Loader:
         self._resume_at = 0
         self._progress: tuple[int, int] | None = None  # (epoch, batches handed out) of an unfinished pass
         source = _normalize_source(source)
-        if batch_size < 1:
-            raise ValueError(f"'batch_size' must be >= 1, not {batch_size}")
-        if workers < 0 or prefetch < 1:
-            raise ValueError(f"'workers' must be >= 0 and 'prefetch' >= 1 (got {workers}, {prefetch})")
+        batch_size = int_arg("batch_size", batch_size, 1, SSIZE_MAX)
+        workers, prefetch = _worker_counts(workers, prefetch)
         if mode not in ("auto", "threads", "processes"):
             raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
         if on_error not in ("raise", "skip"):
@@ -360,8 +363,9 @@ class Loader:
         if self.device is None and pins_tensors(self.pin_memory, output):
             self._pinned = PinnedBatches(batch_size)
         self._feed: Any = None  # the DeviceFeed of a CUDA loader (_start_feed)
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.world_size = int_arg("world_size", _env_int("WORLD_SIZE", 1) if world_size is None else world_size,
+                                  1, INT_MAX)
+        self.rank = int_arg("rank", _env_int("RANK", 0) if rank is None else rank, 0, self.world_size - 1)
         if order is not None:  # the sampler decides which indices, and shards if it is distributed
             self.rank, self.world_size = 0, 1
         if split_by not in ("sample", "shard"):
@@ -732,9 +736,6 @@ class _InProcess:
         self.order = np.empty(0, np.int64)
         self.position = 0
         self.batch = 0  # batches of the epoch made
-        from ._core import _epoch_order, _epoch_seed
-
-        self._epoch_order, self._epoch_seed = _epoch_order, _epoch_seed
         self.seed = 0
 
     def _ends(self) -> np.ndarray | None:
@@ -743,17 +744,18 @@ class _InProcess:
 
     @property
     def batches(self) -> int:
+        """Batches per epoch: a batch_sampler's, or the C sampler's rule, as in both worker
+        modes (the same on every rank)."""
         ends = self._ends()
         if ends is not None:
             return len(ends)
-        size = len(range(self.loader.rank, self.n, self.loader.world_size))
-        b = self.loader.batch_size
-        return size // b if self.loader.drop_last else -(-size // b)
+        L = self.loader
+        return _epoch_batches(self.n, L.rank, L.world_size, L.batch_size, L.drop_last)
 
     def start_epoch(self, epoch: int, first_batch: int = 0) -> None:
         L = self.loader
-        self.order = self._epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size)
-        self.seed = self._epoch_seed(L.seed, epoch)
+        self.order = _epoch_order(self.n, L.shuffle, L.seed, epoch, L.rank, L.world_size, L.drop_last)
+        self.seed = _epoch_seed(L.seed, epoch)
         self.position = min(first_batch, self.batches) * L.batch_size
         self.batch = min(first_batch, self.batches)
 
@@ -849,6 +851,18 @@ def _naming_member(source: Any, error: BaseException) -> BaseException | None:
     if match is None or not hasattr(source, "members") or not int(match.group(1)) < len(source.members):
         return None
     return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
+
+
+_MAX_WORKERS = 1024  # threads; fl_procpool takes at most 256 processes
+
+
+def _worker_counts(workers: Any, prefetch: Any) -> tuple[int, int]:
+    """(workers, prefetch) checked by name; their batch slots (workers x prefetch + 2) count in a C int."""
+    workers, prefetch = int_arg("workers", workers, 0, _MAX_WORKERS), int_arg("prefetch", prefetch, 1, INT_MAX)
+    if workers * prefetch + 2 > INT_MAX:
+        raise ValueError(f"'workers' x 'prefetch' is too large: {workers} x {prefetch} batches in flight, more "
+                         f"than {INT_MAX - 2}")
+    return workers, prefetch
 
 
 def _alias(ours: str, value: int, default: int, theirs: str, alias: int | None) -> int:

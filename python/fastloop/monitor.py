@@ -290,8 +290,9 @@ class Monitor:
         self._core.summary(_IMAGE, tag, hwc, step, 0, *hwc.shape)
 
     def text(self, tag: str, text: str, step: int | None = None) -> None:
-        """Queue a text record (TensorBoard's Text tab renders it as Markdown). TensorBoard
-        sinks only.
+        """Queue a text record (TensorBoard's Text tab renders it as Markdown) under the tag
+        ``<tag>/text_summary``, as torch's SummaryWriter.add_text writes it. TensorBoard sinks
+        only.
 
         >>> mon.text("config", "lr=1e-3, batch=256", step=0)
         """

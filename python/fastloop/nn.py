@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _blas, _core
+from ._args import SSIZE_MAX
 from ._device import parse_device as _parse_device
 
 __all__ = [
@@ -134,6 +135,9 @@ class Linear(Module):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Linear: {name} must be a positive int, not {value!r}")
         self.in_features, self.out_features, self.has_bias = int(in_features), int(out_features), bool(bias)
+        if self.in_features * self.out_features * 8 > SSIZE_MAX:  # float64 weights, made below
+            raise OverflowError(f"Linear: in_features x out_features ({self.in_features} x {self.out_features}) "
+                                f"weights are too large: more bytes than a size holds")
         bound = 1.0 / math.sqrt(self.in_features)
         with _rng_lock:
             weight = _rng.uniform(-bound, bound, (self.out_features, self.in_features))

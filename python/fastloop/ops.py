@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core
+from ._args import INT_MAX, int_arg
 from ._core import _Pipeline, _image_transform, _resize, _resized_crop_params
 from ._torch_interop import as_array_if_tensor
 
@@ -78,8 +79,11 @@ __all__ = [
 
 
 def _size(size: int | tuple[int, int]) -> tuple[int, int]:
-    h, w = (size, size) if isinstance(size, int) else size
-    return int(h), int(w)
+    """(h, w) of an int or (h, w) `size`, each side a positive int of at most INT_MAX pixels."""
+    if isinstance(size, (tuple, list)) and len(size) != 2:
+        raise ValueError(f"'size' must be an int or an (h, w) pair, not {size!r}")
+    h, w = (size, size) if not isinstance(size, (tuple, list)) else size
+    return int_arg("size", h, 1, INT_MAX), int_arg("size", w, 1, INT_MAX)
 
 
 def _resized_size(h: int, w: int, size: int | tuple[int, int]) -> tuple[int, int]:
@@ -100,6 +104,7 @@ def resize(image: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     """
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.dtype != np.uint8:
         raise ValueError("'image' must be an (h, w, c) uint8 array")
+    _size(size)
     out_h, out_w = _resized_size(image.shape[0], image.shape[1], size)
     return _resize(np.ascontiguousarray(image), out_h, out_w)
 
@@ -118,6 +123,9 @@ class Resize:
     size: int | tuple[int, int]
     reduced_decode: bool = True
 
+    def __post_init__(self) -> None:
+        _size(self.size)  # a bad size fails here, naming 'size'
+
 
 @dataclass(frozen=True)
 class RandomResizedCrop:
@@ -133,6 +141,9 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     reduced_decode: bool = True
+
+    def __post_init__(self) -> None:
+        _size(self.size)  # a bad size fails here, naming 'size'
 
     def params(self, height: int, width: int, seed: int, index: int) -> tuple[int, int, int, int]:
         """(top, left, height, width) of the crop drawn for image `index` of an image of
@@ -157,6 +168,9 @@ class RandomCrop:
 
     size: int | tuple[int, int]
 
+    def __post_init__(self) -> None:
+        _size(self.size)  # a bad size fails here, naming 'size'
+
     def _spec(self) -> tuple:
         return ("crop", *_size(self.size), False)
 
@@ -169,6 +183,9 @@ class CenterCrop:
     """
 
     size: int | tuple[int, int]
+
+    def __post_init__(self) -> None:
+        _size(self.size)  # a bad size fails here, naming 'size'
 
     def _spec(self) -> tuple:
         return ("crop", *_size(self.size), True)

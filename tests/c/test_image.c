@@ -204,7 +204,9 @@ static void test_resample_windows_equal_the_plain_two_pass_reference(void) {
             fl_resample_axis ax, ay;
             CHECK(fl_resample_axis_init(&ax, w, 0, (double)w, t[3], t[5], t[7]) == FL_OK);
             CHECK(fl_resample_axis_init(&ay, h, 0, (double)h, t[2], t[4], t[6]) == FL_OK);
-            uint8_t *tmp = malloc(fl_resample_tmp_bytes(&ax, &ay, c));
+            size_t tmp_bytes = 0;
+            CHECK(fl_resample_tmp_bytes(&ax, &ay, c, &tmp_bytes) == FL_OK);
+            uint8_t *tmp = malloc(tmp_bytes);
             reference_resample(&ax, &ay, src, w, c, ref_tmp, want);
             size_t x0 = fl_resample_axis_lo(&ax), y0 = fl_resample_axis_lo(&ay);
             fl_resample(&ax, &ay, src + (y0 * w + x0) * c, w * c, x0, y0, c, tmp, got);

@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "base/fl_time.h"
 #include "data/fl_loader.h"
 #include "data/fl_pipeline.h"
@@ -477,9 +478,66 @@ static void test_ahead_batches_stay_in_flight_besides_the_ones_held(void) {
     fl_loader_free(l);
 }
 
+/* ---- sizes from user input, checked ---- */
+
+static void test_size_helpers_refuse_what_wraps(void) {
+    size_t out = 7;
+    CHECK(fl_size_mul(SIZE_MAX / 2, 3, "batch_size x sample bytes", &out) == FL_EOVERFLOW && out == 7);
+    CHECK(strstr(fl_error_detail(), "batch_size x sample bytes") != NULL);
+    CHECK(fl_size_mul((size_t)1 << 62, 2, "x", &out) == FL_EOVERFLOW); /* past PTRDIFF_MAX, not SIZE_MAX */
+    CHECK(fl_size_mul(0, SIZE_MAX, "x", &out) == FL_OK && out == 0);
+    CHECK(fl_size_add(FL_SIZE_MAX, 1, "x", &out) == FL_EOVERFLOW);
+    CHECK(fl_size_align(FL_SIZE_MAX - 3, 64, "x", &out) == FL_EOVERFLOW);
+    CHECK(fl_size_align(65, 64, "x", &out) == FL_OK && out == 128);
+    CHECK(fl_size_fits_memory(1 << 20, "x") == FL_OK && fl_size_fits_memory(FL_SIZE_MAX, "the slots") == FL_EINVAL);
+    CHECK(strstr(fl_error_detail(), "the slots") != NULL);
+}
+
+static void test_a_batch_size_past_the_data_makes_slots_of_the_data(void) {
+    /* batch_size * sample bytes wrapped to a 64-byte slot (2**61 * 64 = 2**67) and the workers
+     * wrote past it: a slot now holds the largest batch an epoch makes, here all 10 samples */
+    static double data[10][8];
+    fl_field f = {.base = data, .sample_bytes = sizeof data[0]};
+    fl_loader_config c = {.sampler = {.n = 10, .world_size = 1, .batch_size = (size_t)1 << 61},
+                          .workers = 2, .slots = 3, .fields = &f, .n_fields = 1};
+    fl_loader *l;
+    CHECK(fl_loader_new(&c, &l) == FL_OK);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    int slot;
+    size_t count;
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_OK && count == 10);
+    fl_loader_release(l, slot);
+    CHECK(fl_loader_next(l, 10, &slot, &count) == FL_EEND);
+    fl_loader_free(l);
+    /* a sample size that wraps with the batch: refused before any memory is asked for */
+    f.sample_bytes = (size_t)1 << 60;
+    c.sampler.batch_size = 16;
+    c.sampler.n = 16;
+    CHECK(fl_loader_new(&c, &l) == FL_EOVERFLOW && strstr(fl_error_detail(), "batch_size") != NULL);
+    f.sample_bytes = (size_t)1 << 36; /* 1 TiB a batch, 3 slots: more than a test machine has */
+    int rc = fl_loader_new(&c, &l);
+    CHECK(rc == FL_EINVAL || rc == FL_OK);
+    if (rc == FL_OK)
+        fl_loader_free(l);
+    else
+        CHECK(strstr(fl_error_detail(), "workers x prefetch") != NULL);
+}
+
+static void test_shard_and_batch_counts_do_not_wrap_near_the_top(void) {
+    fl_sampler s = {.n = UINT64_MAX, .world_size = 3, .rank = 2, .batch_size = SIZE_MAX};
+    CHECK(fl_sampler_shard_size(&s) == UINT64_MAX / 3 && fl_sampler_batches(&s) == 1);
+    CHECK(fl_sampler_batch_capacity(&s) == UINT64_MAX / 3);
+    CHECK(fl_sampler_check(&s) == FL_EOVERFLOW || fl_sampler_check(&s) == FL_EINVAL); /* its order cannot fit */
+    s.drop_last = 1;
+    CHECK(fl_sampler_batches(&s) == 0);
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
+    RUN(test_size_helpers_refuse_what_wraps);
+    RUN(test_a_batch_size_past_the_data_makes_slots_of_the_data);
+    RUN(test_shard_and_batch_counts_do_not_wrap_near_the_top);
     RUN(test_every_index_once_per_epoch_and_shards_partition);
     RUN(test_pipeline_equals_its_ops);
     RUN(test_threaded_loader_delivers_every_sample_once_through_the_pipeline);

@@ -336,7 +336,24 @@ static void test_uneven_batches_follow_their_ends_and_bad_ends_are_refused(void)
     fl_procpool_free(pool);
 }
 
+static void test_slot_counts_and_sizes_that_wrap_are_refused(void) {
+    /* workers * prefetch + 2 was an int product, slot_stride * n_slots unchecked */
+    fl_procpool_config config = {
+        .sampler = {.n = SAMPLES, .world_size = 1, .batch_size = BATCH},
+        .workers = 256, .prefetch = INT32_MAX / 128, .slot_bytes = 64, .fill = fill,
+    };
+    fl_procpool *pool = NULL;
+    CHECK(fl_procpool_new(&config, &pool) == FL_EOVERFLOW && pool == NULL);
+    CHECK(strstr(fl_error_detail(), "workers x prefetch") != NULL);
+    config.prefetch = 2;
+    config.slot_bytes = SIZE_MAX - 10;
+    CHECK(fl_procpool_new(&config, &pool) == FL_EOVERFLOW && pool == NULL);
+    config.slot_bytes = (size_t)1 << 50; /* no overflow, but 514 slots of a PiB */
+    CHECK(fl_procpool_new(&config, &pool) == FL_EINVAL && strstr(fl_error_detail(), "memory") != NULL);
+}
+
 int main(void) {
+    RUN(test_slot_counts_and_sizes_that_wrap_are_refused);
     RUN(test_every_sample_once_through_shared_memory);
     RUN(test_an_epoch_started_at_a_batch_skips_the_earlier_ones);
     RUN(test_a_failing_sample_is_reported_with_its_index_after_earlier_batches);
