@@ -4,19 +4,21 @@
 #include <string.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "data/fl_jpeg_header.h"
 #include "ops/fl_ops.h"
 
 _Static_assert(sizeof(fl_gpu_record) <= FL_GPU_RECORD_BYTES, "a record fits its head");
 
 size_t fl_gpu_entry_bytes(size_t out_h, size_t out_w, size_t capacity) {
+    const char *what = "a staged image's entry (the decoded output or the capacity, and its record)";
     size_t pixels, total;
-    if (__builtin_mul_overflow(out_h, out_w, &pixels) || __builtin_mul_overflow(pixels, (size_t)3, &pixels))
+    if (fl_size_mul(out_h, out_w, what, &pixels) != FL_OK || fl_size_mul(pixels, 3, what, &pixels) != FL_OK)
         return 0;
     capacity = capacity > pixels ? capacity : pixels;
-    if (__builtin_add_overflow(capacity, (size_t)FL_GPU_RECORD_BYTES + 63, &total))
+    if (fl_size_add(capacity, FL_GPU_RECORD_BYTES, what, &total) != FL_OK || fl_size_align(total, 64, what, &total) != FL_OK)
         return 0;
-    return total / 64 * 64;
+    return total;
 }
 
 /* The CPU path's result for an image the GPU decoder cannot take: decode, crop/resize, the

@@ -92,10 +92,11 @@ static int check_entry(const uint8_t *entry, size_t entry_bytes, size_t out_h, s
     const fl_gpu_record *r = (const fl_gpu_record *)entry;
     const size_t room = entry_bytes - FL_GPU_RECORD_BYTES;
     if (r->route == FL_GPU_PIXELS) {
-        if (out_h * out_w * 3 <= room)
+        if (out_h * out_w * 3 <= room) /* no wrap: out_h, out_w checked against the entry first */
             return 0;
     } else if ((r->route == FL_GPU_JPEG_HARDWARE || r->route == FL_GPU_JPEG_CUDA) && r->length <= room &&
                r->tables_at % 4 == 0 && r->tables_at >= r->length && r->taps_x > 0 && r->taps_y > 0 &&
+               r->taps_x <= 65536 && r->taps_y <= 65536 && /* no wrap in the tables' size */
                r->tables_at <= room && fl_gpu_tables_bytes(out_h, out_w, r->taps_x, r->taps_y) <= room - r->tables_at &&
                r->rect_w > 0 && r->rect_h > 0 && (uint64_t)r->x0 + r->rect_w <= r->image_w &&
                (uint64_t)r->y0 + r->rect_h <= r->image_h) {
@@ -123,6 +124,11 @@ static int check_entry(const uint8_t *entry, size_t entry_bytes, size_t out_h, s
 
 /* entries: a C-contiguous (n, entry_bytes) uint8 array with every entry checked. */
 static PyArrayObject *check_entries(PyObject *obj, size_t out_h, size_t out_w) {
+    size_t pixels;
+    if (__builtin_mul_overflow(out_h, out_w, &pixels) || pixels > ((size_t)1 << 40)) {
+        PyErr_Format(PyExc_ValueError, "an output of %zu x %zu pixels is too large", out_h, out_w);
+        return NULL;
+    }
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_UINT8 || PyArray_NDIM((PyArrayObject *)obj) != 2 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || PyArray_DIM((PyArrayObject *)obj, 1) <= FL_GPU_RECORD_BYTES) {
         PyErr_SetString(PyExc_TypeError, "'entries' must be a C-contiguous (n, entry_bytes) uint8 array of staged images");
@@ -204,8 +210,8 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     job.out_h = (size_t)out_h, job.out_w = (size_t)out_w;
     job.dst_chw = channels_first;
     job.dst = (void *)(uintptr_t)out_ptr;
-    size_t want = job.n * 3 * job.out_h * job.out_w * fl_cuda_out_dtype_size(job.dtype);
-    if (out_ptr == 0 || out_nbytes < 0 || (size_t)out_nbytes != want)
+    size_t want = 3 * fl_cuda_out_dtype_size(job.dtype) * job.out_h * job.out_w; /* < 2^45: checked above */
+    if (__builtin_mul_overflow(want, job.n, &want) || out_ptr == 0 || out_nbytes < 0 || (size_t)out_nbytes != want)
         return PyErr_Format(PyExc_ValueError, "'out_ptr' must be non-zero, with 'out_nbytes' %zu (the output's size), "
                             "not %zd", want, out_nbytes);
     npy_intp n = (npy_intp)job.n;
