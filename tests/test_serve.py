@@ -17,7 +17,7 @@ import pytest
 
 import fastloop as fl
 from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobExpired, JobFailed, JobRecord,
-                            MemoryStore, StoreError)
+                            MemoryStore, StoreError, StoreUnavailable)
 from waiting import wait_for
 
 IN, OUT = 16, 4
@@ -372,6 +372,33 @@ def test_jobs_run_when_the_store_cannot_record_them_running():
         with svc:
             assert [svc.result(job, timeout=5)[0] for job in jobs] == [2.0 * (i + 1) for i in range(8)]
             assert svc.stats()["store_errors"] == 9
+
+
+class UnreachableOnceStore(MemoryStore):
+    """A MemoryStore that cannot be reached for the first final write of each id in
+    `unreachable` (a Redis restarting: connection refused), then takes every write."""
+
+    def __init__(self, unreachable=()) -> None:
+        super().__init__()
+        self.unreachable = set(unreachable)
+
+    def finish(self, record, result):
+        if record.id in self.unreachable:
+            self.unreachable.discard(record.id)
+            raise StoreUnavailable(f"cannot finish job {record.id!r}: Connection refused")
+        super().finish(record, result)
+
+
+def test_a_result_the_store_could_not_reach_is_written_later_and_never_turned_into_a_failure():
+    # The flake of test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart: a
+    # done job whose final write met a Redis restarting was stored failed, "could not store
+    # the result: ... Connection refused", as soon as Redis took the next write.
+    store = UnreachableOnceStore(unreachable={"a"})
+    with InferenceService(lambda b: b * 2, store=store) as svc:
+        assert svc.result(svc.submit(np.ones(2), job_id="a"), timeout=5).tolist() == [2.0, 2.0]
+        wait_for(lambda: svc.stats()["unsaved"] == 0)  # the janitor wrote it once the store answered
+        assert store.get("a").status == "done" and store.get_result("a").tolist() == [2.0, 2.0]
+        assert svc.status("a") == "done" and svc.stats()["failed"] == 0
 
 
 class LostReplyStore(MemoryStore):
