@@ -242,7 +242,8 @@ def test_a_model_returning_the_wrong_number_of_rows_fails_the_job():
 
 @pytest.mark.parametrize("bad, error, words", [
     (np.ones(IN + 1, np.float32), ValueError, "shape"),
-    (np.ones((2, IN), np.float32), ValueError, "shape"),
+    (np.ones((2, IN + 1), np.float32), ValueError, "shape"),
+    (np.ones((0, IN), np.float32), ValueError, "no rows"),
     (np.ones(IN, np.float64), TypeError, "astype"),
     (np.ones(IN, np.int32), TypeError, "float32"),
     (["a"] * IN, TypeError, "float32"),
