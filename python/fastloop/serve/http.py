@@ -6,7 +6,11 @@ uvicorn (``pip install fastloop[serve]``) or mounted in a FastAPI/Starlette app.
 
 The front is thin: every call into the service (submit, status, result, cancel: they may
 touch the store's disk or network) runs in a small thread pool, never on the event loop, and
-never waits for a model call; clients poll or listen on a WebSocket. Status changes reach
+never waits for a model call. ``POST /v1/predict`` answers with the result: the request waits
+on the loop (a future the service settles when the job ends, ``service.watch``), holding no
+thread; ``POST /v1/jobs`` answers the job's id, and clients poll, long-poll or listen on a
+WebSocket. ``drain()`` (a server's SIGTERM) makes new submits answer 503 while what was
+accepted finishes. Status changes reach
 WebSockets through ``service.subscribe``: the listener (on a worker thread) hands each event
 to the loop with ``call_soon_threadsafe``; each connection keeps the events it has not sent yet,
 and a client whose socket pushes back while more than ``ws_buffer`` of them wait is dropped
@@ -30,8 +34,9 @@ import numpy as np
 
 from ..errors import Closed, QueueFull
 from .http_inputs import NPY_TYPE, BadInput, TooLarge, load_npy_under, npy_bytes, parse_body, parse_npy
-from .jobs import DONE, EXPIRED, FAILED, QUEUED, RUNNING, StoreError, check_job_id
+from .jobs import DEADLINE_EXCEEDED, DONE, EXPIRED, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id
 from .outputs import as_json
+from .rows import row_errors_of
 from .service import Admission, InferenceService
 
 __all__ = ["App"]
@@ -44,6 +49,7 @@ _TERMINAL = (DONE, FAILED, EXPIRED)
 _ORDER = {QUEUED: 0, RUNNING: 1, DONE: 2, FAILED: 2, EXPIRED: 3}
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
 MAX_WAIT_S = 60.0  # the longest long poll (GET .../result?wait_s=)
+_PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
 
 
@@ -109,6 +115,22 @@ def _submit_reply(error: Exception, retry_after_s: float) -> Exception:
     return error
 
 
+def _settle(future: "asyncio.Future[Any]", value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _timed_out(job_id: str, wait_s: float) -> tuple[int, Any, list[tuple[str, str]]]:
+    return 504, {"id": job_id, "error": f"no result within {wait_s:g} s: the job is still running or queued "
+                                        f"(GET /v1/jobs/{job_id}/result answers it later)"}, []
+
+
+def _row_errors(record: JobRecord) -> list[str | None]:
+    """A job of several rows' errors, one entry per row (null for a row that ran)."""
+    errors = row_errors_of(record)
+    return [errors.get(i) for i in range(record.rows or 0)]
+
+
 class _Reply(Exception):
     """An HTTP answer raised from deep inside a handler: status, JSON body, extra headers."""
 
@@ -164,16 +186,24 @@ class App:
     ``input_root``: the directory "path" inputs must lie in (None: path inputs refused).
     ``max_body_bytes``: a larger request body (or .npy file) is refused with 413.
     ``ws_buffer``: events a WebSocket client may fall behind by before it is dropped.
-    ``retry_after_s``: the Retry-After of a 429. ``threads``: the pool that calls the service.
+    ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``threads``: the
+    pool that calls the service. ``predict_timeout_s``: the deadline of a POST /v1/predict
+    that names none (and the service has no default ``timeout_s``): its job fails then and the
+    request answers 504.
 
     >>> app = App(InferenceService(model, store=MemoryStore()), input_root="inputs")
     >>> uvicorn.run(app, port=8000)
     """
 
     def __init__(self, service: InferenceService, input_root: str | None = None, max_body_bytes: int = 4 << 20,
-                 ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8) -> None:
+                 ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8,
+                 predict_timeout_s: float = 30.0) -> None:
         if max_body_bytes < 1 or ws_buffer < 1 or threads < 1:
             raise ValueError("max_body_bytes, ws_buffer and threads must be >= 1")
+        if not predict_timeout_s > 0:
+            raise ValueError(f"predict_timeout_s must be > 0, not {predict_timeout_s!r}")
+        self.predict_timeout_s = float(predict_timeout_s)
+        self._draining = False
         self.service, self.input_root = service, input_root
         self.max_body_bytes, self.ws_buffer, self.retry_after_s = max_body_bytes, ws_buffer, retry_after_s
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="fastloop-http")
@@ -212,6 +242,7 @@ class App:
             Route("/healthz", raw(self._ep_healthz), methods=["GET", "HEAD"]),
             Route("/metrics", raw(self._ep_metrics), methods=["GET"]),
             Route("/v1/jobs", raw(self._submit_request), methods=["POST"]),
+            Route("/v1/predict", raw(self._ep_predict), methods=["POST"]),
             Route("/v1/jobs/{job_id}", raw(self._ep_job), methods=["GET", "DELETE"]),
             Route("/v1/jobs/{job_id}/result", raw(self._ep_result), methods=["GET"]),
             Route("/v1/jobs/{job_id}/events", raw(self._ep_events_http), methods=["GET"]),
@@ -238,6 +269,22 @@ class App:
         if self._unsubscribe is None:
             self._loop = asyncio.get_running_loop()
             self._unsubscribe = self.service.subscribe(self._on_status)
+
+    def drain(self) -> None:
+        """Stops accepting jobs: from now on POST /v1/jobs and /v1/predict answer 503 with
+        Retry-After and /healthz 503 "draining" (a load balancer stops sending), while
+        status, results and the predicts in progress are still answered. What a server's
+        SIGTERM does first; an app that mounts this one calls it from its own shutdown."""
+        self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def _refuse_if_draining(self) -> None:
+        if self._draining:
+            raise _Reply(503, {"error": "the server is stopping: it takes no new jobs; retry on another"},
+                         [("retry-after", str(self.retry_after_s))], rejection="unavailable")
 
     def detach(self) -> None:
         """Unsubscribes from the service and stops the thread pool (the server's shutdown
@@ -282,13 +329,25 @@ class App:
 
     async def _ep_healthz(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         health = self.service.health()
+        if self._draining and health["status"] == "ok":
+            health["status"] = "draining"
         return (200 if health["status"] == "ok" else 503), health, []
 
     async def _ep_metrics(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         return 200, await self._call(self._metrics), []
 
     async def _submit_request(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
+        job_id, _ = await self._accept(scope, receive)
+        return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}/v1/jobs/{job_id}")]
+
+    async def _accept(self, scope: Scope, receive: Receive, on_end: Callable[[JobRecord, Any], None] | None = None,
+                      timeout_s: float | None = None) -> tuple[str, bool]:
+        """Reads, admits and submits a request's job (POST /v1/jobs, /v1/predict): its id,
+        and whether `on_end` will be called when it ends (service.watch; False: the job ended
+        already, or another process holds it). `timeout_s`: the deadline when the request
+        names none."""
         body = await self._read_body(scope, receive)
+        self._refuse_if_draining()
         npy = _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
         given_id = _query(scope, "id") if npy else None
         # A full queue is answered here, on the loop, before any parsing: a 429 must be
@@ -304,14 +363,34 @@ class App:
                          [("retry-after", str(self.retry_after_s))], rejection="queue_full")
         try:
             if npy:
-                job_id = await self._call(self._submit_npy, body, given_id, _query_timeout(scope),
-                                          _query(scope, "priority") or "normal", admission)
-            else:
-                job_id = await self._call(self._submit, body, admission)
+                return await self._call(self._submit_npy, body, given_id, _query_timeout(scope) or timeout_s,
+                                        _query(scope, "priority") or "normal", admission, on_end)
+            return await self._call(self._submit, body, admission, on_end, timeout_s)
         finally:
             if admission is not None:
                 admission.release()  # unused: the submit failed before it, or never ran
-        return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}/v1/jobs/{job_id}")]
+
+    async def _ep_predict(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
+        """POST /v1/predict: submits the job as POST /v1/jobs does and answers its result
+        (as GET .../result), 422 for a failed one, 504 when its deadline passes first."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()
+
+        def on_end(record: JobRecord, row: Any) -> None:  # on the worker that ended the job
+            loop.call_soon_threadsafe(_settle, ended, (record, row))
+
+        timeout_s = self.service.timeout_s or self.predict_timeout_s
+        job_id, watching = await self._accept(scope, receive, on_end, timeout_s)
+        as_npy = NPY_TYPE in _header(scope, b"accept").lower()
+        wait_s = timeout_s + _PREDICT_MARGIN_S
+        if watching:
+            try:
+                record, row = await asyncio.wait_for(ended, wait_s)
+            except asyncio.TimeoutError:
+                return _timed_out(job_id, wait_s)
+            return self._outcome_reply(job_id, record, row, as_npy, predict=True)
+        answer = await self._wait_result(job_id, as_npy, wait_s, predict=True)  # held elsewhere, or ended
+        return _timed_out(job_id, wait_s) if answer[0] == 202 else answer
 
     async def _ep_job(self, scope: Scope, receive: Receive) -> tuple[int, Any, list[tuple[str, str]]]:
         handler = self._cancel if scope["method"] == "DELETE" else self._status
@@ -323,15 +402,19 @@ class App:
         wait_s = _query_wait(scope)
         if not wait_s:
             return await self._call(self._result, job_id, as_npy)
-        # A long poll: answered when the job ends (its status event), or 202 after wait_s.
-        # The watcher is in place before the first read, so no ending falls between.
+        return await self._wait_result(job_id, as_npy, wait_s)
+
+    async def _wait_result(self, job_id: str, as_npy: bool, wait_s: float,
+                           predict: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
+        """A long poll: the result answer once the job ends (its status event), or 202 after
+        wait_s. The watcher is in place before the first read, so no ending falls between."""
         loop = asyncio.get_running_loop()
         watcher = _Watcher(job_id, self.ws_buffer)
         self._watch(watcher)
         try:
             until = loop.time() + wait_s
             while True:
-                answer = await self._call(self._result, job_id, as_npy)
+                answer = await self._call(self._result, job_id, as_npy, predict)
                 left = until - loop.time()
                 if answer[0] != 202 or left <= 0:
                     return answer
@@ -376,25 +459,29 @@ class App:
             raise _Reply(503, {"error": f"the server is stopping: {error}"}) from None
 
     # ------------------------------------------------------------ the handlers (in the pool)
-    def _submit(self, body: bytes, admission: Admission | None = None) -> str:
+    def _submit(self, body: bytes, admission: Admission | None = None,
+                 on_end: Callable[[JobRecord, Any], None] | None = None, timeout_s: float | None = None) -> tuple[str, bool]:
         try:
             data = parse_body(body, self.service._spec.dtype)
             if "path" in data:
                 inputs: Any = self._as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
-            return self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s"),
-                                       priority=data.get("priority", "normal"), admission=admission)
+            job_id = self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s", timeout_s),
+                                         priority=data.get("priority", "normal"), admission=admission)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
+        return job_id, on_end is not None and self.service.watch(job_id, on_end)
 
     def _submit_npy(self, body: bytes, job_id: str | None, timeout_s: float | None, priority: str,
-                    admission: Admission | None = None) -> str:
+                    admission: Admission | None = None,
+                    on_end: Callable[[JobRecord, Any], None] | None = None) -> tuple[str, bool]:
         try:
-            return self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s,
-                                       priority=priority, admission=admission)
+            job_id = self.service.submit(self._as_model_ints(parse_npy(body)), job_id=job_id, timeout_s=timeout_s,
+                                         priority=priority, admission=admission)
         except Exception as error:
             raise _submit_reply(error, self.retry_after_s) from None
+        return job_id, on_end is not None and self.service.watch(job_id, on_end)
 
     def _as_model_ints(self, inputs: np.ndarray) -> np.ndarray:
         """Integer arrays (uint8 pixels) convert to the model's dtype, as a JSON list would;
@@ -412,27 +499,46 @@ class App:
         record = self._record(job_id)
         body = {"id": record.id, "status": record.status, "submitted": record.submitted,
                 "started": record.started, "finished": record.finished}
+        if record.rows is not None:
+            body["rows"] = record.rows
         if record.status == FAILED:
             body.update(error=record.error, cancelled=record.cancelled)
+        if record.row_errors:
+            body["errors"] = _row_errors(record)
         return (410 if record.status == EXPIRED else 200), body, []
 
-    def _result(self, job_id: str, as_npy: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
+    def _result(self, job_id: str, as_npy: bool = False, predict: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
         """The answer to GET .../result: one store read (record and result together)."""
         try:
             record, row = self.service._outcome(check_job_id(job_id))
         except (KeyError, TypeError, ValueError):
             raise _Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
+        return self._outcome_reply(job_id, record, row, as_npy, predict)
+
+    def _outcome_reply(self, job_id: str, record: JobRecord, row: Any, as_npy: bool,
+                       predict: bool = False) -> tuple[int, Any, list[tuple[str, str]]]:
+        """The answer for a job's state: 202 while it runs; 200 with the result (JSON, or
+        .npy); 422 failed (a predict whose job missed its deadline: 504); 410 expired."""
         if record.status in (QUEUED, RUNNING):
             return 202, {"id": job_id, "status": record.status}, [("retry-after", "1")]
         if record.status == FAILED:
             reason = record.error or ("cancelled" if record.cancelled else "unknown error")
-            return 422, {"id": job_id, "status": FAILED, "error": reason, "cancelled": record.cancelled}, []
+            body = {"id": job_id, "status": FAILED, "error": reason, "cancelled": record.cancelled}
+            if record.row_errors:
+                body["errors"] = _row_errors(record)
+            late = predict and reason.startswith(DEADLINE_EXCEEDED)
+            return (504 if late else 422), body, []
         if row is None:  # expired, or done and its result dropped since
             return 410, {"id": job_id, "status": EXPIRED, "error": f"job {job_id!r} expired: its result was kept "
                                                                    f"{self.service.result_ttl_s:g} s"}, []
-        if as_npy:
-            return 200, npy_bytes(row), [("x-job-id", job_id)]
-        return 200, {"id": job_id, "status": DONE, **as_json(row)}, []
+        failed = sorted(row_errors_of(record))
+        if as_npy:  # failed rows are zero-filled; which they are rides in a header, the reasons in the status
+            extra = [("x-failed-rows", ",".join(map(str, failed)))] if failed else []
+            return 200, npy_bytes(row), [("x-job-id", job_id)] + extra
+        body = {"id": job_id, "status": DONE, **as_json(row, failed)}
+        if failed:
+            body["errors"] = _row_errors(record)
+        return 200, body, []
 
     def _cancel(self, job_id: str) -> tuple[int, Any, list[tuple[str, str]]]:
         self._record(job_id)  # 404 for an unknown id
