@@ -75,6 +75,18 @@ def test_default_store_is_a_file_store_in_a_temporary_directory(mlp):
     assert not os.path.exists(directory)
 
 
+def test_a_temporary_file_store_skips_fsyncs_and_is_removed_off_the_callers_time(tmp_path):
+    store = FileStore()
+    assert store.durable is False and FileStore(tmp_path).durable is True
+    for i in range(200):
+        store.create(JobRecord.new(f"j{i}", time.time()), np.zeros(4, np.float32))
+    directory = store.directory
+    parent, name = os.path.split(directory)
+    store.close()  # renamed aside at once; a thread removes it
+    assert not os.path.exists(directory)
+    wait_for(lambda: not [n for n in os.listdir(parent) if n.startswith(name)])
+
+
 def test_concurrent_submitters_are_batched_and_each_job_gets_its_own_row(mlp):
     def slow_model(batch):  # slow enough that jobs pile up while a batch runs
         time.sleep(0.004)

@@ -11,7 +11,13 @@ The checkpoint (a fastloop.Checkpointer directory, whose latest checkpoint is us
 "model.<name>" parameters and ``arch``, a JSON string naming the layers, e.g.
 ``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
 A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
-between them). Ctrl-C stops the server (uvicorn's handling), then the service drains.
+between them).
+
+SIGTERM (Docker, Kubernetes) and Ctrl-C drain: new jobs get 503 with Retry-After while what
+was accepted runs and is answered, for up to ``--drain-timeout`` seconds; then the server
+stops, the service closes its store and the process exits 0 (draining.py). Without
+``--store`` the jobs live in memory (nothing outlives the process); ``--store file:DIR``
+keeps them on disk, ``redis://`` in Redis.
 
 ``--processes N --store redis://HOST:PORT/DB`` runs N server processes on the port (one
 parent forks them and replaces any that dies; processes.py), sharing the jobs and the queue
@@ -102,11 +108,15 @@ def _set_threads(model: Any, blas_threads: int, torch_threads: int | None) -> No
         torch.set_num_threads(torch_threads)
 
 
-def _store(spec: str | None, index: int = 0, peers: list[str] | None = None) -> Any:
+STORE_HELP = ("where jobs are kept. memory (the default): in this process, the fastest; a restart forgets "
+              "every job. file:DIR: a folder that persists, each job written and fsynced (~3 fsyncs per job); "
+              "after a restart, queued jobs run again and running ones fail. redis://HOST:PORT/DB: in Redis, "
+              "shared by several processes or hosts; as durable as that Redis is configured")
+
+
+def _store(spec: str, index: int = 0, peers: list[str] | None = None) -> Any:
     """The store `spec` names; for share-nothing process `index` (peers given), its own."""
     from .filestore import FileStore
-    if spec is None:
-        return None
     if spec.startswith("file:"):
         root = spec[len("file:"):]
         return FileStore(root if peers is None else os.path.join(root, f"process-{index}"))
@@ -147,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
-    parser.add_argument("--store", help="file:DIR (default: a temporary directory), memory, or redis://HOST:PORT/DB")
+    parser.add_argument("--store", default="memory", metavar="memory | file:DIR | redis://HOST:PORT/DB",
+                        help=STORE_HELP)
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
     parser.add_argument("--result-ttl-s", type=float, default=600.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
@@ -161,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="an idle keep-alive connection is closed after this")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="default job deadline from submit: a job not ended by then fails (default: none)")
-    parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
+    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0,
+                        help="after SIGTERM or Ctrl-C (new jobs get 503), how long the jobs already accepted may "
+                             "take to run and be answered before the server stops anyway (default: 10)")
     parser.add_argument("--blas-threads", type=int, default=1,
                         help="CPU BLAS threads per matrix product (the workers already run in parallel)")
     parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal",
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                              "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    redis_store = (args.store or "").startswith("redis://")
+    redis_store = args.store.startswith("redis://")
     if args.processes < 1:
         print(f"--processes must be >= 1, not {args.processes}", file=sys.stderr)
         return 2
@@ -217,20 +230,27 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     """One server process: the model, the service, the front; on `sock` when given. With
     `peers` (share-nothing processes, peers.py): process `index` of them, its own store, the
     jobs it creates its own, and requests for the others' jobs forwarded to their sockets."""
-    import uvicorn
-
+    from .draining import DrainingServer
     from .http import App
     from .http_limits import uvicorn_config
     from .peers import KeepShares, PeerRouter, owned_id
-    from .processes import listen_unix
+    from .processes import listen_unix, note_stops, when_stopped
     from .service import InferenceService
+    from .spec import is_torch_module
 
+    if sock is None:  # one process: a SIGTERM while the model loads stops it once it serves
+        note_stops()
     queue = None
     if args.queue == "redis":
         from .redisqueue import RedisQueue
         queue = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
     try:
         model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
+        if inputs is None and is_torch_module(model):
+            raise ValueError(f"{type(model).__name__} is a torch model: declare its inputs with --input DTYPE:SHAPE, "
+                             "one row as forward() takes it without the batch axis (e.g. --input float32:3,224,224; "
+                             "repeat it for several inputs, NAME=DTYPE:SHAPE), or return (model, inputs) from a "
+                             "factory (--model module:factory)")
         _set_threads(model, args.blas_threads, args.torch_threads)
         extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
         service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
@@ -240,7 +260,8 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
         return 2
-    app: Any = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    front = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    app: Any = front
     sockets = None if sock is None else [sock]
     on_connections = None
     if shares is not None:  # one of --processes N: clients are moved off a process over its share
@@ -257,14 +278,12 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(config)
-    if sock is not None:  # one of --processes N: a stop asked for while starting must not be lost
-        from .processes import when_stopped
-        when_stopped(lambda: setattr(server, "should_exit", True))
+    server = DrainingServer(config, front=front, busy=service.busy, drain_s=args.drain_s)
+    when_stopped(server.stop)  # a stop asked for while starting is not lost
     try:
         server.run(sockets=sockets)
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
+    except KeyboardInterrupt:  # a Ctrl-C before uvicorn took over the signals
         pass
     finally:
-        service.close(drain_s=args.drain_s)
+        service.close(drain_s=server.drain_left())
     return 0
