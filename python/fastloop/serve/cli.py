@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -285,5 +286,20 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     except KeyboardInterrupt:  # a Ctrl-C before uvicorn took over the signals
         pass
     finally:
+        stopped = time.monotonic()
         service.close(drain_s=server.drain_left())
+        _log_drain(server, stopped, time.monotonic())
     return 0
+
+
+def _log_drain(server: Any, stopped: float, closed: float) -> None:
+    """One line on a drained stop: how long the accepted jobs took, and closing the service."""
+    if server.drain_started is None:
+        return
+    import logging
+
+    ran = (server.drained or stopped) - server.drain_started
+    logging.getLogger("uvicorn.error").info(
+        "fastloop serve: drained: the accepted jobs ran in %.3f s after the signal; the server stopped %.3f s "
+        "later; closing the service and its store took %.3f s", ran, stopped - (server.drained or stopped),
+        closed - stopped)

@@ -40,11 +40,14 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.front, self.busy, self.drain_s = front, busy, max(0.0, drain_s)
         self.drain_deadline: float | None = None
+        self.drain_started: float | None = None  # time.monotonic() of the signal
+        self.drained: float | None = None  # when uvicorn was told to stop (the jobs ran, or time was up)
 
     def stop(self) -> None:
         """Starts the drain (safe from a signal handler: it only sets flags)."""
         if self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.drain_s
+            self.drain_started = time.monotonic()
+            self.drain_deadline = self.drain_started + self.drain_s
             self.front.drain()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -66,5 +69,6 @@ class DrainingServer(uvicorn.Server):
             left = self.drain_left()
             if left <= 0 or self.busy() == 0:
                 self.config.timeout_graceful_shutdown = max(_MIN_GRACE_S, left)  # requests still being answered
+                self.drained = time.monotonic()
                 self.should_exit = True
         return await super().on_tick(counter)
