@@ -207,3 +207,12 @@ def test_the_metrics_count_predict_answers(mlp_server):
     status, _, text = call(base, "GET", "/metrics")
     assert status == 200 and 'fastloop_http_responses_total{code="200"}' in text
     assert json.loads(json.dumps(text)) == text
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1e309"])
+def test_a_json_number_past_float64s_range_is_400_not_a_row_of_nulls(mlp_server, number):
+    base, service = mlp_server
+    body = ('{"inputs": [' + ", ".join(["0.5"] * (IN - 1) + [number]) + "]}").encode()
+    for path in ("/v1/predict", "/v1/jobs"):
+        status, _, answer = call(base, "POST", path, raw=body, headers={"content-type": "application/json"})
+        assert status == 400 and "too large for any float" in answer["error"], answer
