@@ -54,7 +54,7 @@ class SharedInferenceService(InferenceService):
         self._held_back: collections.deque[Entry] = collections.deque()  # reclaimed or extra entries to run here
         self._waits = {level: collections.deque(maxlen=_WAIT_WINDOW) for level in LEVELS}
         self._depth = dict.fromkeys(LEVELS, 0)  # the keeper's last look at the queue
-        self._reclaimed = {"rerun": 0, "failed": 0}
+        self._reclaimed = {"rerun": 0, "failed": 0, "resumed": 0}
         self._events: list[tuple[str, str]] = []
         self._events_ready = threading.Event()
         self._remote_thread: threading.Thread | None = None
@@ -338,7 +338,10 @@ class SharedInferenceService(InferenceService):
 
     # ------------------------------------------------------------ keeper, events
     def _keep_queue(self) -> None:
-        """Heartbeat of held entries, reclaim of stopped workers' entries, queue depth."""
+        """Heartbeat of held entries, this process's orphans (redisqueue.py), reclaim of
+        stopped workers' entries, queue depth. Orphans are looked for once idle 1.5 periods
+        (held entries never are: the heartbeat refreshes them every period), before the
+        visibility timeout (3 periods or more) would let a reclaimer fail them."""
         period = min(self.queue.visibility_timeout_s / 3, 1.0)
         next_reclaim = 0.0
         while not self._stop.wait(period):
@@ -346,6 +349,10 @@ class SharedInferenceService(InferenceService):
                 self.queue.heartbeat()
                 self._depth = self.queue.depth()
                 self._failed_late(self.queue.fail_late())
+                if self.workers:
+                    resumed = self.queue.orphans(1.5 * period)
+                    self._held_back.extend(resumed)
+                    self._reclaimed["resumed"] += len(resumed)
                 if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
                     next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
                     rerun, failed = self.queue.reclaim()

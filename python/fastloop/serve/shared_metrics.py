@@ -36,7 +36,9 @@ def shared_families(stats: dict[str, Any]) -> Iterator[Metric]:
     yield count
     reclaimed = CounterMetricFamily("fastloop_serve_reclaimed",
                                     "Jobs of stopped workers this process reclaimed: rerun (still queued) or "
-                                    "failed (were running).", labels=["outcome"])
+                                    "failed (were running); resumed: its own jobs whose run Redis lost "
+                                    "(a lost answer, a restart from an older snapshot), run again.",
+                                    labels=["outcome"])
     for outcome, n in stats["reclaimed"].items():
         reclaimed.add_metric([outcome], n)
     yield reclaimed
