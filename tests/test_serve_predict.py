@@ -106,20 +106,25 @@ def test_predicts_from_many_clients_batch_together(mlp_server, mlp):
     before = service.stats()["batches"], service.stats()["done"]
     x = x_of(64)
     got: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
 
     def client(c: int) -> None:
-        one = Client(base)
-        for i in range(c, 64, 16):
-            got[i] = one.predict(x[i])
+        one = Client(base, timeout=60)
+        try:
+            for i in range(c, 64, 16):
+                got[i] = one.predict(x[i])
+        except BaseException as error:  # reported below, not lost in a thread
+            errors.append(error)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
+    assert not errors, errors[:3]
     np.testing.assert_allclose(np.stack([got[i] for i in range(64)]), mlp(x), rtol=1e-5, atol=1e-6)
     batches, done = service.stats()["batches"] - before[0], service.stats()["done"] - before[1]
-    assert done == 64 and batches <= 64
+    assert done >= 64 and batches <= done
 
 
 def test_a_failed_job_is_422_and_one_past_its_deadline_504(gate_server):

@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -115,12 +116,13 @@ STORE_HELP = ("where jobs are kept. memory (the default): in this process, the f
               "shared by several processes or hosts; as durable as that Redis is configured")
 
 
-def _store(spec: str, index: int = 0, peers: list[str] | None = None) -> Any:
-    """The store `spec` names; for share-nothing process `index` (peers given), its own."""
+def _store(spec: str, index: int = 0, peers: list[str] | None = None, model: str | None = None) -> Any:
+    """The store `spec` names; for share-nothing process `index` (peers given), its own; for
+    one of several models (`model` named), its own too (a folder, or a Redis key prefix)."""
     from .filestore import FileStore
     if spec.startswith("file:"):
-        root = spec[len("file:"):]
-        return FileStore(root if peers is None else os.path.join(root, f"process-{index}"))
+        parts = [spec[len("file:"):]] + ([] if peers is None else [f"process-{index}"]) + ([] if model is None else [model])
+        return FileStore(os.path.join(*parts))
     if spec == "memory":
         from .stores import MemoryStore
         return MemoryStore()
@@ -130,8 +132,31 @@ def _store(spec: str, index: int = 0, peers: list[str] | None = None) -> Any:
         except ImportError as error:
             raise SystemExit(f"--store {spec}: the Redis store is not available ({error}); "
                              "install redis (pip install redis) or use --store file:DIR") from None
-        return RedisStore(spec)
+        return RedisStore(spec) if model is None else RedisStore(spec, prefix=f"fastloop:{model}:")
     raise SystemExit(f"--store must be file:DIR, memory or redis://HOST:PORT/DB, not {spec!r}")
+
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # as a job id: it goes in paths and labels
+
+
+def _named_models(values: list[str]) -> list[tuple[str | None, str]]:
+    """(name or None, target) per --model: NAME=TARGET, or TARGET alone (one model only).
+    ValueError naming what is wrong."""
+    models: list[tuple[str | None, str]] = []
+    for value in values:
+        name, sep, target = value.partition("=")
+        if sep and _MODEL_NAME.fullmatch(name) and target:
+            models.append((name, target))
+        else:
+            models.append((None, value))
+    if len(models) > 1:
+        unnamed = [target for name, target in models if name is None]
+        if unnamed:
+            raise ValueError(f"--model: with several models name each one, NAME=MODEL (not {unnamed[0]!r})")
+        names = [name for name, _ in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--model: each model needs a name of its own, got {names}")
+    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a model over HTTP")
-    parser.add_argument("--model", required=True,
+    parser.add_argument("--model", required=True, action="append", metavar="[NAME=]MODEL",
                         help="a fastloop.Checkpointer directory or .npz (fastloop.nn), module:factory (a function "
-                             "returning the model or (model, inputs)), a TorchScript file or a torch.export .pt2")
+                             "returning the model or (model, inputs)), a TorchScript file or a torch.export .pt2. "
+                             "Repeat it as NAME=MODEL to serve several models, each with its own queue, workers and "
+                             "metrics, at /v1/models/NAME/ (the first also at /v1/)")
     parser.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE:SHAPE",
                         help="one input per row, e.g. float32:3,32,32 or ids=int64:* (repeat for several); "
                              "needed for a TorchScript file, overrides a factory's")
@@ -193,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
                              "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    try:
+        args.models = _named_models(args.model)
+    except ValueError as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    if len(args.models) > 1 and args.input:
+        print("--input declares the inputs of one model: with several, return (model, inputs) from each "
+              "model's factory", file=sys.stderr)
+        return 2
     redis_store = args.store.startswith("redis://")
     if args.processes < 1:
         print(f"--processes must be >= 1, not {args.processes}", file=sys.stderr)
@@ -232,7 +268,7 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     `peers` (share-nothing processes, peers.py): process `index` of them, its own store, the
     jobs it creates its own, and requests for the others' jobs forwarded to their sockets."""
     from .draining import DrainingServer
-    from .http import App
+    from .http import DEFAULT_NAME, App
     from .http_limits import uvicorn_config
     from .peers import KeepShares, PeerRouter, owned_id
     from .processes import listen_unix, note_stops, when_stopped
@@ -241,27 +277,31 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
 
     if sock is None:  # one process: a SIGTERM while the model loads stops it once it serves
         note_stops()
-    queue = None
-    if args.queue == "redis":
-        from .redisqueue import RedisQueue
-        queue = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
-    try:
-        model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
-        if inputs is None and is_torch_module(model):
-            raise ValueError(f"{type(model).__name__} is a torch model: declare its inputs with --input DTYPE:SHAPE, "
-                             "one row as forward() takes it without the batch axis (e.g. --input float32:3,224,224; "
-                             "repeat it for several inputs, NAME=DTYPE:SHAPE), or return (model, inputs) from a "
-                             "factory (--model module:factory)")
-        _set_threads(model, args.blas_threads, args.torch_threads)
-        extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
-        service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                                   max_delay_ms=args.max_delay_ms, store=_store(args.store, index, peers), **extra,
-                                   result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
-                                   inputs=inputs, timeout_s=args.timeout_s, queue=queue)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
-        return 2
-    front = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    services: dict[str, Any] = {}
+    for name, target in args.models:
+        try:
+            model, inputs = load_source(target, [parse_input(text) for text in args.input], args.layers)
+            if inputs is None and is_torch_module(model):
+                raise ValueError(f"{type(model).__name__} is a torch model: declare its inputs with --input "
+                                 "DTYPE:SHAPE, one row as forward() takes it without the batch axis (e.g. --input "
+                                 "float32:3,224,224; repeat it for several inputs, NAME=DTYPE:SHAPE), or return "
+                                 "(model, inputs) from a factory (--model module:factory)")
+            _set_threads(model, args.blas_threads, args.torch_threads)
+            extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
+            if args.queue == "redis":
+                from .redisqueue import RedisQueue
+                extra["queue"] = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
+            store = _store(args.store, index, peers, name if len(args.models) > 1 else None)
+            services[name or DEFAULT_NAME] = InferenceService(
+                model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                max_delay_ms=args.max_delay_ms, store=store, **extra, result_ttl_s=args.result_ttl_s,
+                worker_priority=args.worker_priority, inputs=inputs, timeout_s=args.timeout_s)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"cannot serve the model from {target}: {error}", file=sys.stderr)
+            for service in services.values():
+                service.close(drain_s=0)
+            return 2
+    front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
     app: Any = front
     sockets = None if sock is None else [sock]
     on_connections = None
@@ -279,7 +319,8 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()
     gc.freeze()
-    server = DrainingServer(config, front=front, busy=service.busy, drain_s=args.drain_s)
+    server = DrainingServer(config, front=front, busy=lambda: sum(s.busy() for s in services.values()),
+                            drain_s=args.drain_s)
     when_stopped(server.stop)  # a stop asked for while starting is not lost
     try:
         server.run(sockets=sockets)
@@ -287,7 +328,8 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
         pass
     finally:
         stopped = time.monotonic()
-        service.close(drain_s=server.drain_left())
+        for service in services.values():
+            service.close(drain_s=server.drain_left())
         _log_drain(server, stopped, time.monotonic())
     return 0
 

@@ -137,6 +137,11 @@ class InferenceService:
     every process and machine serving it, with priorities (shared.py says more).
     ``new_id``: how submit() names a job given no id (a fresh 32-hex id by default; the
     share-nothing processes of peers.py give each process ids it owns).
+    ``preprocess`` / ``postprocess`` (default: the model's methods of those names, if it has
+    them): hooks for the HTTP front. ``preprocess(body) -> row`` turns a request's raw body
+    (any content type: JPEG bytes, say) into the input submit() takes, in the front's thread
+    pool; ``postprocess(output) -> JSON`` turns a done job's output (what result() returns)
+    into the JSON result the front answers. submit() and result() themselves do not call them.
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
@@ -154,7 +159,8 @@ class InferenceService:
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
                  worker_priority: str = "normal", timeout_s: float | None = None,
                  inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None,
-                 new_id: Callable[[], str] = new_job_id) -> None:
+                 new_id: Callable[[], str] = new_job_id, preprocess: Callable[[bytes], Any] | None = None,
+                 postprocess: Callable[[Any], Any] | None = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             least = 0 if name == "workers" and queue is not None else 1  # a front-only process of a shared queue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -168,6 +174,8 @@ class InferenceService:
         self._spec = spec_for(model, inputs)
         self.model = model
         self.new_id = new_id  # names a job submitted without an id
+        self.preprocess = preprocess if preprocess is not None else _hook(model, "preprocess")
+        self.postprocess = postprocess if postprocess is not None else _hook(model, "postprocess")
         self._runner = runner_for(model, self._spec)
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
         self.max_delay_s = max_delay_ms / 1e3
@@ -947,6 +955,12 @@ class InferenceService:
                 self._queued += 1
                 self._queue.put_nowait(item)
             self._stats.count("requeued_at_start")
+
+
+def _hook(model: Any, name: str) -> Callable[..., Any] | None:
+    """The model's own preprocess/postprocess method, if it has one."""
+    fn = getattr(model, name, None)
+    return fn if callable(fn) else None
 
 
 def _check_timeout(timeout_s: float | None) -> float | None:
