@@ -14,6 +14,8 @@ Status listeners run on whichever thread changed the status.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 import warnings
@@ -44,7 +46,7 @@ Listener = Callable[[str, str], None]
 _WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at once
 _CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
 _RESAVE_S = 0.25  # while the store holds back final records, how often the janitor retries them
-_DEADLINE_TICK_S = 0.02  # while jobs have deadlines, how often the janitor looks for late ones
+_DEADLINE_TICK_S = 0.02  # with the queue in Redis, while jobs have deadlines, how often the janitor looks
 _IN_DOUBT = (StoreUnavailable, ConnectionError, TimeoutError)  # a create that may have been applied
 RESTARTED_RUNNING = "server restarted while the job was running"
 RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
@@ -196,6 +198,8 @@ class InferenceService:
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
         self._any_deadline = False  # a job has a deadline: the janitor looks for late jobs
+        self._deadlines: list[tuple[float, int, _Job]] = []  # a heap of (deadline, seq, job): the next one first
+        self._deadline_seq = itertools.count()
         self._recover()
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
@@ -248,9 +252,7 @@ class InferenceService:
         if timeout_s is not None:
             job.deadline = job.t0 + timeout_s
             job.record.deadline = job.record.submitted + timeout_s  # stored: a restart keeps it
-            if not self._any_deadline:
-                self._any_deadline = True
-                self._wake.set()  # the janitor starts looking for late jobs
+            self._any_deadline = True
         with self._lock:
             reserved = admission is not None and admission.held
             if reserved:  # the slot becomes this job's (or is freed below)
@@ -266,6 +268,8 @@ class InferenceService:
                 raise QueueFull(f"the service's queue is full ({self.max_queue} jobs waiting): retry later")
             self._jobs[job_id] = job
             self._queued += size
+            if job.deadline is not None:
+                self._add_deadline(job)
         try:
             if job_id in self._in_doubt:  # the janitor must not remove it while this submit decides
                 with self._doubt_lock:
@@ -807,14 +811,36 @@ class InferenceService:
         self._stats.batch(len(group))
         self._end_all(group, outcomes)
 
+    def _add_deadline(self, job: _Job) -> None:
+        """Under _lock: the janitor will look at `job` at its deadline (woken now when that is
+        the next one). A heap, so a tick costs nothing while no deadline is due: POST
+        /v1/predict gives every job one, and scanning every job each 20 ms cost a share of
+        a core under load."""
+        if len(self._deadlines) > 2 * len(self._jobs) + 64:  # mostly jobs that ended: drop them (amortized O(1))
+            self._deadlines = [entry for entry in self._deadlines if entry[2].record.status in (QUEUED, RUNNING)]
+            heapq.heapify(self._deadlines)
+        heapq.heappush(self._deadlines, (job.deadline, next(self._deadline_seq), job))  # type: ignore[arg-type]
+        if self._deadlines[0][2] is job:
+            self._wake.set()
+
+    def _deadline_wait(self) -> float | None:
+        """Seconds until the janitor must look for late jobs (None: no deadline pending)."""
+        with self._lock:
+            if not self._deadlines:
+                return None
+            return max(0.0, self._deadlines[0][0] - time.monotonic())
+
     def _enforce_deadlines(self) -> None:
         """The janitor's: fails queued and running jobs past their deadline; a worker whose
         model call holds such a job is replaced by a new one (Python cannot stop a thread:
         the stuck one ends when its call returns), up to `workers` stuck at once."""
         now = time.monotonic()
+        late = []
         with self._lock:
-            late = [job for job in self._jobs.values()
-                    if job.deadline is not None and job.deadline <= now and job.visible]
+            while self._deadlines and self._deadlines[0][0] <= now:
+                job = heapq.heappop(self._deadlines)[2]
+                if job.visible and job.record.status in (QUEUED, RUNNING):
+                    late.append(job)
         for job in late:
             if not self._fail_queued_late(job, now) and \
                     self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
@@ -893,7 +919,8 @@ class InferenceService:
         next_sweep = time.monotonic() + interval
         while not self._stop.is_set():
             wait = _RESAVE_S if self._unsaved or self._in_doubt else max(0.0, next_sweep - time.monotonic())
-            self._wake.wait(min(wait, _DEADLINE_TICK_S) if self._deadlines_used() else wait)
+            due = self._deadline_wait()
+            self._wake.wait(wait if due is None else min(wait, due))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -949,6 +976,7 @@ class InferenceService:
             if record.deadline is not None:  # stored at submit: it holds across the restart
                 job.deadline = time.monotonic() + (record.deadline - time.time())
                 self._any_deadline = True
+                self._add_deadline(job)
             job.visible = True
             self._jobs[record.id] = job
             for item in job.items():

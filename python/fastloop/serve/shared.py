@@ -33,7 +33,7 @@ from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_jo
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
 from .rows import assemble
-from .service import Admission, InferenceService, _check_timeout, _join
+from .service import _DEADLINE_TICK_S, Admission, InferenceService, _check_timeout, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -300,6 +300,10 @@ class SharedInferenceService(InferenceService):
                 ended = [k for k in jobs if left[k] == 0]
                 self._finish([runnable[k] for k in ended],
                              [outs[k] if runnable[k][1].rows is None else assemble(outs[k]) for k in ended])
+
+    def _deadline_wait(self) -> float | None:
+        """While jobs have deadlines, the janitor looks at the running ones every tick."""
+        return _DEADLINE_TICK_S if self._deadlines_used() else None
 
     def _enforce_deadlines(self) -> None:
         """The janitor's: a job of this process still in a model call at its deadline fails
