@@ -190,6 +190,7 @@ class InferenceService:
         self._unsaved: dict[str, _Job] = {}  # ended while the store was down; also still in _jobs
         self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
         self._admitted = 0  # slots reserved by admit() for submits not yet made: bound with _queued
+        self._held = 0  # items workers took and have not finished with (recording, running, storing)
         self._fronted = False  # a front admits its requests (admit()): it says when more are coming
         self._closed = False
         self._abandon = False  # close() ran out of drain time: fail instead of run
@@ -449,11 +450,11 @@ class InferenceService:
         return True
 
     def busy(self) -> int:
-        """Jobs (rows) this process still has to run or answer: queued, running, or admitted
-        by a front and not yet submitted. What a draining server waits on."""
+        """Rows this process still has to run or store: queued, held by a worker (being
+        recorded as running, run or stored), or admitted by a front and not yet submitted.
+        What a draining server waits on."""
         with self._lock:
-            running = sum(1 for job in self._jobs.values() if job.record.status == RUNNING)
-            return self._queued + self._admitted + running
+            return self._queued + self._admitted + self._held
 
     def cancel(self, job_id: str) -> bool:
         """Takes a queued job off the queue: it never runs, ends "failed" and result() raises
@@ -781,17 +782,27 @@ class InferenceService:
                 return
             with self._lock:
                 self._queued -= len(items)
-            if self._abandon:
-                continue  # close() fails them
-            if self._any_deadline:  # one taken past its deadline fails here, never runs
-                now = time.monotonic()
-                items = [item for item in items if item.job.deadline is None or item.job.deadline > now
-                         or not self._fail_queued_late(item.job, now)]
-            started = self._start_all(items)
-            for group in group_by_input(started, lambda item: item.key):
-                self._run(group)
+                self._held += len(items)
+            try:
+                self._handle(items)
+            finally:
+                with self._lock:
+                    self._held -= len(items)
             if threading.current_thread() in self._stuck:
                 return
+
+    def _handle(self, items: list[Any]) -> None:
+        """A taken batch: fails what is past its deadline, starts the rest, runs each group of
+        equal rows and stores the outcomes."""
+        if self._abandon:
+            return  # close() fails them
+        if self._any_deadline:  # one taken past its deadline fails here, never runs
+            now = time.monotonic()
+            items = [item for item in items if item.job.deadline is None or item.job.deadline > now
+                     or not self._fail_queued_late(item.job, now)]
+        started = self._start_all(items)
+        for group in group_by_input(started, lambda item: item.key):
+            self._run(group)
 
     def _more_coming(self) -> bool:
         """Whether a batch still filling should wait for more: a front that admits requests
