@@ -10,7 +10,8 @@ servers, so both see the same disturbances of a shared machine; each keeps its b
 
 1. 64 clients: jobs/s, p50/p99, server CPU per job. Target: /v1/predict >= 2x FastAPI.
    For reference, the two-request way (POST /v1/jobs, then GET .../result?wait_s=).
-2. One client: p50. Target: /v1/predict at most 1.1x FastAPI's.
+2. One client: p50 (the best of 5 rounds: on a shared machine one request's latency is
+   mostly the scheduler's). Target: /v1/predict at most 1.1x FastAPI's.
 3. The same model in process (InferenceService, 64 client threads submitting and waiting):
    jobs/s. Target: /v1/predict with 64 clients >= 0.5x of it.
 4. SIGTERM under load (``--store file:DIR``, 64 clients half predicting, half submitting
@@ -289,8 +290,9 @@ def compare(quick: bool = False) -> Suite:
         for _ in range(rounds):
             keep(measure(ours, "/v1/predict", CLIENTS, seconds, warmup))
             keep(measure(theirs, "/predict", CLIENTS, seconds, warmup))
-            keep(measure(ours, "/v1/predict", 1, seconds, warmup), lower_is_better=True)
-            keep(measure(theirs, "/predict", 1, seconds, warmup), lower_is_better=True)
+        for _ in range(rounds + 2):  # one client's latency is the noisiest on a shared machine
+            keep(measure(ours, "/v1/predict", 1, seconds / 2, warmup / 2), lower_is_better=True)
+            keep(measure(theirs, "/predict", 1, seconds / 2, warmup / 2), lower_is_better=True)
         keep(measure(ours, "/v1/jobs", CLIENTS, seconds, warmup))
     alone = in_process(seconds, warmup)
     drain = sigterm_under_load(2.0 if quick else 4.0)
@@ -371,6 +373,7 @@ def results(suite: Suite) -> list[Result]:
     ours, theirs = runs[("/v1/predict", CLIENTS)], runs[("/predict", CLIENTS)]
     one_ours, one_theirs = runs[("/v1/predict", 1)], runs[("/predict", 1)]
     alone = suite.in_process.jobs_per_s
+    alone_cpu = suite.in_process.cpu_s * 1e3 / max(1, suite.in_process.jobs)
     ratio = ours.jobs_per_s / theirs.jobs_per_s
     latency = one_ours.p50_ms / one_theirs.p50_ms
     share = ours.jobs_per_s / alone
@@ -382,7 +385,9 @@ def results(suite: Suite) -> list[Result]:
         Result("HTTP p50 with one client: /v1/predict / plain FastAPI", latency, "x", "<= 1.1", latency <= 1.1,
                f"{one_ours.p50_ms:.2f} vs {one_theirs.p50_ms:.2f} ms"),
         Result(f"HTTP /v1/predict ({CLIENTS} clients) / the same model in process", share, "x", ">= 0.5",
-               share >= 0.5, f"{ours.jobs_per_s:.0f} vs {alone:.0f} jobs/s in process"),
+               share >= 0.5, f"{ours.jobs_per_s:.0f} vs {alone:.0f} jobs/s in process; CPU per job "
+                             f"{ours.cpu_ms_per_job:.2f} ms (the server) vs {alone_cpu:.2f} ms (the process, its 64 "
+                             f"client threads included): {alone_cpu / ours.cpu_ms_per_job:.2f}x by CPU"),
         Result("SIGTERM under load: accepted jobs lost", drain["lost"], "jobs", "0",
                drain["lost"] == 0 and drain["rc"] == 0 and not drain["other"],
                f"exit {drain['rc']}; {drain['accepted']} jobs accepted, {drain['predicted']} predicts answered, "
