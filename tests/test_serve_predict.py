@@ -149,7 +149,9 @@ def test_a_failed_job_is_422_and_one_past_its_deadline_504(gate_server):
 
 def test_a_full_queue_is_429(gate_server):
     base, service, gate, _ = gate_server
-    busy = [call(base, "POST", "/v1/jobs", {"inputs": [3.0]})[2]["id"] for _ in range(3)]  # 1 runs, 2 wait
+    busy = [call(base, "POST", "/v1/jobs", {"inputs": [3.0]})[2]["id"]]
+    wait_for(lambda: gate.calls == 1)  # it runs, held by the gate: the queue's 2 slots are free
+    busy += [call(base, "POST", "/v1/jobs", {"inputs": [3.0]})[2]["id"] for _ in range(2)]
     wait_for(lambda: service.stats()["queue_depth"] == 2)
     status, response, body = call(base, "POST", "/v1/predict", {"inputs": [4.0]})
     assert status == 429 and response.getheader("retry-after") == "3"

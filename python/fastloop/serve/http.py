@@ -162,7 +162,7 @@ class App:
         self.input_root, self.predict_timeout_s = input_root, float(predict_timeout_s)
         self.max_body_bytes, self.ws_buffer, self.retry_after_s = max_body_bytes, ws_buffer, retry_after_s
         self._draining = False
-        self._submitting = 0  # requests between reading their body and their submit's answer
+        self._in_flight = 0  # submits and predicts read and not yet answered (a predict: until its result)
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="fastloop-http")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: list[Callable[[], None]] | None = None
@@ -350,7 +350,11 @@ class App:
         return 200, self._openapi, []
 
     async def _ep_submit(self, scope: Scope, receive: Receive) -> Answer:
-        job_id, _ = await self._accept(scope, receive)
+        self._in_flight += 1
+        try:
+            job_id, _ = await self._accept(scope, receive)
+        finally:
+            self._in_flight -= 1
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}{_jobs_path(scope)}/{job_id}")]
 
     async def _accept(self, scope: Scope, receive: Receive, on_end: Callable[[JobRecord, Any], None] | None = None,
@@ -376,25 +380,30 @@ class App:
             raise Reply(429, {"error": f"the service's queue is full ({front.service.max_queue} jobs "
                                        "waiting): retry later"},
                         [("retry-after", str(self.retry_after_s))], rejection="queue_full")
-        self._submitting += 1
         try:
             if raw:
                 return await self._call(front.submit_raw, body, given_id, _query_timeout(scope) or timeout_s,
                                         _query(scope, "priority") or "normal", admission, on_end)
-            if self._submitting == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES:
+            if self._in_flight == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES:
                 # A lone request and the memory store (a subclass may block): the trip through
                 # the pool (two thread switches) would only add latency (one client: p50 ~10%
                 # lower, measured); with others in progress the loop has better things to do
                 return self._inline(front.submit, body, admission, on_end, timeout_s)
             return await self._call(front.submit, body, admission, on_end, timeout_s)
         finally:
-            self._submitting -= 1
             if admission is not None:
                 admission.release()  # unused: the submit failed before it, or never ran
 
     async def _ep_predict(self, scope: Scope, receive: Receive) -> Answer:
         """POST .../predict: submits the job as POST .../jobs does and answers its result
         (as GET .../result), 422 for a failed one, 504 when its deadline passes first."""
+        self._in_flight += 1
+        try:
+            return await self._predict(scope, receive)
+        finally:
+            self._in_flight -= 1
+
+    async def _predict(self, scope: Scope, receive: Receive) -> Answer:
         front = self._front(scope)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()
