@@ -31,6 +31,7 @@ __all__ = ["Client", "BadRequest", "ServiceUnavailable"]
 
 
 _LONG_POLL_S = 30.0  # the longest wait_s a result request asks for
+_PREDICT_DEFAULT_S = 30.0  # App(predict_timeout_s=...)'s default: a predict's deadline when it names none
 
 
 class BadRequest(Error, ValueError):
@@ -72,7 +73,8 @@ class Client:
         raises TimeoutError; the HTTP wait allows it. QueueFull, JobFailed, RowsFailed
         (some rows failed: ``.errors``, ``.result``), BadRequest, ServiceUnavailable."""
         path_, body = self._job_request("/v1/predict", inputs, path, job_id, priority, timeout)
-        wait = self.timeout if timeout is None else max(self.timeout, timeout + 5.0)
+        # the server answers by the job's deadline (its default: 30 s) and a margin
+        wait = max(self.timeout, (_PREDICT_DEFAULT_S if timeout is None else timeout) + 5.0)
         status, answer, headers = self._exchange("POST", path_, body, ok=(200,), timeout=wait)
         if headers.get("x-failed-rows"):  # the reasons are in the job's status
             job = headers.get("x-job-id", "")
