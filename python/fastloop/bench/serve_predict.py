@@ -295,7 +295,7 @@ def compare(quick: bool = False) -> Suite:
             keep(measure(theirs, "/predict", 1, seconds / 2, warmup / 2), lower_is_better=True)
         keep(measure(ours, "/v1/jobs", CLIENTS, seconds, warmup))
     alone = in_process(seconds, warmup)
-    drain = sigterm_under_load(2.0 if quick else 4.0)
+    drain = sigterm_under_load(2.0 if quick else 4.0, max_queue=256 if quick else 1024)
     order = [("/v1/predict", CLIENTS), ("/predict", CLIENTS), ("/v1/jobs", CLIENTS), ("/v1/predict", 1), ("/predict", 1)]
     return Suite([best[key] for key in order if key in best], alone, drain, os.getloadavg()[0])
 
@@ -340,7 +340,7 @@ async def _until_stopped(port: int, clients: int, signal_after_s: float, proc: P
     return seen
 
 
-def sigterm_under_load(signal_after_s: float) -> dict[str, Any]:
+def sigterm_under_load(signal_after_s: float, max_queue: int = 1024) -> dict[str, Any]:
     """The fastloop server on a durable FileStore under 64 clients, SIGTERM mid-load: jobs
     accepted and lost, predicts answered, the exit code and the drain's times (its log)."""
     from fastloop.serve import FileStore
@@ -350,7 +350,7 @@ def sigterm_under_load(signal_after_s: float) -> dict[str, Any]:
             f.write(MODEL_FILE)
         port = _free_port()
         jobs = os.path.join(tmp, "jobs")
-        args = fastloop_args(port, "--store", f"file:{jobs}", "--drain-timeout", "30")
+        args = fastloop_args(port, "--store", f"file:{jobs}", "--drain-timeout", "30", "--max-queue", str(max_queue))
         args[args.index("--log-level") + 1] = "info"
         server = Process(args, tmp, port)
         seen = asyncio.run(_until_stopped(port, CLIENTS, signal_after_s, server))
