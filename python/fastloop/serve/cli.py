@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an idle keep-alive connection is closed after this")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="default job deadline from submit: a job not ended by then fails (default: none)")
-    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0,
+    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
                         help="after SIGTERM or Ctrl-C (new jobs get 503), how long the jobs already accepted may "
                              "take to run and be answered before the server stops anyway (default: 10)")
     parser.add_argument("--blas-threads", type=int, default=1,
