@@ -5,6 +5,10 @@ here): dynamic batching (max_batch=32) against max_batch=1 on 784-512-512-10 and
 
 As a script: prints the tables and the command.
     python benchmarks/bench_serve_http.py [--quick] [--markdown]
+    python benchmarks/bench_serve_http.py --predict [--quick] [--markdown]
+``--predict``: the one-call targets instead (fastloop.bench.serve_predict): POST /v1/predict
+against a plain FastAPI POST /predict on a torch MLP, one client's p50, the in-process rate,
+and a SIGTERM under load.
 Under pytest: runs the quick suite and checks every row was measured (the targets are
 reported, not asserted: a loaded test machine must not fail them). Skipped without uvicorn.
 """
@@ -32,6 +36,18 @@ def test_quick_http_serve_suite_measures_every_row():
     assert all(math.isfinite(r.measured) or ("429" in r.name and not rejected) for r in serve_http.results(suite))
 
 
+def test_quick_predict_suite_measures_every_row_and_loses_no_job():
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("fastapi")
+    pytest.importorskip("torch")
+    from fastloop.bench import serve_predict
+
+    suite = serve_predict.compare(quick=True)
+    assert all(r.jobs > 0 and math.isfinite(r.p50_ms) for r in suite.runs)
+    assert suite.drain["rc"] == 0 and suite.drain["lost"] == 0 and suite.drain["log_found"]
+    assert all(math.isfinite(r.measured) for r in serve_predict.results(suite))
+
+
 if __name__ == "__main__":
     try:
         import uvicorn  # noqa: F401
@@ -41,6 +57,18 @@ if __name__ == "__main__":
 
     quick = "--quick" in sys.argv
     markdown = "--markdown" in sys.argv
+    if "--predict" in sys.argv:
+        from fastloop.bench import serve_predict
+
+        one_call = serve_predict.compare(quick=quick)
+        print(format_table(serve_predict.HEADERS, [r.row() for r in one_call.runs], markdown=markdown))
+        print(f"in process: {one_call.in_process.jobs_per_s:.0f} jobs/s (p50 {one_call.in_process.p50_ms:.2f} ms, "
+              f"mean batch {one_call.in_process.mean_batch:.1f})")
+        print()
+        print(format_table(targets.HEADERS, targets.table_rows(serve_predict.results(one_call)), markdown=markdown))
+        print(f"command: {serve_predict.COMMAND}{' --quick' if quick else ''}; load average at the end "
+              f"{one_call.load:.1f}; {machine_summary()}")
+        sys.exit(0)
     suite = serve_http.compare(quick=quick)
     print(format_table(serve_http.HEADERS, [r.row() for r in suite.runs], markdown=markdown))
     print()

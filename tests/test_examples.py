@@ -258,3 +258,13 @@ def test_torch_train_logs_loss_accuracy_histograms_images_and_text_to_tensorboar
     assert "weights/0.weight" in acc.Tags()["histograms"] and len(acc.Histograms("weights/0.weight")) == 3
     assert any("settings" in tag for tag in acc.Tags()["tensors"]), acc.Tags()
     assert len(csv_rows(run.out, "train/loss")) == run.result["steps"]
+
+
+def test_the_image_classifier_example_decodes_jpegs_in_the_fronts_pool_and_answers_top_5(tmp_path):
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("PIL")
+    run = run_example("serve_image_classifier", str(tmp_path)).check()
+    assert run.result["correct"] == 4, run.stdout
+    assert all(len(answer) == 5 and answer == sorted(answer, key=lambda a: -a["p"])
+               for answer in run.result["answers"].values())
+    assert run.result["decoded_on"] and all(name.startswith("fastloop-http") for name in run.result["decoded_on"])

@@ -375,7 +375,7 @@ def test_a_long_poll_answers_when_the_job_ends_or_202_after_wait_s(gate_server):
     answer: dict = {}
     waiter = threading.Thread(target=lambda: answer.update(got=call(base, "GET", f"/v1/jobs/{job}/result?wait_s=20")))
     waiter.start()
-    wait_for(lambda: job in APPS[base]._watchers)  # the long poll waits on the job's status events
+    wait_for(lambda: APPS[base].watching(job))  # the long poll waits on the job's status events
     gate.open.set()
     waiter.join(20)
     status, _, body = answer["got"]

@@ -289,3 +289,19 @@ def test_random_mutations_of_the_bodies_end_as_json_loads():
         body = mutate(r, r.choice(seeds))
         paths.add(assert_same(body, FLOATS[r.randrange(3)]))
     assert paths == {"fast", "slow"}
+
+
+@pytest.mark.parametrize("body", [b'{"inputs": [1e400, 2]}', b'{"inputs": [-1e400, 2]}', b'{"inputs": [1.0, 1e309]}',
+                                  b'{"inputs": [[1, 2], [3, 1e400]]}', b'{"inputs": 1e400}',
+                                  b'{"inputs": {"a": [1e400], "b": [1]}}'])
+@pytest.mark.parametrize("dtype", [None, *FLOATS])
+def test_a_number_past_float64s_range_is_refused_not_read_as_inf(body, dtype):
+    # JSON 1e400 overflows every float: the C parser hands it to json.loads, which made it
+    # inf, and the job ran on inf (its result came back as nulls) where 1e39 got a 400.
+    with pytest.raises(BadInput, match="too large for any float"):
+        parse_body(body, dtype)
+
+
+def test_a_timeout_past_float64s_range_is_refused():
+    with pytest.raises(BadInput, match="timeout_s"):
+        parse_body(b'{"inputs": [1.0], "timeout_s": 1e400}', np.dtype(np.float32))

@@ -5,6 +5,8 @@ real frameworks."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -12,9 +14,9 @@ import pytest
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-from fastloop.serve import InferenceService, MemoryStore  # noqa: E402
+from fastloop.serve import InferenceService, JobFailed, MemoryStore  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
-from test_serve_http import call, poll, serving, ws_client, ws_url  # noqa: E402
+from test_serve_http import ROOT, call, poll, serving, ws_client, ws_url  # noqa: E402
 
 
 def double(batch: np.ndarray) -> np.ndarray:
@@ -28,18 +30,36 @@ def service():
     svc.close()
 
 
-def test_the_front_mounted_in_a_fastapi_app_serves_under_the_mount_path(service):
-    fastapi = pytest.importorskip("fastapi")
-    app = fastapi.FastAPI()
+def recipe(marker: str, model) -> dict:
+    """Runs the Python block of docs/serve.md that holds `marker` (the recipes are tested as
+    they are written there), with `model` defined; returns its names."""
+    with open(os.path.join(ROOT, "docs", "serve.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    (code,) = [block for block in blocks if marker in block]
+    namespace = {"model": model, "__name__": "recipe"}
+    exec(compile(code, "docs/serve.md", "exec"), namespace)
+    return namespace
+
+
+def doubles_or_refuses_negatives(batch: np.ndarray) -> np.ndarray:
+    if (batch < 0).any():
+        raise ValueError("a negative number")
+    return batch * 2
+
+
+def test_the_fastapi_recipe_serves_under_the_mount_path_and_its_lifespan_closes_the_service():
+    pytest.importorskip("fastapi")
+    names = recipe("fastapi.FastAPI(lifespan=lifespan)", double)
+    app, service = names["app"], names["service"]
 
     @app.get("/hello")
     def hello() -> dict:
         return {"hello": "world"}
 
-    front = App(service)
-    app.mount("/inference", front)
     with serving(app) as base:
         assert call(base, "GET", "/hello")[2] == {"hello": "world"}
+        status, _, body = call(base, "POST", "/inference/v1/predict", {"inputs": [1.0, 2.0]})
+        assert status == 200 and body["result"] == [2.0, 4.0]
         status, response, body = call(base, "POST", "/inference/v1/jobs", {"inputs": [1.0, 2.0]})
         assert status == 202 and response.getheader("location") == f"/inference/v1/jobs/{body['id']}"
         location = response.getheader("location")
@@ -61,7 +81,8 @@ def test_the_front_mounted_in_a_fastapi_app_serves_under_the_mount_path(service)
                 except Exception:
                     break
         assert statuses[-1] == "done"
-    front.detach()
+        assert not service.closed
+    assert service.closed  # the recipe's lifespan closed it when the server stopped
 
 
 def test_a_proxy_root_path_is_honoured_in_location(service):
@@ -72,53 +93,33 @@ def test_a_proxy_root_path_is_honoured_in_location(service):
         assert poll(base, body["id"])["status"] == "done"
 
 
-def flask_app(service: InferenceService):
-    """The Flask (WSGI) pattern of docs/serve.md: the views call the service directly (its
-    calls are thread-safe and never wait for a model call); result() is polled."""
-    import flask
-
-    from fastloop.errors import QueueFull
-    from fastloop.serve import JobFailed
-
-    app = flask.Flask(__name__)
-
-    @app.post("/predict")
-    def predict():
-        try:
-            job_id = service.submit(flask.request.get_json()["inputs"])
-        except QueueFull as error:
-            return {"error": str(error)}, 429, {"retry-after": "1"}
-        except (TypeError, ValueError) as error:
-            return {"error": str(error)}, 400
-        return {"id": job_id}, 202, {"location": flask.url_for("job", job_id=job_id)}
-
-    @app.get("/jobs/<job_id>")
-    def job(job_id: str):
-        try:
-            status = service.status(job_id)
-        except (KeyError, ValueError):
-            return {"error": f"unknown job {job_id!r}"}, 404
-        if status != "done":
-            return {"id": job_id, "status": status}, 200
-        try:
-            return {"id": job_id, "status": status, "result": service.result(job_id, timeout=0).tolist()}, 200
-        except JobFailed as error:
-            return {"id": job_id, "status": "failed", "error": error.reason}, 422
-
-    return app
-
-
-def test_the_documented_flask_pattern_serves_jobs(service):
+def test_the_flask_recipe_answers_400_for_bad_bodies_422_for_failed_jobs_and_the_results():
     pytest.importorskip("flask")
-    client = flask_app(service).test_client()
-    answer = client.post("/predict", json={"inputs": [1.5, 2.5]})
-    assert answer.status_code == 202
-    location = answer.headers["location"]
-    service.result(answer.get_json()["id"], timeout=10)  # waits for the job itself
-    body = client.get(location).get_json()
-    assert body["status"] == "done" and body["result"] == [3.0, 5.0]
-    assert client.post("/predict", json={"inputs": [[1.0], [2.0, 3.0]]}).status_code == 400
-    assert client.get("/jobs/nope").status_code == 404
+    names = recipe("import flask", doubles_or_refuses_negatives)
+    client, service = names["app"].test_client(), names["service"]
+    try:
+        answer = client.post("/predict", json={"inputs": [1.5, 2.5]})
+        assert answer.status_code == 200 and answer.get_json()["result"] == [3.0, 5.0]
+        answer = client.post("/jobs", json={"inputs": [1.5, 2.5]})
+        assert answer.status_code == 202
+        location = answer.headers["location"]
+        service.result(answer.get_json()["id"], timeout=10)  # waits for the job itself
+        body = client.get(location).get_json()
+        assert body["status"] == "done" and body["result"] == [3.0, 5.0]
+        for bad in (b"{}", b'{"inputs": [NaN, 1.0]}', b'{"inputs": [1e400, 1.0]}', b'{"inputs": ["1"]}',
+                    b'{"inputs": [[1.0], [2.0, 3.0]]}', b"not json", b'{"path": "x.npy"}'):
+            answer = client.post("/predict", data=bad, content_type="application/json")
+            assert answer.status_code == 400 and answer.get_json()["error"], bad  # never a 500
+        failed = client.post("/predict", json={"inputs": [-1.0, 2.0]})
+        assert failed.status_code == 422 and "a negative number" in failed.get_json()["error"]
+        job_id = client.post("/jobs", json={"inputs": [-1.0, 2.0]}).get_json()["id"]
+        with pytest.raises(JobFailed):
+            service.result(job_id, timeout=10)
+        answer = client.get(f"/jobs/{job_id}")
+        assert answer.status_code == 422 and answer.get_json()["status"] == "failed"
+        assert client.get("/jobs/nope").status_code == 404
+    finally:
+        service.close()
 
 
 def test_a_websocket_to_an_unknown_path_is_refused(service):

@@ -170,7 +170,7 @@ def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, pre
             for i, job in enumerate(jobs):
                 np.testing.assert_array_equal(a.result(job, timeout=20), x(i) * 2 + 1)
             stats = b.stats()
-            assert stats["reclaimed"] == {"rerun": 3, "failed": 0}
+            assert stats["reclaimed"] == {"rerun": 3, "failed": 0, "resumed": 0}
             text = render(service_registry(lambda: stats, dict, b.max_batch))  # what /metrics answers
             assert 'fastloop_serve_reclaimed_total{outcome="rerun"} 3.0' in text
             assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0.0' in text

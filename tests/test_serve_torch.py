@@ -131,7 +131,7 @@ def test_tuple_outputs_come_back_as_a_tuple_and_plain_callables_get_arrays():
 @pytest.mark.parametrize("given, error, words", [
     (np.zeros(16), TypeError, ["'input'", "float32", "float64"]),
     (np.zeros(15, np.float32), ValueError, ["'input'", "(16,)", "(15,)"]),
-    (np.zeros((2, 16), np.float32), ValueError, ["(16,)", "(2, 16)", "one row per job"]),
+    (np.zeros((2, 15), np.float32), ValueError, ["(16,)", "(2, 15)", "several along a leading axis"]),
     (["a"] * 16, TypeError, ["'input'", "float32", "str"]),
     ([[1.0] * 16, [1.0]], TypeError, ["'input'"]),
     (torch.zeros(16, dtype=torch.float64), TypeError, ["float32", "float64"]),
@@ -155,7 +155,8 @@ def test_wrong_inputs_are_refused_at_submit_naming_the_input_and_never_reach_the
     ({"ids": [1.5], "mask": [1]}, ValueError, ["'ids'", "int64", "not integers"]),
     ({"ids": [1], "mask": [2]}, ValueError, ["'mask'", "bool"]),
     ({"ids": np.array([1], np.int32), "mask": [1]}, TypeError, ["'ids'", "int64", "int32"]),
-    ({"ids": [[1]], "mask": [1]}, ValueError, ["'ids'", "(any,)", "(1, 1)"]),
+    ({"ids": [[1]], "mask": [1]}, ValueError, ["'ids'", "(1, 1)", "the same number of rows"]),
+    ({"ids": [[[1]]], "mask": [[1]]}, ValueError, ["'ids'", "(any,)", "(1, 1, 1)"]),
     ({"ids": [2 ** 70], "mask": [1]}, (TypeError, ValueError), ["'ids'"]),
     ([1, 2, 3], ValueError, ["takes 2 inputs"]),
     (5, TypeError, ["dict name -> value"]),

@@ -185,6 +185,10 @@ def build():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     return model, Input(torch.float32, (16,))   # in training mode: the CLI calls eval()
+
+
+def bare():
+    return build()[0]   # no inputs declared
 """
 
 
@@ -237,7 +241,9 @@ def test_cli_serves_a_torch_export_program_with_a_dynamic_batch(tmp_path):
 @pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 @pytest.mark.parametrize("setup, args, words", [
     ("state_dict", ["--model", "weights.pt"], ["torch.save file", "--model module:factory"]),
-    ("script", ["--model", "mlp.ts"], ["needs its inputs declared"]),
+    ("script", ["--model", "mlp.ts"], ["declare its inputs with --input DTYPE:SHAPE"]),
+    ("factory", ["--model", "my_models:bare"], ["Sequential is a torch model", "--input DTYPE:SHAPE",
+                                                "return (model, inputs) from a factory"]),
     ("none", ["--model", "missing_module:build"], ["cannot import 'missing_module'"]),
     ("factory", ["--model", "my_models:nothing"], ["has no 'nothing'"]),
     ("script", ["--model", "mlp.ts", "--input", "float32"], ["[NAME=]DTYPE:SHAPE"]),
@@ -258,3 +264,4 @@ def test_cli_refuses_what_it_cannot_serve_with_the_way_out(tmp_path, monkeypatch
         sys.modules.pop("my_models", None)
     output = capsys.readouterr().err
     assert all(word in output for word in words), output
+    assert "(784,)" not in output, output  # no made-up shape (it once suggested Input(torch.float32, (784,)))

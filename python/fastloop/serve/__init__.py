@@ -24,7 +24,7 @@ from .cli import arch_of
 from .client import BadRequest, Client, ServiceUnavailable
 from .filestore import FileStore
 from .http import App
-from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, StoreError
+from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, RowsFailed, StoreError
 from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import Admission, InferenceService
@@ -44,6 +44,7 @@ __all__ = [
     "JobFailed",
     "JobCancelled",
     "JobExpired",
+    "RowsFailed",
     "StoreError",
     "StoreUnavailable",
     "App",

@@ -11,7 +11,13 @@ checkpoint file: .safetensors, or .npz of earlier versions) holds what ``fastloo
 "model.<name>" parameters and ``arch``, a JSON string naming the layers, e.g.
 ``{"dtype": "float32", "layers": [["Linear", 784, 512, true], ["ReLU"], ["Linear", 512, 10, true]]}``.
 A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with bias, ReLU
-between them). Ctrl-C stops the server (uvicorn's handling), then the service drains.
+between them).
+
+SIGTERM (Docker, Kubernetes) and Ctrl-C drain: new jobs get 503 with Retry-After while what
+was accepted runs and is answered, for up to ``--drain-timeout`` seconds; then the server
+stops, the service closes its store and the process exits 0 (draining.py). Without
+``--store`` the jobs live in memory (nothing outlives the process); ``--store file:DIR``
+keeps them on disk, ``redis://`` in Redis.
 
 ``--processes N --store redis://HOST:PORT/DB`` runs N server processes on the port (one
 parent forks them and replaces any that dies; processes.py), sharing the jobs and the queue
@@ -24,8 +30,10 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -98,14 +106,19 @@ def _set_threads(model: Any, blas_threads: int, torch_threads: int | None) -> No
         torch.set_num_threads(torch_threads)
 
 
-def _store(spec: str | None, index: int = 0, peers: list[str] | None = None) -> Any:
-    """The store `spec` names; for share-nothing process `index` (peers given), its own."""
+STORE_HELP = ("where jobs are kept. memory (the default): in this process, the fastest; a restart forgets "
+              "every job. file:DIR: a folder that persists, each job written and fsynced (~3 fsyncs per job); "
+              "after a restart, queued jobs run again and running ones fail. redis://HOST:PORT/DB: in Redis, "
+              "shared by several processes or hosts; as durable as that Redis is configured")
+
+
+def _store(spec: str, index: int = 0, peers: list[str] | None = None, model: str | None = None) -> Any:
+    """The store `spec` names; for share-nothing process `index` (peers given), its own; for
+    one of several models (`model` named), its own too (a folder, or a Redis key prefix)."""
     from .filestore import FileStore
-    if spec is None:
-        return None
     if spec.startswith("file:"):
-        root = spec[len("file:"):]
-        return FileStore(root if peers is None else os.path.join(root, f"process-{index}"))
+        parts = [spec[len("file:"):]] + ([] if peers is None else [f"process-{index}"]) + ([] if model is None else [model])
+        return FileStore(os.path.join(*parts))
     if spec == "memory":
         from .stores import MemoryStore
         return MemoryStore()
@@ -115,8 +128,31 @@ def _store(spec: str | None, index: int = 0, peers: list[str] | None = None) -> 
         except ImportError as error:
             raise SystemExit(f"--store {spec}: the Redis store is not available ({error}); "
                              "install redis (pip install redis) or use --store file:DIR") from None
-        return RedisStore(spec)
+        return RedisStore(spec) if model is None else RedisStore(spec, prefix=f"fastloop:{model}:")
     raise SystemExit(f"--store must be file:DIR, memory or redis://HOST:PORT/DB, not {spec!r}")
+
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # as a job id: it goes in paths and labels
+
+
+def _named_models(values: list[str]) -> list[tuple[str | None, str]]:
+    """(name or None, target) per --model: NAME=TARGET, or TARGET alone (one model only).
+    ValueError naming what is wrong."""
+    models: list[tuple[str | None, str]] = []
+    for value in values:
+        name, sep, target = value.partition("=")
+        if sep and _MODEL_NAME.fullmatch(name) and target:
+            models.append((name, target))
+        else:
+            models.append((None, value))
+    if len(models) > 1:
+        unnamed = [target for name, target in models if name is None]
+        if unnamed:
+            raise ValueError(f"--model: with several models name each one, NAME=MODEL (not {unnamed[0]!r})")
+        names = [name for name, _ in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--model: each model needs a name of its own, got {names}")
+    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a model over HTTP")
-    parser.add_argument("--model", required=True,
-                        help="a fastloop.Checkpointer directory or checkpoint file (fastloop.nn), module:factory (a function "
-                             "returning the model or (model, inputs)), a TorchScript file or a torch.export .pt2")
+    parser.add_argument("--model", required=True, action="append", metavar="[NAME=]MODEL",
+                        help="a fastloop.Checkpointer directory or checkpoint file (fastloop.nn), module:factory (a "
+                             "function returning the model or (model, inputs)), a TorchScript file or a torch.export "
+                             ".pt2. Repeat it as NAME=MODEL to serve several models, each with its own queue, workers "
+                             "and metrics, at /v1/models/NAME/ (the first also at /v1/)")
     parser.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE:SHAPE",
                         help="one input per row, e.g. float32:3,32,32 or ids=int64:* (repeat for several); "
                              "needed for a TorchScript file, overrides a factory's")
@@ -143,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
-    parser.add_argument("--store", help="file:DIR (default: a temporary directory), memory, or redis://HOST:PORT/DB")
+    parser.add_argument("--store", default="memory", metavar="memory | file:DIR | redis://HOST:PORT/DB",
+                        help=STORE_HELP)
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
     parser.add_argument("--result-ttl-s", type=float, default=600.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
@@ -157,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="an idle keep-alive connection is closed after this")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="default job deadline from submit: a job not ended by then fails (default: none)")
-    parser.add_argument("--drain-s", type=float, default=10.0, help="after Ctrl-C, how long queued jobs may run")
+    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
+                        help="after SIGTERM or Ctrl-C (new jobs get 503), how long the jobs already accepted may "
+                             "take to run and be answered before the server stops anyway (default: 10)")
     parser.add_argument("--blas-threads", type=int, default=1,
                         help="CPU BLAS threads per matrix product (the workers already run in parallel)")
     parser.add_argument("--worker-priority", choices=("normal", "idle"), default="normal",
@@ -175,7 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                              "another process reclaims them")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    redis_store = (args.store or "").startswith("redis://")
+    try:
+        args.models = _named_models(args.model)
+    except ValueError as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    if len(args.models) > 1 and args.input:
+        print("--input declares the inputs of one model: with several, return (model, inputs) from each "
+              "model's factory", file=sys.stderr)
+        return 2
+    redis_store = args.store.startswith("redis://")
     if args.processes < 1:
         print(f"--processes must be >= 1, not {args.processes}", file=sys.stderr)
         return 2
@@ -213,30 +263,42 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     """One server process: the model, the service, the front; on `sock` when given. With
     `peers` (share-nothing processes, peers.py): process `index` of them, its own store, the
     jobs it creates its own, and requests for the others' jobs forwarded to their sockets."""
-    import uvicorn
-
-    from .http import App
+    from .draining import DrainingServer
+    from .http import DEFAULT_NAME, App
     from .http_limits import uvicorn_config
     from .peers import KeepShares, PeerRouter, owned_id
-    from .processes import listen_unix
+    from .processes import listen_unix, note_stops, when_stopped
     from .service import InferenceService
+    from .spec import is_torch_module
 
-    queue = None
-    if args.queue == "redis":
-        from .redisqueue import RedisQueue
-        queue = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
-    try:
-        model, inputs = load_source(args.model, [parse_input(text) for text in args.input], args.layers)
-        _set_threads(model, args.blas_threads, args.torch_threads)
-        extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
-        service = InferenceService(model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                                   max_delay_ms=args.max_delay_ms, store=_store(args.store, index, peers), **extra,
-                                   result_ttl_s=args.result_ttl_s, worker_priority=args.worker_priority,
-                                   inputs=inputs, timeout_s=args.timeout_s, queue=queue)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"cannot serve the model from {args.model}: {error}", file=sys.stderr)
-        return 2
-    app: Any = App(service, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    if sock is None:  # one process: a SIGTERM while the model loads stops it once it serves
+        note_stops()
+    services: dict[str, Any] = {}
+    for name, target in args.models:
+        try:
+            model, inputs = load_source(target, [parse_input(text) for text in args.input], args.layers)
+            if inputs is None and is_torch_module(model):
+                raise ValueError(f"{type(model).__name__} is a torch model: declare its inputs with --input "
+                                 "DTYPE:SHAPE, one row as forward() takes it without the batch axis (e.g. --input "
+                                 "float32:3,224,224; repeat it for several inputs, NAME=DTYPE:SHAPE), or return "
+                                 "(model, inputs) from a factory (--model module:factory)")
+            _set_threads(model, args.blas_threads, args.torch_threads)
+            extra = {} if peers is None else {"new_id": lambda: owned_id(index, len(peers))}
+            if args.queue == "redis":
+                from .redisqueue import RedisQueue
+                extra["queue"] = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
+            store = _store(args.store, index, peers, name if len(args.models) > 1 else None)
+            services[name or DEFAULT_NAME] = InferenceService(
+                model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                max_delay_ms=args.max_delay_ms, store=store, **extra, result_ttl_s=args.result_ttl_s,
+                worker_priority=args.worker_priority, inputs=inputs, timeout_s=args.timeout_s)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"cannot serve the model from {target}: {error}", file=sys.stderr)
+            for service in services.values():
+                service.close(drain_s=0)
+            return 2
+    front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    app: Any = front
     sockets = None if sock is None else [sock]
     on_connections = None
     if shares is not None:  # one of --processes N: clients are moved off a process over its share
@@ -253,14 +315,29 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     # collector's full passes skip it (one took ~23 ms, a stall of every request, unfrozen).
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(config)
-    if sock is not None:  # one of --processes N: a stop asked for while starting must not be lost
-        from .processes import when_stopped
-        when_stopped(lambda: setattr(server, "should_exit", True))
+    server = DrainingServer(config, front=front, busy=lambda: sum(s.busy() for s in services.values()),
+                            drain_s=args.drain_s)
+    when_stopped(server.stop)  # a stop asked for while starting is not lost
     try:
         server.run(sockets=sockets)
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
+    except KeyboardInterrupt:  # a Ctrl-C before uvicorn took over the signals
         pass
     finally:
-        service.close(drain_s=args.drain_s)
+        stopped = time.monotonic()
+        for service in services.values():
+            service.close(drain_s=server.drain_left())
+        _log_drain(server, stopped, time.monotonic())
     return 0
+
+
+def _log_drain(server: Any, stopped: float, closed: float) -> None:
+    """One line on a drained stop: how long the accepted jobs took, and closing the service."""
+    if server.drain_started is None:
+        return
+    import logging
+
+    ran = (server.drained or stopped) - server.drain_started
+    logging.getLogger("uvicorn.error").info(
+        "fastloop serve: drained: the accepted jobs ran in %.3f s after the signal; the server stopped %.3f s "
+        "later; closing the service and its store took %.3f s", ran, stopped - (server.drained or stopped),
+        closed - stopped)

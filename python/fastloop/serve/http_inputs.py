@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import stat
 from typing import Any
@@ -106,22 +107,28 @@ def _check_values(data: dict[str, Any]) -> None:
         raise BadInput(f"'path' must be a string, not {type(data['path']).__name__}")
     if "id" in data and not isinstance(data["id"], str):
         raise BadInput(f"'id' must be a string, not {type(data['id']).__name__}")
-    if "timeout_s" in data and (isinstance(data["timeout_s"], bool) or not isinstance(data["timeout_s"], (int, float))):
-        raise BadInput(f"'timeout_s' must be a number of seconds, not {type(data['timeout_s']).__name__}")
+    timeout = data.get("timeout_s")
+    if "timeout_s" in data and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout)):
+        raise BadInput(f"'timeout_s' must be a finite number of seconds, not {timeout!r:.40}")
 
 
 _FLOAT = {float}
+_INFINITIES = (math.inf, -math.inf)
 
 
 def check_numbers(inputs: Any, what: str = "'inputs'") -> None:
     """BadInput unless `inputs` is a number or a nested list of numbers: a null would become
     NaN and a string "1" a 1.0 (a plausible wrong answer), so both are refused, as are
-    booleans and integers no float can hold."""
+    booleans and numbers no float can hold (an integer past 2**1024, or a literal such as
+    1e400, which json.loads reads as inf: JSON has no infinity, so an inf here overflowed)."""
     stack = [inputs]
     while stack:
         item = stack.pop()
         if isinstance(item, list):
             if set(map(type, item)) <= _FLOAT:  # a row of floats, checked in C (~8x faster than the loop)
+                if any(inf in item for inf in _INFINITIES):
+                    raise BadInput(_too_large(what))
                 continue
             stack.extend(item)
             continue
@@ -130,6 +137,12 @@ def check_numbers(inputs: Any, what: str = "'inputs'") -> None:
             raise BadInput(f"{what} must be a (nested) list of numbers; it holds {kind} {item!r:.40}")
         if isinstance(item, int) and item.bit_length() > 1024:  # past float64's range
             raise BadInput(f"{what} holds an integer of {len(str(abs(item)))} digits, too large for any float")
+        if isinstance(item, float) and item in _INFINITIES:
+            raise BadInput(_too_large(what))
+
+
+def _too_large(what: str) -> str:
+    return f"{what} holds a number too large for any float (past 1.8e308: it would be read as infinity)"
 
 
 _HEADER_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}

@@ -2,13 +2,15 @@
 message instead of inside a batch.
 
 For a fastloop.nn model the input is one sample: shape ``(in_features,)`` (any shape with
-``in_features`` elements when the model starts with Flatten) of the model's dtype. A NumPy
+``in_features`` elements when the model starts with Flatten) of the model's dtype, or several
+along a leading axis, ``(n, in_features)`` (``(n, ...)`` with ``in_features`` elements per row). A NumPy
 array of another dtype is a TypeError saying how to convert; a list (which has no dtype) is
 converted. For any other callable the input is any numeric NumPy array (or a list that makes
 one). Nothing is ever read with pickle: object arrays are refused.
 
     >>> spec = InputSpec.for_model(model)
     >>> x = spec.check([0.0] * 784)          # float32 (784,), a private copy
+    >>> x, rows = spec.check_rows(np.zeros((8, 784), np.float32))   # rows == 8
 """
 
 from __future__ import annotations
@@ -44,8 +46,17 @@ class InputSpec:
         return cls()
 
     def check(self, inputs: Any) -> np.ndarray:
-        """Returns a private C-contiguous copy of `inputs`, or raises TypeError/ValueError
+        """Returns a private C-contiguous copy of one sample, or raises TypeError/ValueError
         naming what is wrong."""
+        array, rows = self.check_rows(inputs)
+        if rows is not None:
+            raise ValueError(f"inputs have shape {array.shape}: several rows where one sample is expected")
+        return array
+
+    def check_rows(self, inputs: Any) -> tuple[np.ndarray, int | None]:
+        """(a private C-contiguous copy, rows): rows is None for one sample, n for n samples
+        along a leading axis (only for a model whose sample shape is known). TypeError or
+        ValueError naming what is wrong."""
         typed = isinstance(inputs, np.ndarray)
         if not typed and self.dtype is not None:
             try:
@@ -67,10 +78,26 @@ class InputSpec:
         if self.dtype is not None and array.dtype != self.dtype:
             raise TypeError(f"inputs have dtype {array.dtype}, the model computes in {self.dtype}: "
                             f"convert with x.astype(np.{self.dtype})")
-        if self.features is not None:
-            if self.flatten and array.ndim >= 1 and math.prod(array.shape) == self.features:
-                return np.ascontiguousarray(array)
-            if array.shape != (self.features,):
-                want = f"{self.features} elements in any shape" if self.flatten else f"shape ({self.features},)"
-                raise ValueError(f"inputs have shape {array.shape}, the model takes one sample of {want}")
-        return np.ascontiguousarray(array)
+        rows = self._rows(array.shape)
+        if rows == 0:
+            raise ValueError(f"inputs have shape {array.shape}: no rows")
+        return np.ascontiguousarray(array), rows
+
+    def _rows(self, shape: tuple[int, ...]) -> int | None:
+        """None for one sample of this shape, n for n samples; ValueError for neither."""
+        if self.features is None:
+            return None  # a plain callable: any array is one sample
+        if self.flatten:
+            if len(shape) >= 1 and math.prod(shape) == self.features:
+                return None
+            if len(shape) >= 2 and math.prod(shape[1:]) == self.features:
+                return shape[0]
+            want = f"{self.features} elements in any shape"
+        else:
+            if shape == (self.features,):
+                return None
+            if len(shape) == 2 and shape[1] == self.features:
+                return shape[0]
+            want = f"shape ({self.features},)"
+        raise ValueError(f"inputs have shape {shape}, the model takes one sample of {want}, "
+                         f"or several along a leading axis")

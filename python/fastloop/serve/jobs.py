@@ -32,7 +32,9 @@ __all__ = [
     "JobFailed",
     "JobCancelled",
     "JobExpired",
+    "RowsFailed",
     "StoreError",
+    "DEADLINE_EXCEEDED",
     "new_job_id",
     "check_job_id",
 ]
@@ -40,6 +42,7 @@ __all__ = [
 QUEUED, RUNNING, DONE, FAILED, EXPIRED = "queued", "running", "done", "failed", "expired"
 STATUSES = (QUEUED, RUNNING, DONE, FAILED, EXPIRED)
 FINISHED = (DONE, FAILED)  # the states a result (or an error) is kept in until it expires
+DEADLINE_EXCEEDED = "deadline exceeded"  # how the error of a job failed at its deadline starts
 
 # Ids become file and key names: letters, digits, '_', '-', '.', not starting with '.'.
 _ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" would let a final "\n" in
@@ -78,10 +81,13 @@ class JobRecord:
     dtype: str = ""  # of the input
     expired_at: float | None = None  # when the store dropped its result
     deadline: float | None = None  # when it must have ended (time.time(), from submit's timeout_s)
+    rows: int | None = None  # a job of several rows (its input has a leading batch axis): how many
+    row_errors: list[list[Any]] | None = None  # [[row index, reason], ...]: the rows that failed
 
     @classmethod
-    def new(cls, job_id: str, submitted: float, shape: tuple[int, ...] = (), dtype: str = "") -> "JobRecord":
-        return cls(job_id, QUEUED, submitted, shape=tuple(shape), dtype=dtype)
+    def new(cls, job_id: str, submitted: float, shape: tuple[int, ...] = (), dtype: str = "",
+            rows: int | None = None) -> "JobRecord":
+        return cls(job_id, QUEUED, submitted, shape=tuple(shape), dtype=dtype, rows=rows)
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)  # dataclasses.asdict deep-copies each field: ~10x slower, per job
@@ -121,6 +127,21 @@ class JobCancelled(JobFailed):
 
     >>> svc.cancel(job_id); svc.result(job_id)  # raises JobCancelled
     """
+
+
+class RowsFailed(JobFailed):
+    """result() of a job of several rows some of which failed (the others ran): ``errors``
+    maps a row's index to its reason, ``result`` holds every row's output, a failed row's
+    zero-filled.
+
+    >>> svc.result(job_id)  # raises RowsFailed: job 'a1' failed: 1 of 8 rows failed (row 3: ...)
+    """
+
+    def __init__(self, job_id: str, errors: dict[int, str], result: Any = None, rows: int | None = None) -> None:
+        first = min(errors)
+        total = f" of {rows}" if rows is not None else ""
+        super().__init__(job_id, f"{len(errors)}{total} rows failed (row {first}: {errors[first]})")
+        self.errors, self.result = errors, result
 
 
 class JobExpired(Error, LookupError):

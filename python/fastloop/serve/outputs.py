@@ -10,7 +10,7 @@ before. ``unpack`` turns a row back into what the model returned (dict, tuple or
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -72,17 +72,25 @@ def json_safe(array: np.ndarray) -> Any:
     return array.tolist()
 
 
-def as_json(row: np.ndarray) -> dict[str, Any]:
+def as_json(row: np.ndarray, failed: Sequence[int] = ()) -> dict[str, Any]:
     """The "dtype", "shape" and "result" of a result's JSON answer: per key for a dict
-    (lists for a tuple); NaN and +-inf as null."""
+    (lists for a tuple); NaN and +-inf as null. `failed`: rows of a job of several whose
+    entry is null (they failed; their row in `row` is a placeholder)."""
     value = unpack(row)
     if isinstance(value, np.ndarray):
-        return {"dtype": value.dtype.name, "shape": list(value.shape), "result": json_safe(value)}
+        return {"dtype": value.dtype.name, "shape": list(value.shape), "result": _rows_safe(value, failed)}
     if isinstance(value, tuple):
         return {"dtype": [v.dtype.name for v in value], "shape": [list(v.shape) for v in value],
-                "result": [json_safe(v) for v in value]}
+                "result": [_rows_safe(v, failed) for v in value]}
     return {"dtype": {k: v.dtype.name for k, v in value.items()}, "shape": {k: list(v.shape) for k, v in value.items()},
-            "result": {k: json_safe(v) for k, v in value.items()}}
+            "result": {k: _rows_safe(v, failed) for k, v in value.items()}}
+
+
+def _rows_safe(array: np.ndarray, failed: Sequence[int]) -> Any:
+    out = json_safe(array)
+    for i in failed:
+        out[i] = None
+    return out
 
 
 def from_json(body: dict[str, Any]) -> Any:

@@ -43,7 +43,9 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 FORWARDED = b"x-fastloop-forwarded"  # set on a forwarded request: its receiver answers it itself
 PROCESS = b"x-fastloop-process"  # on every answer: the index of the process that made it
-_JOB_PATH = re.compile(r"/v1/jobs/([^/]+)(?:/result|/events)?")
+_JOB_PATH = re.compile(r"/v1/(?:models/[^/]+/)?jobs/([^/]+)(?:/result|/events)?")
+_SUBMIT_PATH = re.compile(r"/v1/(?:models/[^/]+/)?(?:jobs|predict)")  # a POST that may name its job's id
+_EVENTS_PATH = re.compile(r"/v1/(?:models/[^/]+/)?events")  # every job's events (of one model)
 _DROPPED = {b"date", b"server", b"connection", b"keep-alive", b"transfer-encoding"}  # uvicorn sets its own
 _CONNECT_S = 2.0  # a peer's socket that does not accept by then is down
 _IDLE_PER_PEER = 16  # kept-alive connections to each peer
@@ -224,7 +226,7 @@ class PeerRouter:
         match = _JOB_PATH.fullmatch(scope["path"])
         if match is not None:
             owner = self.owner(match.group(1))
-        elif scope["path"] == "/v1/jobs" and scope["method"] == "POST":
+        elif scope["method"] == "POST" and _SUBMIT_PATH.fullmatch(scope["path"]):
             owner, receive = await self._submit_owner(scope, receive)
         else:
             owner = self.index
@@ -245,7 +247,7 @@ class PeerRouter:
         return named
 
     async def _submit_owner(self, scope: Scope, receive: Receive) -> tuple[int, Receive]:
-        """The owner of a POST /v1/jobs (this process unless it names an id), and a receive
+        """The owner of a POST .../jobs or .../predict (this process unless it names an id), and a receive
         that hands the app the body again. A body over the app's limit is left to the app
         (it answers 413) without reading the rest."""
         query = dict(_query_pairs(scope))
@@ -261,7 +263,7 @@ class PeerRouter:
         replay = _replay(messages, receive)
         if size > limit or messages[-1]["type"] != "http.request":
             return self.index, replay
-        if content_type == b"application/x-npy":
+        if content_type == b"application/x-npy" or "id" in query:  # a body JSON is not (a model's preprocess reads it)
             job_id = query.get("id")
         else:
             body = b"".join(m.get("body", b"") for m in messages)
@@ -301,7 +303,7 @@ class PeerRouter:
             owner = self.owner(match.group(1))
             if owner != self.index:
                 return await self._forward_websocket(owner, scope, receive, send)
-        elif scope["path"] == "/v1/events" and len(self.peers) > 1:
+        elif _EVENTS_PATH.fullmatch(scope["path"]) and len(self.peers) > 1:
             return await self._merged_events(scope, receive, send)
         await self.app(scope, receive, send)
 

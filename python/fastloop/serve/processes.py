@@ -23,10 +23,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Callable
 
-__all__ = ["run_processes", "listen", "listen_unix", "when_stopped"]
+__all__ = ["run_processes", "listen", "listen_unix", "when_stopped", "note_stops"]
 
 _CRASH_WINDOW_S, _CRASH_LIMIT = 10.0, 5
 _REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")  # elsewhere it does not spread connections
@@ -104,11 +105,19 @@ def _note_stop(signum: int, frame: object) -> None:
 
 def when_stopped(fn: Callable[[], None]) -> None:
     """Calls fn (from a signal handler: it must only set a flag) once this server process is
-    asked to stop, at once if it already was. In a process not forked by run_processes it
-    never calls it (there the server handles its signals itself)."""
+    asked to stop, at once if it already was: by SIGTERM or SIGINT in a process forked by
+    run_processes, by SIGTERM after note_stops(). Once uvicorn serves, its own handlers
+    take the signals (and restore these when it ends)."""
     _on_stop.append(fn)
     if _stop_requested:
         fn()
+
+
+def note_stops() -> None:
+    """Remembers a SIGTERM (for when_stopped) instead of dying of it: a single server process
+    calls it before loading its model, as run_processes' children do once forked."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _note_stop)
 
 
 def _spawn(sock: socket.socket, serve_one: Callable[[socket.socket, int], int], index: int, mask: set[int]) -> int:

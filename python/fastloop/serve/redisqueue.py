@@ -32,6 +32,16 @@ Reclaim rules (the restart rules of a single process): an entry reclaimed while 
 still queued (the dead worker took it but never started it) runs again; a job that was
 running is failed with the reason, not retried (its input may be what killed the worker), so
 no job runs twice without saying so.
+
+Entries a live process lost track of (``orphans``): entries pending for this process's
+consumer that none of its workers holds. Redis makes them in two ways: the answer to a take
+was lost (the script ran and started the jobs; the worker saw an error), or Redis came back
+from a snapshot older than its last writes (kill -9 with RDB persistence: jobs this process
+had finished show "running" again, their entries pending for it; jobs finished later than
+the snapshot and ones submitted after it are lost with it). The process is alive, so no model
+call of those jobs killed it: it runs them again (``resumed``) instead of leaving them to a
+reclaimer, which would fail them as "a worker process stopped while the job was running".
+A finish that finds its job queued again (the rollback) leaves the job's entry in place.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,26 +112,27 @@ _FINISH_IF = _GUARD + FINISH_SCRIPT
 _FINISH_IF_FN = "local function finish_if(KEYS, ARGV)\n" + _FINISH_IF + "end\n"
 
 # KEYS: the streams, highest priority first; pending; finished. ARGV: group, consumer, count,
-# now, job key prefix, finished ttl, index ttl, then the entries a blocking read took
-# (level, entry id, job id each). Takes up to `count` new entries (after those given), from the
-# first stream that has them on, and moves each one's job queued -> running, all in one call
-# (a worker's batch costs one round trip). A job past its deadline fails here instead
-# ("deadline exceeded"). Per entry {level, entry id, job id, outcome, record, input}; outcome
-# 1: started (record, input); 2: failed, late (its final record); 0: not started (record:
-# its status, or ''), its entry acknowledged and deleted unless the job is running (another
-# process holds it too; its owner acknowledges it).
+# now, job key prefix, finished ttl, index ttl, then the entries this process holds already
+# (level, entry id, job id, resume each: a blocking read's, reclaimed ones, orphans). Takes up
+# to `count` new entries (after those given), from the first stream that has them on, and
+# moves each one's job queued -> running (and, for an orphan, '1' in resume, running ->
+# running again: its run was lost), all in one call (a worker's batch costs one round trip).
+# A job past its deadline fails here instead ("deadline exceeded"). Per entry {level, entry
+# id, job id, outcome, record, input}; outcome 1: started (record, input); 2: failed, late
+# (its final record); 0: not started (record: its status, or ''), its entry acknowledged and
+# deleted unless the job is running (another process holds it too; its owner acknowledges it).
 _TAKE_START = _FINISH_IF_FN + """
 local n = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local got = {}
-for i = 8, #ARGV, 3 do got[#got + 1] = {tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]} end
+for i = 8, #ARGV, 4 do got[#got + 1] = {tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]} end
 n = n - #got
 for level = 1, #KEYS - 2 do
   if n <= 0 then break end
   local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[level], '>')
   if read then
     for _, e in ipairs(read[1][2]) do
-      got[#got + 1] = {level, e[1], e[2][2]}
+      got[#got + 1] = {level, e[1], e[2][2], '0'}
       n = n - 1
     end
   end
@@ -134,14 +145,19 @@ for _, g in ipairs(got) do
   if cur then ok, rec = pcall(cjson.decode, cur) end
   local status = (ok and type(rec) == 'table') and rec['status'] or ''
   local outcome, payload, input = 0, status, ''
-  if status == 'queued' and type(rec['deadline']) == 'number' and rec['deadline'] <= now then
+  local startable = status == 'queued' or (status == 'running' and g[4] == '1')
+  if startable and type(rec['deadline']) == 'number' and rec['deadline'] <= now then
     rec['status'] = 'failed'
     rec['finished'] = now
-    rec['error'] = string.format('deadline exceeded: still queued after %.3g s', now - rec['submitted'])
+    if status == 'queued' then
+      rec['error'] = string.format('deadline exceeded: still queued after %.3g s', now - rec['submitted'])
+    else
+      rec['error'] = string.format('deadline exceeded: %.3g s after submit, its run lost with a Redis restart', now - rec['submitted'])
+    end
     payload = cjson.encode(rec)
-    finish_if({key, KEYS[#KEYS - 1], KEYS[#KEYS]}, {g[3], payload, '', '0', ARGV[4], ARGV[6], ARGV[7], 'queued', '0'})
+    finish_if({key, KEYS[#KEYS - 1], KEYS[#KEYS]}, {g[3], payload, '', '0', ARGV[4], ARGV[6], ARGV[7], status, '0'})
     outcome = 2
-  elseif status == 'queued' then
+  elseif startable then
     rec['status'] = 'running'
     rec['started'] = now
     payload = cjson.encode(rec)
@@ -164,15 +180,27 @@ return out
 
 # KEYS: pending, finished. ARGV: group, then 12 per job: job key, stream, entry id, and
 # _FINISH_IF's 9 arguments. Finishes each job (only while its status is the one expected)
-# and acknowledges and deletes its entry, in one call. One 1 (written) or 0 per job.
+# and acknowledges and deletes its entry, in one call. One 1 (written) or 0 per job. A job
+# not written because it is queued or running again (a Redis restarted from an older
+# snapshot) keeps its entry: the job still has to run, from that entry.
 _FINISH_BATCH = _FINISH_IF_FN + """
 local out = {}
 for i = 2, #ARGV, 12 do
   local args = {}
   for j = 3, 11 do args[#args + 1] = ARGV[i + j] end
-  out[#out + 1] = finish_if({ARGV[i], KEYS[1], KEYS[2]}, args)
-  redis.call('XACK', ARGV[i + 1], ARGV[1], ARGV[i + 2])
-  redis.call('XDEL', ARGV[i + 1], ARGV[i + 2])
+  local written = finish_if({ARGV[i], KEYS[1], KEYS[2]}, args)
+  out[#out + 1] = written
+  local open = false
+  if written == 0 then
+    local cur = redis.call('HGET', ARGV[i], 'record')
+    local ok, rec = false, nil
+    if cur then ok, rec = pcall(cjson.decode, cur) end
+    open = ok and type(rec) == 'table' and (rec['status'] == 'queued' or rec['status'] == 'running')
+  end
+  if not open then
+    redis.call('XACK', ARGV[i + 1], ARGV[1], ARGV[i + 2])
+    redis.call('XDEL', ARGV[i + 1], ARGV[i + 2])
+  end
 end
 return out
 """
@@ -208,11 +236,13 @@ return out
 @dataclass(frozen=True)
 class Entry:
     """A queue entry a worker holds: its priority level (index into LEVELS), stream entry id
-    and job id."""
+    and job id; ``resume``: an orphan (see the module), whose job may be started again even
+    though Redis shows it running."""
 
     level: int
     entry_id: str
     job_id: str
+    resume: bool = field(default=False, compare=False)
 
 
 Started = tuple[Entry, JobRecord, "np.ndarray | None"]  # an entry whose job runs here, its record and input
@@ -341,7 +371,7 @@ class RedisQueue:
         args: list[Any] = [GROUP, self.consumer, count, repr(time.time()), self.keys.job(""), store.finished_ttl(),
                            store.index_ttl()]
         for entry in taken:
-            args += [entry.level + 1, entry.entry_id, entry.job_id]
+            args += [entry.level + 1, entry.entry_id, entry.job_id, "1" if entry.resume else "0"]
         return self._take_start(keys=[*self.streams, self.keys.pending, self.keys.finished], args=args)
 
     def _parse_take_start(self, flat: list[Any]) -> tuple[list[Started], list[JobRecord]]:
@@ -444,6 +474,37 @@ class RedisQueue:
                 if ids:
                     pipe.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
             pipe.execute()
+
+    def orphans(self, min_idle_s: float) -> list[Entry]:
+        """Entries pending for this process's consumer, idle at least `min_idle_s`, that none
+        of its workers holds (see the module): claimed again, held here, marked to resume.
+        `min_idle_s` keeps out an entry a take has just delivered and a worker is about to
+        hold (held entries are refreshed by the heartbeat, so they are never that idle)."""
+        idle_ms = max(1, int(min_idle_s * 1e3))
+        with self._redis("look for entries this process lost track of"):
+            pipe = self._client.pipeline(transaction=False)
+            for stream in self.streams:
+                pipe.xpending_range(stream, GROUP, min="-", max="+", count=100, consumername=self.consumer,
+                                    idle=idle_ms)
+            pending = pipe.execute()
+            with self._held_lock:
+                lost = [[as_str(p["message_id"]) for p in rows if as_str(p["message_id"]) not in self._held]
+                        for rows in pending]
+            if not any(lost):
+                return []
+            pipe = self._client.pipeline(transaction=False)
+            for stream, ids in zip(self.streams, lost):
+                if ids:  # min idle again: an entry a worker took meanwhile stays its own
+                    pipe.xclaim(stream, GROUP, self.consumer, idle_ms, ids)
+            claimed = pipe.execute()
+        streams = [level for level, ids in enumerate(lost) if ids]
+        found = [Entry(level, as_str(eid), as_str(fields[b"id"]), resume=True)
+                 for level, items in zip(streams, claimed) for eid, fields in items or () if fields]
+        with self._held_lock:
+            found = [entry for entry in found if entry.entry_id not in self._held]
+            for entry in found:
+                self._held[entry.entry_id] = entry
+        return found
 
     def reclaim(self) -> tuple[list[Entry], int]:
         """Claims entries idle longer than the visibility timeout (their worker is gone).

@@ -14,6 +14,8 @@ Status listeners run on whichever thread changed the status.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 import warnings
@@ -30,8 +32,9 @@ from .outputs import unpack
 from .runners import runner_for
 from .spec import Input, Spec, spec_for
 from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed,
-                   JobRecord, StoreError, check_job_id, new_job_id)
+                   JobRecord, RowsFailed, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
+from .rows import Row, assemble, row_errors_of
 from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
@@ -43,7 +46,7 @@ Listener = Callable[[str, str], None]
 _WAIT_SLICE_S = 0.1  # result() waits in slices so that Ctrl-C gets through at once
 _CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
 _RESAVE_S = 0.25  # while the store holds back final records, how often the janitor retries them
-_DEADLINE_TICK_S = 0.02  # while jobs have deadlines, how often the janitor looks for late ones
+_DEADLINE_TICK_S = 0.02  # with the queue in Redis, while jobs have deadlines, how often the janitor looks
 _IN_DOUBT = (StoreUnavailable, ConnectionError, TimeoutError)  # a create that may have been applied
 RESTARTED_RUNNING = "server restarted while the job was running"
 RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no input to run it"
@@ -51,9 +54,11 @@ RESTARTED_NO_INPUT = "server restarted before the job ran, and the store kept no
 
 class _Job:
     """An unfinished job: its record (the truth while it is in memory), input, and an event
-    set when it finishes."""
+    set when it finishes. A job of one row is its own queue item (``job``, ``x``, ``key``);
+    a job of several queues one Row per row (rows.py), their outcomes gathered in ``outs``."""
 
-    __slots__ = ("record", "inputs", "result", "lock", "finished", "visible", "t0", "deadline")
+    __slots__ = ("record", "inputs", "result", "lock", "finished", "visible", "t0", "deadline", "outs", "left",
+                 "watchers")
 
     def __init__(self, record: JobRecord, inputs: np.ndarray) -> None:
         self.record, self.inputs = record, inputs
@@ -63,10 +68,26 @@ class _Job:
         self.visible = False  # recorded in the store (status() answers for it)
         self.t0 = time.monotonic()
         self.deadline: float | None = None  # time.monotonic() by which it must have ended
+        rows = record.rows or 0
+        self.outs: list[Any] = [None] * rows  # each row's (output, error), once it has run
+        self.left = rows  # rows not yet run
+        self.watchers: list[Callable[[JobRecord, Any], None]] = []  # watch(): called once it ends
+
+    @property
+    def job(self) -> "_Job":
+        return self
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.inputs
 
     @property
     def key(self) -> tuple[tuple[int, ...], str]:
         return self.inputs.shape, self.inputs.dtype  # a structured dtype holds its fields' shapes
+
+    def items(self) -> list[Any]:
+        """What the queue holds for this job: itself, or one Row per row."""
+        return [Row(self, i) for i in range(self.record.rows)] if self.record.rows else [self]
 
 
 class Admission:
@@ -118,6 +139,11 @@ class InferenceService:
     every process and machine serving it, with priorities (shared.py says more).
     ``new_id``: how submit() names a job given no id (a fresh 32-hex id by default; the
     share-nothing processes of peers.py give each process ids it owns).
+    ``preprocess`` / ``postprocess`` (default: the model's methods of those names, if it has
+    them): hooks for the HTTP front. ``preprocess(body) -> row`` turns a request's raw body
+    (any content type: JPEG bytes, say) into the input submit() takes, in the front's thread
+    pool; ``postprocess(output) -> JSON`` turns a done job's output (what result() returns)
+    into the JSON result the front answers. submit() and result() themselves do not call them.
 
     >>> svc = InferenceService(fl.nn.Sequential(fl.nn.Linear(4, 2)), store=MemoryStore())
     >>> svc.result(svc.submit(np.ones(4, np.float32)))
@@ -135,7 +161,8 @@ class InferenceService:
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
                  worker_priority: str = "normal", timeout_s: float | None = None,
                  inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None,
-                 new_id: Callable[[], str] = new_job_id) -> None:
+                 new_id: Callable[[], str] = new_job_id, preprocess: Callable[[bytes], Any] | None = None,
+                 postprocess: Callable[[Any], Any] | None = None) -> None:
         for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
             least = 0 if name == "workers" and queue is not None else 1  # a front-only process of a shared queue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -149,6 +176,8 @@ class InferenceService:
         self._spec = spec_for(model, inputs)
         self.model = model
         self.new_id = new_id  # names a job submitted without an id
+        self.preprocess = preprocess if preprocess is not None else _hook(model, "preprocess")
+        self.postprocess = postprocess if postprocess is not None else _hook(model, "postprocess")
         self._runner = runner_for(model, self._spec)
         self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
         self.max_delay_s = max_delay_ms / 1e3
@@ -161,6 +190,8 @@ class InferenceService:
         self._unsaved: dict[str, _Job] = {}  # ended while the store was down; also still in _jobs
         self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
         self._admitted = 0  # slots reserved by admit() for submits not yet made: bound with _queued
+        self._held = 0  # items workers took and have not finished with (recording, running, storing)
+        self._fronted = False  # a front admits its requests (admit()): it says when more are coming
         self._closed = False
         self._abandon = False  # close() ran out of drain time: fail instead of run
         self._listeners: list[Listener] = []
@@ -168,6 +199,8 @@ class InferenceService:
         self._stop = threading.Event()
         self._wake = threading.Event()  # wakes the janitor: a job the store did not take, or close()
         self._any_deadline = False  # a job has a deadline: the janitor looks for late jobs
+        self._deadlines: list[tuple[float, int, _Job]] = []  # a heap of (deadline, seq, job): the next one first
+        self._deadline_seq = itertools.count()
         self._recover()
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
@@ -182,7 +215,11 @@ class InferenceService:
     # ------------------------------------------------------------ the public calls
     def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
                priority: str = "normal", admission: Admission | None = None) -> str:
-        """Queues one input; returns the job id (a new one, or `job_id`).
+        """Queues one input; returns the job id (a new one, or `job_id`). An input with a
+        leading batch axis over the model's row shape (e.g. (8, 784) for a model of 784
+        inputs; a model with declared inputs or a fastloop.nn model) is one job of several
+        rows: each row batches alone, they count as that many jobs against max_queue, and
+        result() returns the rows in order.
 
         ``timeout_s`` (default: the service's): the job fails ("deadline exceeded ...")
         unless it has ended that many seconds after submit, whether it is still queued or
@@ -207,14 +244,16 @@ class InferenceService:
             raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
-        x = self._spec.check(inputs)
-        job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str), x)
+        x, rows = self._spec.check_rows(inputs)
+        if rows is not None and rows > self.max_queue:
+            raise ValueError(f"inputs hold {rows} rows, more than the queue holds (max_queue={self.max_queue}): "
+                             "send them in several requests")
+        job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str, rows=rows), x)
+        size = rows or 1  # queue slots the job takes: one per row
         if timeout_s is not None:
             job.deadline = job.t0 + timeout_s
             job.record.deadline = job.record.submitted + timeout_s  # stored: a restart keeps it
-            if not self._any_deadline:
-                self._any_deadline = True
-                self._wake.set()  # the janitor starts looking for late jobs
+            self._any_deadline = True
         with self._lock:
             reserved = admission is not None and admission.held
             if reserved:  # the slot becomes this job's (or is freed below)
@@ -224,11 +263,14 @@ class InferenceService:
                 raise Closed("submit() on a closed InferenceService")
             if job_id in self._jobs:
                 return job_id
-            if not reserved and self._queued + self._admitted >= self.max_queue:
+            # an admitted one-row job has its slot; the rest of a job of several rows must fit
+            if (not reserved or size > 1) and self._queued + self._admitted + size > self.max_queue:
                 self._stats.count("rejected")
                 raise QueueFull(f"the service's queue is full ({self.max_queue} jobs waiting): retry later")
             self._jobs[job_id] = job
-            self._queued += 1
+            self._queued += size
+            if job.deadline is not None:
+                self._add_deadline(job)
         try:
             if job_id in self._in_doubt:  # the janitor must not remove it while this submit decides
                 with self._doubt_lock:
@@ -250,13 +292,15 @@ class InferenceService:
             self._unreserve(job)
             return job_id
         job.visible = True
-        try:
-            self._queue.put_nowait(job)  # never full: _queued bounds what it holds
-        except Closed:
-            with self._lock:
-                self._queued -= 1
-            self._end(job, QUEUED, FAILED, error="service closed before the job was queued")
-            raise Closed("submit() on a closed InferenceService") from None
+        items = job.items()
+        for put, item in enumerate(items):
+            try:
+                self._queue.put_nowait(item)  # never full: _queued bounds what it holds
+            except Closed:
+                with self._lock:
+                    self._queued -= len(items) - put
+                self._end(job, QUEUED, FAILED, error="service closed before the job was queued")
+                raise Closed("submit() on a closed InferenceService") from None
         self._stats.count("submitted")
         self._notify(job_id, QUEUED)
         return job_id
@@ -282,11 +326,14 @@ class InferenceService:
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Waits until the job finishes; returns its output row (a dict or tuple of arrays
-        for a model that returns one).
+        for a model that returns one); for a job of several rows, their outputs stacked in
+        order.
 
         Raises TimeoutError after `timeout` seconds, JobFailed (JobCancelled) carrying the
-        reason for a failed (cancelled) job, JobExpired once its result was dropped,
-        KeyError for an unknown id. Ctrl-C interrupts the wait.
+        reason for a failed (cancelled) job, RowsFailed (a JobFailed: ``.errors`` by row,
+        ``.result`` with the others' outputs) when some rows of a job of several failed,
+        JobExpired once its result was dropped, KeyError for an unknown id. Ctrl-C
+        interrupts the wait.
         """
         return unpack(self._result_row(job_id, timeout))
 
@@ -317,9 +364,13 @@ class InferenceService:
         status = self._status_of(record)
         if status == DONE:
             try:
-                return self.store.get_result(job_id)
+                row = self.store.get_result(job_id)
             except KeyError:  # expired since we read the record
                 status = EXPIRED
+            else:
+                if record.row_errors:
+                    raise RowsFailed(job_id, row_errors_of(record), unpack(row), record.rows)
+                return row
         if status == EXPIRED:
             raise JobExpired(job_id, f"job {job_id!r} expired: its result was kept {self.result_ttl_s:g} s")
         if record.cancelled:
@@ -334,6 +385,7 @@ class InferenceService:
         >>> a = svc.admit()
         >>> if a is None: answer_429()
         """
+        self._fronted = True
         with self._lock:
             if self._closed:
                 return Admission(self, held=False)  # submit() raises Closed
@@ -379,6 +431,30 @@ class InferenceService:
                 self._stats.count("rejected")
                 return True
         return False
+
+    def watch(self, job_id: str, callback: Callable[[JobRecord, Any], None]) -> bool:
+        """Calls ``callback(record, row)`` once the job ends (row: its result when done, else
+        None), on the thread that ended it, after its final record is stored; False (and
+        nothing registered) when the job is not running or queued in this process: it has
+        ended, or another process holds it, and the caller reads its outcome itself. A
+        callback must be quick and must not block (hand the result to a loop). This is how
+        POST /v1/predict waits without a poll or a store read."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None or not job.visible:
+            return False
+        with job.lock:
+            if job.record.status not in (QUEUED, RUNNING):
+                return False
+            job.watchers.append(callback)
+        return True
+
+    def busy(self) -> int:
+        """Rows this process still has to run or store: queued, held by a worker (being
+        recorded as running, run or stored), or admitted by a front and not yet submitted.
+        What a draining server waits on."""
+        with self._lock:
+            return self._queued + self._admitted + self._held
 
     def cancel(self, job_id: str) -> bool:
         """Takes a queued job off the queue: it never runs, ends "failed" and result() raises
@@ -501,7 +577,7 @@ class InferenceService:
         with self._lock:
             if self._jobs.get(job.record.id) is job:
                 del self._jobs[job.record.id]
-            self._queued -= 1
+            self._queued -= job.record.rows or 1
 
     def _create(self, job: _Job, x: np.ndarray) -> bool:
         return self.store.create(job.record, x if self.store.keeps_inputs else None) or self._adopt_lost_create(job)
@@ -548,9 +624,11 @@ class InferenceService:
         self._stats.count("submits_adopted")
         return True
 
-    def _start_all(self, jobs: list[_Job]) -> list[_Job]:
-        """queued -> running for a batch, recorded in one store call (update_many); returns
-        the jobs that started, not those cancelled (or failed by close) meanwhile."""
+    def _start_all(self, items: list[Any]) -> list[Any]:
+        """queued -> running for the jobs of a batch's items, recorded in one store call
+        (update_many); returns the items whose job runs (started now, or a job of several
+        rows an earlier row started), not those cancelled (or failed) meanwhile."""
+        jobs = list(dict.fromkeys(item.job for item in items))
         _acquire_all(jobs)
         try:
             started = [job for job in jobs if job.record.status == QUEUED]
@@ -564,39 +642,45 @@ class InferenceService:
                               f"(first: {refused[0][0]!r}: {refused[0][1]})", RuntimeWarning, stacklevel=2)
             for job, record in zip(started, records):
                 job.record = record
+            running = [item for item in items if item.job.record.status == RUNNING]
         finally:
             _release_all(jobs)
         for job in started:
             self._notify(job.record.id, RUNNING)
-        return started
+        return running
 
     def _end(self, job: _Job, expected: str, status: str, result: np.ndarray | None = None,
-             error: str | None = None, cancelled: bool = False) -> bool:
+             error: str | None = None, cancelled: bool = False, row_errors: list[list[Any]] | None = None) -> bool:
         """expected -> done/failed, stored; False (nothing done) if the job was elsewhere."""
         with job.lock:
             if job.record.status != expected:
                 return False
             record = JobRecord(**vars(job.record))
             record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
+            record.row_errors = row_errors
             stored = self._store_final(record, result)
             self._keep(job, record, stored, result)
-        self._ended(job, stored is not None, cancelled)
+        self._ended(job, stored is not None, cancelled, result)
         return True
 
-    def _end_all(self, jobs: list[_Job], outcomes: list[tuple[np.ndarray | None, str | None]]) -> None:
+    def _end_all(self, items: list[Any], outcomes: list[tuple[np.ndarray | None, str | None]]) -> None:
         """running -> done/failed for a batch's jobs, their final records (and rows) stored in
         one store call (finish_many); jobs no longer running (failed by close) are skipped.
-        A store that gains nothing from it (writes_batches False) gets them one by one."""
+        A store that gains nothing from it (writes_batches False) gets them one by one. A
+        row of a job of several is kept until the job's last row has run (_rows_ended)."""
+        jobs, finals = self._rows_ended(items, outcomes)
         if not self.store.writes_batches:
-            for job, (row, error) in zip(jobs, outcomes):
-                self._end(job, RUNNING, DONE if error is None else FAILED, result=row, error=error)
+            for job, (row, error, row_errors) in zip(jobs, finals):
+                self._end(job, RUNNING, DONE if error is None else FAILED, result=row, error=error,
+                          row_errors=row_errors)
             return
         _acquire_all(jobs)
         try:
             now, ending = time.time(), []
-            for job, (row, error) in zip(jobs, outcomes):
+            for job, (row, error, row_errors) in zip(jobs, finals):
                 if job.record.status == RUNNING:
-                    record = _changed(job.record, DONE if error is None else FAILED, finished=now, error=error)
+                    record = _changed(job.record, DONE if error is None else FAILED, finished=now, error=error,
+                                      row_errors=row_errors)
                     ending.append((job, record, row if error is None else None))
             items = [(record, row) for _, record, row in ending]
             errors = _each_outcome(self.store.finish_many, items)
@@ -607,8 +691,31 @@ class InferenceService:
                 self._keep(job, record, stored, row)
         finally:
             _release_all(jobs)
-        for (job, _, _), stored in zip(ending, saved):
-            self._ended(job, stored is not None, cancelled=False)
+        for (job, _, row), stored in zip(ending, saved):
+            self._ended(job, stored is not None, cancelled=False, row=row)
+
+    @staticmethod
+    def _rows_ended(items: list[Any], outcomes: list[tuple[Any, str | None]]) -> tuple[list[_Job], list[Any]]:
+        """The jobs that ended with this batch and their (result, error, row_errors): a job of
+        one row with its outcome; a job of several once its last row has run (rows.assemble).
+        Rows of a job no longer running (failed meanwhile) are dropped."""
+        jobs, finals = [], []
+        for item, (row, error) in zip(items, outcomes):
+            if item is item.job:
+                jobs.append(item)
+                finals.append((row, error, None))
+                continue
+            job = item.job
+            with job.lock:
+                if job.record.status != RUNNING or job.outs[item.index] is not None:
+                    continue
+                job.outs[item.index] = (row, error)
+                job.left -= 1
+                if job.left:
+                    continue
+            jobs.append(job)
+            finals.append(assemble(job.outs))
+        return jobs, finals
 
     @staticmethod
     def _keep(job: _Job, record: JobRecord, stored: JobRecord | None, result: np.ndarray | None) -> None:
@@ -618,9 +725,10 @@ class InferenceService:
         if stored is None:
             job.result = result
 
-    def _ended(self, job: _Job, saved: bool, cancelled: bool) -> None:
+    def _ended(self, job: _Job, saved: bool, cancelled: bool, row: np.ndarray | None = None) -> None:
         """After a job's final record is kept: drop it from memory (or hand it to the
-        janitor), count it, wake result() and the listeners."""
+        janitor), count it, wake result(), the watchers (with the result `row`) and the
+        listeners."""
         record = job.record
         with self._lock:
             if saved:
@@ -634,6 +742,11 @@ class InferenceService:
         else:
             self._stats.count("cancelled" if cancelled else "failed")
         job.finished.set()
+        for watcher in job.watchers:  # set before the status turned final, under job.lock
+            try:
+                watcher(record, row if record.status == DONE else None)
+            except Exception:
+                self._stats.count("listener_errors")
         self._notify(record.id, record.status)
 
     def _fail_all(self, expected: str, reason: str) -> None:
@@ -663,29 +776,45 @@ class InferenceService:
             warnings.warn(f"InferenceService: worker_priority={self.worker_priority!r} refused by the system "
                           f"({error}); this worker runs at normal priority", RuntimeWarning, stacklevel=2)
         while True:
-            try:
-                jobs = collect(self._queue, self.max_batch, self.max_delay_s)
+            try:  # items: jobs of one row, and rows (rows.Row) of jobs of several
+                items = collect(self._queue, self.max_batch, self.max_delay_s, more_coming=self._more_coming)
             except Closed:
                 return
             with self._lock:
-                self._queued -= len(jobs)
-            if self._abandon:
-                continue  # close() fails them
-            if self._any_deadline:  # one taken past its deadline fails here, never runs
-                now = time.monotonic()
-                jobs = [job for job in jobs if job.deadline is None or job.deadline > now
-                        or not self._fail_queued_late(job, now)]
-            started = self._start_all(jobs)
-            for group in group_by_input(started, lambda job: job.key):
-                self._run(group)
+                self._queued -= len(items)
+                self._held += len(items)
+            try:
+                self._handle(items)
+            finally:
+                with self._lock:
+                    self._held -= len(items)
             if threading.current_thread() in self._stuck:
                 return
 
-    def _run(self, group: list[_Job]) -> None:
+    def _handle(self, items: list[Any]) -> None:
+        """A taken batch: fails what is past its deadline, starts the rest, runs each group of
+        equal rows and stores the outcomes."""
+        if self._abandon:
+            return  # close() fails them
+        if self._any_deadline:  # one taken past its deadline fails here, never runs
+            now = time.monotonic()
+            items = [item for item in items if item.job.deadline is None or item.job.deadline > now
+                     or not self._fail_queued_late(item.job, now)]
+        started = self._start_all(items)
+        for group in group_by_input(started, lambda item: item.key):
+            self._run(group)
+
+    def _more_coming(self) -> bool:
+        """Whether a batch still filling should wait for more: a front that admits requests
+        (admit()) says when none is on its way, and then a lone job runs at once instead of
+        waiting max_delay_ms for others; without a front, always."""
+        return not self._fronted or self._admitted > 0
+
+    def _run(self, group: list[Any]) -> None:
         me = threading.current_thread()
         self._busy[me] = group
         try:
-            outcomes = run_group(self._runner, [job.inputs for job in group])
+            outcomes = run_group(self._runner, [item.x for item in group])
         except BaseException as error:  # np.stack and the like; the model's own are caught in run_group
             outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
         finally:
@@ -693,21 +822,44 @@ class InferenceService:
         self._stats.batch(len(group))
         self._end_all(group, outcomes)
 
+    def _add_deadline(self, job: _Job) -> None:
+        """Under _lock: the janitor will look at `job` at its deadline (woken now when that is
+        the next one). A heap, so a tick costs nothing while no deadline is due: POST
+        /v1/predict gives every job one, and scanning every job each 20 ms cost a share of
+        a core under load."""
+        if len(self._deadlines) > 2 * len(self._jobs) + 64:  # mostly jobs that ended: drop them (amortized O(1))
+            self._deadlines = [entry for entry in self._deadlines if entry[2].record.status in (QUEUED, RUNNING)]
+            heapq.heapify(self._deadlines)
+        heapq.heappush(self._deadlines, (job.deadline, next(self._deadline_seq), job))  # type: ignore[arg-type]
+        if self._deadlines[0][2] is job:
+            self._wake.set()
+
+    def _deadline_wait(self) -> float | None:
+        """Seconds until the janitor must look for late jobs (None: no deadline pending)."""
+        with self._lock:
+            if not self._deadlines:
+                return None
+            return max(0.0, self._deadlines[0][0] - time.monotonic())
+
     def _enforce_deadlines(self) -> None:
         """The janitor's: fails queued and running jobs past their deadline; a worker whose
         model call holds such a job is replaced by a new one (Python cannot stop a thread:
         the stuck one ends when its call returns), up to `workers` stuck at once."""
         now = time.monotonic()
+        late = []
         with self._lock:
-            late = [job for job in self._jobs.values()
-                    if job.deadline is not None and job.deadline <= now and job.visible]
+            while self._deadlines and self._deadlines[0][0] <= now:
+                job = heapq.heappop(self._deadlines)[2]
+                if job.visible and job.record.status in (QUEUED, RUNNING):
+                    late.append(job)
         for job in late:
             if not self._fail_queued_late(job, now) and \
                     self._end(job, RUNNING, FAILED, error=f"deadline exceeded: the model call was still running "
                                                           f"{now - job.t0:.3g} s after submit"):
                 self._stats.count("deadline_exceeded")
         for thread, group in list(self._busy.items()):
-            if thread not in self._stuck and any(job.deadline is not None and job.deadline <= now for job in group):
+            if thread not in self._stuck and any(item.job.deadline is not None and item.job.deadline <= now
+                                                 for item in group):
                 self._replace_stuck(thread)
 
     def _replace_stuck(self, thread: threading.Thread) -> None:
@@ -737,6 +889,9 @@ class InferenceService:
         try:
             self.store.finish(record, result)
             return record
+        except _IN_DOUBT:  # unreachable, not a refusal: kept as it is for the janitor to write
+            self._stats.count("store_errors")  # (a failed record written once Redis is back
+            return None  # would turn a done job into "could not store the result")
         except Exception as store_error:
             error = store_error
         self._stats.count("store_errors")
@@ -775,7 +930,8 @@ class InferenceService:
         next_sweep = time.monotonic() + interval
         while not self._stop.is_set():
             wait = _RESAVE_S if self._unsaved or self._in_doubt else max(0.0, next_sweep - time.monotonic())
-            self._wake.wait(min(wait, _DEADLINE_TICK_S) if self._deadlines_used() else wait)
+            due = self._deadline_wait()
+            self._wake.wait(wait if due is None else min(wait, due))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -814,10 +970,12 @@ class InferenceService:
                 reason = RESTARTED_NO_INPUT if x is None else None
             if x is not None:
                 try:
-                    x = self._spec.check(x)
+                    x, rows = self._spec.check_rows(x)
+                    if rows != record.rows:
+                        raise ValueError(f"it has {rows or 1} rows, the job {record.rows or 1}")
                 except (TypeError, ValueError) as error:
                     reason = f"server restarted, and the model no longer takes the stored input: {error}"
-            if reason is None and self._queued >= self.max_queue:
+            if reason is None and self._queued + (record.rows or 1) > self.max_queue:
                 reason = f"server restarted with more than max_queue={self.max_queue} jobs queued"
             if reason is not None:
                 record.status, record.finished, record.error = FAILED, time.time(), reason
@@ -829,11 +987,19 @@ class InferenceService:
             if record.deadline is not None:  # stored at submit: it holds across the restart
                 job.deadline = time.monotonic() + (record.deadline - time.time())
                 self._any_deadline = True
+                self._add_deadline(job)
             job.visible = True
             self._jobs[record.id] = job
-            self._queued += 1
-            self._queue.put_nowait(job)
+            for item in job.items():
+                self._queued += 1
+                self._queue.put_nowait(item)
             self._stats.count("requeued_at_start")
+
+
+def _hook(model: Any, name: str) -> Callable[..., Any] | None:
+    """The model's own preprocess/postprocess method, if it has one."""
+    fn = getattr(model, name, None)
+    return fn if callable(fn) else None
 
 
 def _check_timeout(timeout_s: float | None) -> float | None:
@@ -856,9 +1022,10 @@ def _join(threads: list[threading.Thread], deadline: float) -> None:
 
 
 def _acquire_all(jobs: list[_Job]) -> None:
-    """Takes every job's lock, in the batch's order. Only a worker holds several, each its
-    own batch's, so no two threads wait on each other."""
-    for job in jobs:
+    """Takes every job's lock. Only a worker holds several, its own batch's; two batches share
+    only jobs of several rows, and the locks are taken in one global order (by id), so no two
+    workers wait on each other."""
+    for job in sorted(jobs, key=id):
         job.lock.acquire()
 
 

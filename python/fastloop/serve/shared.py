@@ -32,7 +32,8 @@ from .batching import group_by_input, run_group
 from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_job_id
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
-from .service import Admission, InferenceService, _check_timeout, _join
+from .rows import assemble
+from .service import _DEADLINE_TICK_S, Admission, InferenceService, _check_timeout, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -54,7 +55,7 @@ class SharedInferenceService(InferenceService):
         self._held_back: collections.deque[Entry] = collections.deque()  # reclaimed or extra entries to run here
         self._waits = {level: collections.deque(maxlen=_WAIT_WINDOW) for level in LEVELS}
         self._depth = dict.fromkeys(LEVELS, 0)  # the keeper's last look at the queue
-        self._reclaimed = {"rerun": 0, "failed": 0}
+        self._reclaimed = {"rerun": 0, "failed": 0, "resumed": 0}
         self._events: list[tuple[str, str]] = []
         self._events_ready = threading.Event()
         self._remote_thread: threading.Thread | None = None
@@ -78,14 +79,16 @@ class SharedInferenceService(InferenceService):
         across processes and restarts): a job not yet started by then fails "deadline
         exceeded" and never runs (the process that takes it fails it, or any process's
         keeper within about a second when none takes it); a job still in a model call then
-        fails and the process running it replaces the stuck worker (as InferenceService)."""
+        fails and the process running it replaces the stuck worker (as InferenceService).
+        Several rows along a leading axis are one job, as with the in-memory queue, except
+        that max_queue counts it once (the queue in Redis counts entries)."""
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
         level = check_level(priority)
-        x = self._spec.check(inputs)
+        x, rows = self._spec.check_rows(inputs)
         if self._closed:
             raise Closed("submit() on a closed InferenceService")
-        record = JobRecord.new(job_id, time.time(), x.shape, x.dtype.str)
+        record = JobRecord.new(job_id, time.time(), x.shape, x.dtype.str, rows=rows)
         if timeout_s is not None:
             record.deadline = record.submitted + timeout_s
         answer = self.queue.push(record, x, level, self.max_queue)
@@ -110,6 +113,11 @@ class SharedInferenceService(InferenceService):
             self._stats.count("rejected")
             return True
         return False
+
+    def busy(self) -> int:
+        """Jobs this process holds: running here, or taken and waiting for a worker (what is
+        queued in Redis belongs to every process sharing it)."""
+        return self._running + len(self._held_back)
 
     def cancel(self, job_id: str) -> bool:
         """Cancels a queued job wherever it waits (its entry leaves the queue); False for a
@@ -259,21 +267,43 @@ class SharedInferenceService(InferenceService):
         return taken
 
     def _run_started(self, started: list[Started]) -> None:
+        """Runs a batch's jobs: a job of several rows as its rows, each group of equal rows in
+        model calls of at most max_batch rows; a job is stored once its last row has run."""
         runnable = [item for item in started if item[2] is not None]
         missing = [item for item in started if item[2] is None]
         if missing:
-            self._finish(missing, [(None, "the store kept no input for the job")] * len(missing))
+            self._finish(missing, [(None, "the store kept no input for the job", None)] * len(missing))
+        pieces = []  # (index into runnable, row index or None, input)
+        for k, (_, record, x) in enumerate(runnable):
+            pieces += [(k, i, x[i]) for i in range(len(x))] if record.rows else [(k, None, x)]
+        outs: list[Any] = [[None] * len(x) if record.rows else None for _, record, x in runnable]
+        left = [len(x) if record.rows else 1 for _, record, x in runnable]
         me = threading.current_thread()
-        for group in group_by_input(runnable, lambda item: (item[2].shape, item[2].dtype.str)):
-            self._busy[me] = group
-            try:
-                outcomes = run_group(self._runner, [item[2] for item in group])
-            except BaseException as error:  # not an Exception from the model
-                outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
-            finally:
-                self._busy.pop(me, None)
-            self._stats.batch(len(group))
-            self._finish(group, outcomes)
+        for group in group_by_input(pieces, lambda piece: (piece[2].shape, piece[2].dtype.str)):
+            for start in range(0, len(group), self.max_batch):
+                chunk = group[start:start + self.max_batch]
+                jobs = list(dict.fromkeys(k for k, _, _ in chunk))
+                self._busy[me] = [runnable[k] for k in jobs]
+                try:
+                    outcomes = run_group(self._runner, [x for _, _, x in chunk])
+                except BaseException as error:  # not an Exception from the model
+                    outcomes = [(None, f"{type(error).__name__}: {error}")] * len(chunk)
+                finally:
+                    self._busy.pop(me, None)
+                self._stats.batch(len(chunk))
+                for (k, i, _), outcome in zip(chunk, outcomes):
+                    if i is None:
+                        outs[k] = (*outcome, None)
+                    else:
+                        outs[k][i] = outcome
+                    left[k] -= 1
+                ended = [k for k in jobs if left[k] == 0]
+                self._finish([runnable[k] for k in ended],
+                             [outs[k] if runnable[k][1].rows is None else assemble(outs[k]) for k in ended])
+
+    def _deadline_wait(self) -> float | None:
+        """While jobs have deadlines, the janitor looks at the running ones every tick."""
+        return _DEADLINE_TICK_S if self._deadlines_used() else None
 
     def _enforce_deadlines(self) -> None:
         """The janitor's: a job of this process still in a model call at its deadline fails
@@ -299,14 +329,17 @@ class SharedInferenceService(InferenceService):
                     self._notify(record.id, FAILED)
             self._replace_stuck(thread)
 
-    def _finish(self, items: list[tuple[Entry, JobRecord, Any]], outcomes: list[tuple[Any, str | None]]) -> None:
-        """Stores the final records of a group; retries while Redis is down, up to the
-        visibility timeout (after it a reclaimer fails the jobs)."""
+    def _finish(self, items: list[tuple[Entry, JobRecord, Any]], outcomes: list[tuple[Any, str | None, Any]]) -> None:
+        """Stores the final records of jobs ((result, error, row_errors) each); retries while
+        Redis is down, up to the visibility timeout (after it a reclaimer fails the jobs)."""
+        if not items:
+            return
         now = time.time()
         finals = []
-        for (entry, record, _), (row, error) in zip(items, outcomes):
+        for (entry, record, _), (row, error, row_errors) in zip(items, outcomes):
             final = JobRecord(**vars(record))
             final.status, final.finished, final.error = (DONE if error is None else FAILED), now, error
+            final.row_errors = row_errors
             finals.append((entry, final, row if error is None else None))
         give_up = time.monotonic() + self.queue.visibility_timeout_s
         try:
@@ -338,7 +371,10 @@ class SharedInferenceService(InferenceService):
 
     # ------------------------------------------------------------ keeper, events
     def _keep_queue(self) -> None:
-        """Heartbeat of held entries, reclaim of stopped workers' entries, queue depth."""
+        """Heartbeat of held entries, this process's orphans (redisqueue.py), reclaim of
+        stopped workers' entries, queue depth. Orphans are looked for once idle 1.5 periods
+        (held entries never are: the heartbeat refreshes them every period), before the
+        visibility timeout (3 periods or more) would let a reclaimer fail them."""
         period = min(self.queue.visibility_timeout_s / 3, 1.0)
         next_reclaim = 0.0
         while not self._stop.wait(period):
@@ -346,6 +382,10 @@ class SharedInferenceService(InferenceService):
                 self.queue.heartbeat()
                 self._depth = self.queue.depth()
                 self._failed_late(self.queue.fail_late())
+                if self.workers:
+                    resumed = self.queue.orphans(1.5 * period)
+                    self._held_back.extend(resumed)
+                    self._reclaimed["resumed"] += len(resumed)
                 if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
                     next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
                     rerun, failed = self.queue.reclaim()

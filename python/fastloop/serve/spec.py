@@ -6,6 +6,7 @@ HTTP) with a message naming the input, never inside the model.
     >>> x = spec.check(image_as_nested_lists)           # float32 (3, 32, 32), a private copy
     >>> spec = Spec({"ids": Input("int64", (None,)), "mask": Input("bool", (None,))})
     >>> row = spec.check({"ids": [1, 2, 3], "mask": [1, 1, 0]})   # one structured row
+    >>> rows, n = spec.check_rows({"ids": [[1, 2], [3, 4]], "mask": [[1, 1], [1, 0]]})   # n == 2
 
 Several inputs travel as one NumPy structured row (a field per input, in declared order): it
 stacks into a batch, sits in any store as one ``.npy`` and is read without pickle. Lists
@@ -72,15 +73,21 @@ class Input:
         name = "" if self.name is None else f", name={self.name!r}"
         return f"Input({self.dtype.name!r}, {self.shape}{name})"
 
-    def check(self, value: Any, label: str) -> np.ndarray:
-        """`value` as a private C-contiguous array of this dtype and shape; TypeError (dtype,
-        not numbers) or ValueError (shape, values the dtype cannot hold) naming `label`."""
+    def check(self, value: Any, label: str, rows: bool = False) -> np.ndarray:
+        """`value` as a private C-contiguous array of this dtype and shape (with `rows`, also
+        several rows along a leading axis); TypeError (dtype, not numbers) or ValueError
+        (shape, values the dtype cannot hold) naming `label`."""
         array = _cast_list(value, self.dtype, label) if _untyped(value) else _typed(value, self.dtype, label)
-        if array.ndim != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, array.shape)):
-            hint = " (submit one row per job: the service makes the batches)" if array.ndim == len(self.shape) + 1 else ""
-            raise ValueError(f"{label}: expected shape {self.shape_text()} per row, "
-                             f"got {tuple(array.shape)}{hint}")
+        shape = array.shape[1:] if rows and array.ndim == len(self.shape) + 1 else array.shape
+        if len(shape) != len(self.shape) or any(w is not None and w != g for w, g in zip(self.shape, shape)):
+            several = " (or several along a leading axis)" if rows else ""
+            raise ValueError(f"{label}: expected shape {self.shape_text()} per row{several}, "
+                             f"got {tuple(array.shape)}")
         return np.array(array, order="C", copy=True)
+
+    def rows_of(self, array: np.ndarray) -> int | None:
+        """None when `array` (as check() returned it) is one row, else its number of rows."""
+        return array.shape[0] if array.ndim == len(self.shape) + 1 else None
 
 
 def _untyped(value: Any) -> bool:
@@ -156,20 +163,35 @@ class Spec:
 
     def check(self, value: Any) -> np.ndarray:
         """One job's input, checked: an array (one input) or a structured row (several)."""
+        array, rows = self.check_rows(value)
+        if rows is not None:
+            raise ValueError(f"inputs: {rows} rows where one is expected")
+        return array
+
+    def check_rows(self, value: Any) -> tuple[np.ndarray, int | None]:
+        """(array, rows): one job's input checked, as one row (rows None) or several along a
+        leading axis (rows n): an array (one input) or structured rows (several inputs)."""
         if self.single:
-            return self.inputs[0].check(value, f"input {self.names[0]!r}")
+            array = self.inputs[0].check(value, f"input {self.names[0]!r}", rows=True)
+            return array, _no_empty(self.inputs[0].rows_of(array), array.shape)
         parts = self._parts(value)
-        arrays = [spec.check(part, f"input {name!r}") for name, spec, part in zip(self.names, self.inputs, parts)]
-        row = np.zeros((), dtype=[(name, a.dtype, a.shape) for name, a in zip(self.names, arrays)])
+        arrays = [spec.check(part, f"input {name!r}", rows=True) for name, spec, part in zip(self.names, self.inputs, parts)]
+        counts = {spec.rows_of(array) for spec, array in zip(self.inputs, arrays)}
+        if len(counts) > 1:
+            described = ", ".join(f"{name!r}: {a.shape}" for name, a in zip(self.names, arrays))
+            raise ValueError(f"inputs: every input needs the same number of rows (a leading axis) or none; got {described}")
+        rows = counts.pop()
+        lead = () if rows is None else (rows,)
+        out = np.zeros(lead, dtype=[(name, a.dtype, a.shape[len(lead):]) for name, a in zip(self.names, arrays)])
         for name, array in zip(self.names, arrays):
-            row[name] = array
-        return row
+            out[name] = array
+        return out, _no_empty(rows, out.shape)
 
     def _parts(self, value: Any) -> list[Any]:
         """The per-input values of a dict, a sequence in declared order or a structured row."""
         if isinstance(value, np.ndarray) and value.dtype.names is not None:
-            if value.shape != ():
-                raise ValueError(f"inputs: expected one structured row, got shape {value.shape}")
+            if value.ndim > 1:
+                raise ValueError(f"inputs: expected one structured row or a 1-d array of them, got shape {value.shape}")
             value = {name: value[name] for name in value.dtype.names}
         if isinstance(value, Mapping):
             missing = [n for n in self.names if n not in value]
@@ -192,6 +214,12 @@ class Spec:
             return [batch]
         # a copy, not ascontiguousarray: that keeps a size-1 axis's record-sized stride, which torch refuses
         return [batch[name].copy() for name in self.names]
+
+
+def _no_empty(rows: int | None, shape: tuple[int, ...]) -> int | None:
+    if rows == 0:
+        raise ValueError(f"inputs: shape {shape} holds no rows")
+    return rows
 
 
 def _named(inputs: Any) -> tuple[list[Input], list[str]]:
@@ -227,5 +255,6 @@ def spec_for(model: Any, inputs: Any) -> Any:
         return inputs if isinstance(inputs, Spec) else Spec(inputs)
     if is_torch_module(model):
         raise TypeError(f"a torch model ({type(model).__name__}) needs its inputs declared: "
-                        "InferenceService(model, inputs=fastloop.serve.Input(torch.float32, (784,)))")
+                        "InferenceService(model, inputs=fastloop.serve.Input(DTYPE, SHAPE)), the dtype and "
+                        "shape of one row as forward() takes it without the batch axis")
     return InputSpec.for_model(model)
