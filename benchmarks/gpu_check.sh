@@ -73,7 +73,7 @@ cuda_tests="tests/test_cuda.py tests/test_device_feed.py tests/test_gpu_decode.p
 step tests 180 "$PY" -m pytest -q -p no:cacheprovider $cuda_tests tests/test_loader_torch.py
 tail -30 "$LOGS/tests.log" | indent | report
 step tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_nn.py -k cuda
-tail -3 "$LOGS/tests.log" | indent | report
+tail -1 "$LOGS/tests.log" | indent | report  # the summary line of test_nn.py
 
 echo "### benchmark (bench_gpu.py)" | report
 step bench_gpu 90 "$PY" benchmarks/bench_gpu.py
