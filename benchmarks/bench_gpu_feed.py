@@ -8,9 +8,9 @@ pinned .cuda(non_blocking=True). fastloop.bench.gpu_feed says what each row meas
 
 Defaults: 3,072 JPEGs in a temporary folder, batch 128, crop 224, all cores as workers/threads,
 6 s timed per training row and 4 s per loader row after 1.5 s of warm-up: about 2.5 minutes on an
-H200 with 16 cores (--quick: about 1). A row that cannot run here (nvJPEG before Loader has
-decode="gpu", no torchvision) says "not available: <why>" instead of a number; with --out, the
-markdown report is rewritten after each section, so a run cut short keeps what it measured.
+H200 with 16 cores (--quick: about 1). A row that cannot run here (no nvJPEG, no torchvision)
+says "not available: <why>" instead of a number; with --out, the markdown report is rewritten
+after each section, so a run cut short keeps what it measured.
 
 Under pytest: the smoke run on the CPU (torchvision's ResNet-18 where torchvision imports, else a
 tiny CNN) and the --quick run where torch sees a GPU; each checks that every row has a number or
@@ -106,9 +106,8 @@ def test_the_smoke_run_on_the_cpu_fills_every_row_or_says_why(tmp_path: Any) -> 
     rows = run(settings, out)
     _check_filled(rows, settings)
     runs_here = ("synthetic", "fastloop CPU decode", "Loader(") + (("torch DataLoader",) if torchvision else ())
-    for row in rows:
-        if "nvJPEG" not in row.feed:  # on the CPU: not available, or whatever decode="gpu" does without a device
-            assert bool(row.images_per_s) == row.feed.startswith(runs_here), row
+    for row in rows:  # nvJPEG: decode="gpu" needs a device
+        assert bool(row.images_per_s) == row.feed.startswith(runs_here), row
     assert report.read_text().count("\n| ") == len(rows) + 1
 
 

@@ -68,12 +68,12 @@ fi
 "$PY" -c "import fastloop; print(fastloop.cuda.is_available().reason)" 2>&1 | indent | report
 
 echo "### tests" | report
-gpu_tests="tests/test_cuda.py tests/test_device_feed.py tests/test_loader_torch.py tests/test_gpu_decode.py tests/test_gpu_stage.py"
-# shellcheck disable=SC2086 # the file list is split on purpose
-step tests 180 "$PY" -m pytest -q -p no:cacheprovider $gpu_tests
+cuda_tests="tests/test_cuda.py tests/test_device_feed.py tests/test_gpu_decode.py"
+# shellcheck disable=SC2086 # the file lists are split on purpose
+step tests 180 "$PY" -m pytest -q -p no:cacheprovider $cuda_tests tests/test_loader_torch.py tests/test_gpu_stage.py
 tail -30 "$LOGS/tests.log" | indent | report
 step tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_nn.py -k cuda
-tail -3 "$LOGS/tests.log" | indent | report
+tail -1 "$LOGS/tests.log" | indent | report  # the summary line of test_nn.py
 
 echo "### benchmark (bench_gpu.py)" | report
 step bench_gpu 90 "$PY" benchmarks/bench_gpu.py
@@ -90,8 +90,9 @@ fi
 
 echo "### memcheck (compute-sanitizer over the CUDA tests)" | report
 if command -v compute-sanitizer >/dev/null; then
+    # shellcheck disable=SC2086
     if step memcheck 150 env FASTLOOP_TEST_TIMEOUT=600 compute-sanitizer --tool memcheck --leak-check full \
-        "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_feed.py ||
+        "$PY" -m pytest -q -p no:cacheprovider $cuda_tests ||
         [ -s "$LOGS/memcheck.log" ]; then
         tail -3 "$LOGS/memcheck.log" | indent | report
         # leaks at exit here include torch's cached blocks; the leak check below compares batch counts

@@ -5,16 +5,18 @@ and compute-sanitizer exist: benchmarks/gpu_check.sh runs this file). The parser
 sanitizer's report is tested everywhere.
 
 The workload (this file run as a script, `--run N`): uint8 images through a Pipeline (crop, flip,
-Normalize on the GPU) handed out as fastloop.cuda.DeviceArrays (fastloop's own allocations), then
-as torch CUDA tensors in bf16 channels_last (torch's allocator, its cache emptied at the end). What
-the CUDA libraries allocate once may be reported as leaked in every run: a leak is what grows with
-the batches. `--parse LOG` prints the report of a sanitizer log (exit status 1 on
-an error other than a leak, or a log without the sanitizer's summary).
+Normalize on the GPU) handed out as fastloop.cuda.DeviceArrays (fastloop's own allocations), JPEG
+files decoded by nvJPEG (decode="gpu", where it loads), then torch CUDA tensors in bf16
+channels_last (torch's allocator, its cache emptied at the end). What the CUDA libraries allocate
+once may be reported as leaked in every run: a leak is what grows with the batches. `--parse LOG`
+prints the report of a sanitizer log (exit status 1 on an error other than a leak, or a log
+without the sanitizer's summary).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -73,6 +75,7 @@ def workload(batches: int) -> None:
     loader = fastloop.Loader(images, batch_size=16, shuffle=True, transform=aug, workers=2, device="cuda")
     _use(loader, batches, lambda batch: batch.to_numpy())
     loader.close()
+    _nvjpeg(batches, aug)
     try:
         import torch
     except ImportError:
@@ -84,6 +87,33 @@ def workload(batches: int) -> None:
         loader.close()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # what stays allocated now is held by something alive
+
+
+def _nvjpeg(batches: int, aug: Any) -> None:
+    """`batches` batches of JPEG files decoded by nvJPEG, as DeviceArrays (skipped, saying so,
+    where nvJPEG does not load)."""
+    import tempfile
+
+    import fastloop
+    from fastloop.ops import Pipeline, RandomResizedCrop
+
+    try:
+        fastloop.cuda.load_nvjpeg()
+    except fastloop.CudaUnavailable as error:
+        print(f"nvJPEG part skipped: {error}")
+        return
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as root:
+        for i in range(24):
+            os.makedirs(os.path.join(root, f"c{i % 2}"), exist_ok=True)
+            pixels = np.random.default_rng(i).integers(0, 256, (48 + i, 64 - i, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(os.path.join(root, f"c{i % 2}", f"{i}.jpg"), quality=90)
+        decode = Pipeline([RandomResizedCrop(32), *aug.steps[1:]])
+        loader = fastloop.Loader(fastloop.ImageFolder(root), batch_size=8, shuffle=True, transform=decode, workers=2,
+                                 device="cuda", decode="gpu")
+        _use(loader, batches, lambda batch: batch[0].to_numpy())
+        loader.close()
 
 
 def sanitized(batches: int) -> tuple[Report, str]:

@@ -12,7 +12,6 @@ step, or only counting) over them: images/s and the CPU cores the process used m
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import time
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 CLASSES = 10  # of the synthetic labels (the image folders have 10 classes too)
 WARMUP_STEPS = 3
 LOADER_TIMEOUT_S = 30  # a batch later than this fails its row (a healthy one takes well under a second)
-# what a loader raises when it cannot run here (an unknown keyword, no GPU, no nvJPEG, no
-# torchvision): its row says "not available" with the reason; anything else is a failure
-UNAVAILABLE = (ImportError, TypeError, ValueError, CudaUnavailable, CodecUnavailable)
+# what a loader raises when it cannot run here (no GPU, no nvJPEG, no torchvision, decode="gpu"
+# without a device): its row says "not available" with the reason; anything else is a failure
+UNAVAILABLE = (ImportError, ValueError, CudaUnavailable, CodecUnavailable)
 
 
 class NotAvailable(Exception):
@@ -163,14 +162,6 @@ def torch_ready(target: Target) -> Callable[[Any], Any]:
     return prepare
 
 
-def decode_argument(decode: str) -> dict:
-    """decode="gpu" is always passed (a Loader without the argument raises TypeError: the row
-    says so); decode="cpu" only where the Loader has it (without it, the CPU decodes)."""
-    if decode == "cpu" and "decode" not in inspect.signature(fastloop.Loader).parameters:
-        return {}
-    return {"decode": decode}
-
-
 def fastloop_images(root: str, batches: Batches, target: Target, decode: str) -> Callable[[], Iterable]:
     """fastloop.Loader over fastloop.ImageFolder, the same augmentations in C threads, batches on
     the device as the model takes them; decode "cpu" or "gpu" (nvJPEG)."""
@@ -180,8 +171,8 @@ def fastloop_images(root: str, batches: Batches, target: Target, decode: str) ->
         pipeline = ops.Pipeline([ops.RandomResizedCrop(b.crop), ops.RandomHFlip(),
                                  ops.Normalize(MEAN, STD, layout="HWC->CHW")])
         return fastloop.Loader(fastloop.ImageFolder(root), batch_size=b.batch, shuffle=True, drop_last=True,
-                               workers=b.workers, transform=pipeline, timeout=LOADER_TIMEOUT_S,
-                               **target.loader_arguments(images=True), **decode_argument(decode))
+                               workers=b.workers, transform=pipeline, timeout=LOADER_TIMEOUT_S, decode=decode,
+                               **target.loader_arguments(images=True))
 
     return make
 
