@@ -72,7 +72,7 @@ ctest-tsan: $(addprefix $(BIN)/,$(addsuffix _tsan,$(C_TESTS)))
 # under ASan/UBSan with gcc; the tar header index's (Python) checked against Python's tarfile.
 $(BIN)/replay_npy: tests/fuzz/replay_npy.c tests/fuzz/fuzz_npy.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
-	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -o $@ $< csrc/data/fl_npy.c csrc/base/fl_error.c csrc/base/fl_size.c
 
 $(BIN)/replay_jpeg_header: tests/fuzz/replay_jpeg_header.c tests/fuzz/fuzz_jpeg_header.c tests/fuzz/replay.h tests/fuzz/fuzz_checks.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)

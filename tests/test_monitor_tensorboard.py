@@ -145,6 +145,12 @@ def test_bad_arguments_raise_type_errors_naming_the_argument(tmp_path):
             mon.histogram("h", [1.0], bins=2.5)
         with pytest.raises(ValueError, match=r"'bins' must be >= 1"):
             mon.histogram("h", [1.0], bins=0)
+        for bins in (2**20 + 1, 2**31, 2**70):  # two doubles a bucket in the writer: bounded, never an overflow
+            with pytest.raises(ValueError, match=r"'bins' must be >= 1 and <= 1048576"):
+                mon.histogram("h", [1.0], bins=bins)
+        for dims in ((2**31 - 1, 2**31 - 1, 4), (-1, -1, 1), (0, 1, 1)):  # the private call: dimensions that wrap
+            with pytest.raises(ValueError, match="does not match"):
+                mon._core.summary(2, "i", b"\0", None, 0, *dims)
         with pytest.raises(TypeError, match=r"'image' must be uint8 or float in \[0, 1\], not dtype int64"):
             mon.image("i", np.zeros((2, 2, 3), np.int64))
         with pytest.raises(ValueError, match=r"'image' of floats must hold values in \[0, 1\]"):

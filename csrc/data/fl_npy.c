@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 
 enum {
     HEADER_CAP = 1 << 20, /* longest header dict accepted (NumPy's own default is 10000) */
@@ -319,7 +320,7 @@ static int parse_dict(cursor *c, fl_npy_header *h) {
     return FL_OK;
 }
 
-/* data_len = product(shape) * itemsize; no array NumPy can make is over PTRDIFF_MAX bytes. */
+/* data_len = product(shape) * itemsize; no array NumPy can make is over PTRDIFF_MAX (FL_SIZE_MAX) bytes. */
 static int compute_data_len(fl_npy_header *h) {
     char buf[256];
     size_t total = h->itemsize;
@@ -329,9 +330,8 @@ static int compute_data_len(fl_npy_header *h) {
             return fl_error_set(FL_EINVAL, "shape %s has a negative dimension",
                                 format_shape(h->shape, h->ndim, buf, sizeof buf));
         empty |= h->shape[d] == 0;
-        if (h->shape[d] > 0 && (__builtin_mul_overflow(total, (uint64_t)h->shape[d], &total) ||
-                                total > (size_t)PTRDIFF_MAX))
-            return fl_error_set(FL_EINVAL,
+        if (h->shape[d] > 0 && fl_size_mul(total, (size_t)h->shape[d], "shape", &total) != FL_OK)
+            return fl_error_set(FL_EINVAL, /* a header's fault: FL_EINVAL, as every refusal here */
                                 "shape %s with item size %zu is too large: over %td bytes",
                                 format_shape(h->shape, h->ndim, buf, sizeof buf), h->itemsize,
                                 (ptrdiff_t)PTRDIFF_MAX);

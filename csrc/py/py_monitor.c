@@ -4,6 +4,7 @@
 #include "fl_module.h"
 
 #include "base/fl_error.h"
+#include "base/fl_size.h"
 #include "monitor/fl_monitor.h"
 #include "py_metrics.h"
 #include "py_queue.h"
@@ -206,7 +207,12 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
                      FL_SUMMARY_TAG_MAX - 1, tag_len);
         goto fail;
     }
-    int image_ok = (size_t)data.len == (size_t)height * (size_t)width * (size_t)channels;
+    size_t pixels = 0, image_bytes = 0; /* the dimensions must describe the data: a wrapped product could not */
+    int image_ok = height > 0 && width > 0 && channels > 0 &&
+                   fl_size_mul((size_t)height, (size_t)width, "summary", &pixels) == FL_OK &&
+                   fl_size_mul(pixels, (size_t)channels, "summary", &image_bytes) == FL_OK &&
+                   (size_t)data.len == image_bytes;
+    fl_error_clear();
     if ((kind == FL_SUMMARY_IMAGE && !image_ok) || (kind == FL_SUMMARY_HISTOGRAM && (bins < 1 || data.len % 8)) ||
         kind < FL_SUMMARY_HISTOGRAM || kind > FL_SUMMARY_TEXT) {
         PyErr_SetString(PyExc_ValueError, "summary: data does not match its kind and shape");

@@ -79,6 +79,7 @@ class CallbackSink:
 Sink = Union[CSVSink, JSONLSink, TensorBoardSink, CallbackSink]
 
 _gpu_notice_given = False
+_MAX_BINS = 1 << 20  # the writer allocates two doubles a bucket: a bound far past any chart
 _HISTOGRAM, _IMAGE, _TEXT = 1, 2, 3  # fl_summary_kind
 
 
@@ -271,8 +272,8 @@ class Monitor:
         _check_tag(tag)
         if isinstance(bins, bool) or not isinstance(bins, int):
             raise TypeError(f"'bins' must be an int, not {type(bins).__name__}")
-        if bins < 1:
-            raise ValueError(f"'bins' must be >= 1, not {bins}")
+        if not 1 <= bins <= _MAX_BINS:
+            raise ValueError(f"'bins' must be >= 1 and <= {_MAX_BINS}, not {bins}")
         array = _numbers(values, "values")
         data = np.ascontiguousarray(array, dtype=np.float64).reshape(-1)
         self._core.summary(_HISTOGRAM, tag, data, step, bins, 0, 0, 0)
