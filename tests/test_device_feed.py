@@ -240,7 +240,7 @@ class FakeRegistry:
         return lambda: self.pinned.pop(address)
 
 
-def test_each_slot_is_pinned_once_for_its_whole_batch_and_copies_are_left_alone():
+def test_each_slot_is_pinned_once_for_the_rows_it_holds_and_copies_are_left_alone():
     from fastloop._pinning import SlotPinner
 
     data = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)
@@ -252,6 +252,9 @@ def test_each_slot_is_pinned_once_for_its_whole_batch_and_copies_are_left_alone(
             assert pinner.pin(batch)
     assert 2 <= len(registry.pinned) <= 3 and set(registry.pinned.values()) == {4 * 6 * 4}
     assert pinner.pinned == len(registry.pinned)
+    small = fastloop.Loader(data[:3], batch_size=4)  # a slot sized for the 3 rows its epoch makes
+    for batch in small:
+        assert pinner.pin(batch) and registry.pinned[batch.__array_interface__["data"][0]] == 3 * 6 * 4
     assert not pinner.pin(data[:4]) and not pinner.pin(np.array(data[:4]))  # not slot views
     pinner.close()
     assert registry.pinned == {}

@@ -61,13 +61,15 @@ def registrar() -> Callable[[int, int], Callable[[], None]]:
 
 
 class SlotPinner:
-    """Pins each slot's field extent (the whole batch_size rows, even for a short batch, so
-    the first registration of a slot covers what later batches from it use) once."""
+    """Pins the slot memory under each batch field once: a slot's first batch registers the
+    rows it holds, and a later, fuller batch from the same slot (the first was an epoch's short
+    last one) widens the registration once. Never past what a batch views: a slot is sized for
+    the largest batch its epoch makes, which may be less than batch_size."""
 
     def __init__(self, batch_size: int, register: Callable[[int, int], Callable[[], None]] | None = None) -> None:
         self.batch_size = batch_size
         self.register = register or registrar()
-        self._unpin: dict[int, Callable[[], None]] = {}  # field address -> its unregistration
+        self._pinned: dict[int, tuple[int, Callable[[], None]]] = {}  # field address -> (bytes, unregistration)
 
     def pin(self, array: Any) -> bool:
         """Pins the slot memory under `array` unless done already; False when it is no slot
@@ -75,18 +77,20 @@ class SlotPinner:
         if not _is_slot_view(array) or array.nbytes == 0:
             return False
         address = array.__array_interface__["data"][0]
-        if address not in self._unpin:
-            row_bytes = array.nbytes // len(array)
-            self._unpin[address] = self.register(address, row_bytes * self.batch_size)
+        pinned = self._pinned.get(address)
+        if pinned is None or pinned[0] < array.nbytes:
+            if pinned is not None:
+                pinned[1]()  # a fuller batch from this slot: register its whole extent instead
+            self._pinned[address] = (array.nbytes, self.register(address, array.nbytes))
         return True
 
     @property
     def pinned(self) -> int:
         """How many slot fields are pinned."""
-        return len(self._unpin)
+        return len(self._pinned)
 
     def close(self) -> None:
         """Unpins everything (after the copies from it are done: the caller waits first)."""
-        unpin, self._unpin = self._unpin, {}
-        for undo in unpin.values():
+        pinned, self._pinned = self._pinned, {}
+        for _, undo in pinned.values():
             undo()
