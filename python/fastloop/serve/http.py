@@ -162,7 +162,7 @@ class App:
         self.input_root, self.predict_timeout_s = input_root, float(predict_timeout_s)
         self.max_body_bytes, self.ws_buffer, self.retry_after_s = max_body_bytes, ws_buffer, retry_after_s
         self._draining = False
-        self._in_flight = 0  # submits and predicts read and not yet answered (a predict: until its result)
+        self._in_flight = 0  # HTTP requests being answered (a predict or a long poll: until its result)
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="fastloop-http")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: list[Callable[[], None]] | None = None
@@ -178,8 +178,8 @@ class App:
         self._registry = models_registry({name: front.service for name, front in self.fronts.items()},
                                          self._http_counts)
         self._router = self._build_router()
-        # The hot routes, answered without Starlette's middleware and route matching (~15% of
-        # the event loop's time per predict); everything else, and every error, goes through it.
+        # The hot routes, answered without Starlette's middleware and route matching (about a
+        # tenth of the event loop's time per predict); everything else, and every error, through it.
         self._fast = {("POST", "/v1/predict"): self._ep_predict, ("POST", "/v1/jobs"): self._ep_submit,
                       ("GET", "/healthz"): self._ep_healthz}
 
@@ -303,6 +303,7 @@ class App:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send,
                       handler: Callable[[Scope, Receive], Awaitable[Answer]]) -> None:
+        self._in_flight += 1
         try:
             status, body, headers = await handler(scope, receive)
         except Reply as reply:
@@ -311,6 +312,8 @@ class App:
                 self._count(self._rejections, reply.rejection)
         except Exception as error:  # a bug here: answer it as JSON rather than drop the client
             status, body, headers = 500, {"error": f"{type(error).__name__}: {error}"}, []
+        finally:
+            self._in_flight -= 1
         try:
             payload, kind = self._encode(status, body)
         except (TypeError, ValueError) as error:  # a postprocess that returned what JSON cannot hold
@@ -350,11 +353,7 @@ class App:
         return 200, self._openapi, []
 
     async def _ep_submit(self, scope: Scope, receive: Receive) -> Answer:
-        self._in_flight += 1
-        try:
-            job_id, _ = await self._accept(scope, receive)
-        finally:
-            self._in_flight -= 1
+        job_id, _ = await self._accept(scope, receive)
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}{_jobs_path(scope)}/{job_id}")]
 
     async def _accept(self, scope: Scope, receive: Receive, on_end: Callable[[JobRecord, Any], None] | None = None,
@@ -397,13 +396,6 @@ class App:
     async def _ep_predict(self, scope: Scope, receive: Receive) -> Answer:
         """POST .../predict: submits the job as POST .../jobs does and answers its result
         (as GET .../result), 422 for a failed one, 504 when its deadline passes first."""
-        self._in_flight += 1
-        try:
-            return await self._predict(scope, receive)
-        finally:
-            self._in_flight -= 1
-
-    async def _predict(self, scope: Scope, receive: Receive) -> Answer:
         front = self._front(scope)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()

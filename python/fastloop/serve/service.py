@@ -192,6 +192,8 @@ class InferenceService:
         self._admitted = 0  # slots reserved by admit() for submits not yet made: bound with _queued
         self._held = 0  # items workers took and have not finished with (recording, running, storing)
         self._fronted = False  # a front admits its requests (admit()): it says when more are coming
+        self._arrived = time.monotonic()  # the last submit
+        self._gap = 1.0  # seconds between submits, a moving average: short when many clients submit
         self._closed = False
         self._abandon = False  # close() ran out of drain time: fail instead of run
         self._listeners: list[Listener] = []
@@ -269,6 +271,8 @@ class InferenceService:
                 raise QueueFull(f"the service's queue is full ({self.max_queue} jobs waiting): retry later")
             self._jobs[job_id] = job
             self._queued += size
+            self._gap += 0.1 * (job.t0 - self._arrived - self._gap)
+            self._arrived = job.t0
             if job.deadline is not None:
                 self._add_deadline(job)
         try:
@@ -805,10 +809,14 @@ class InferenceService:
             self._run(group)
 
     def _more_coming(self) -> bool:
-        """Whether a batch still filling should wait for more: a front that admits requests
-        (admit()) says when none is on its way, and then a lone job runs at once instead of
-        waiting max_delay_ms for others; without a front, always."""
-        return not self._fronted or self._admitted > 0
+        """Whether a batch still filling should wait for more: without a front, always; with
+        one (it admits its requests: admit()), when a request is on its way (admitted, not
+        yet submitted) or jobs arrive less than max_delay_ms apart while others are in
+        progress (many clients). So a lone client's job runs at once instead of waiting
+        max_delay_ms, and clients that submit and fetch in two requests still fill batches."""
+        if not self._fronted or self._admitted > 0:
+            return True
+        return self._gap < self.max_delay_s and len(self._jobs) > self._held
 
     def _run(self, group: list[Any]) -> None:
         me = threading.current_thread()
