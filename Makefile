@@ -58,7 +58,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
-INSTALL_EDITABLE = FASTLOOP_WERROR=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+INSTALL_EDITABLE = @echo "pip install -e . (fastloop built in place; a compiler warning fails the build)"; \
+	FASTLOOP_WERROR=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 build: venv
 	$(INSTALL_EDITABLE)
 
@@ -204,7 +205,9 @@ test-threads: build
 
 # Quiet builds: the compiler lines (up to ~1,200 characters each, ~45 of them in make test) are not
 # echoed unless V=1; a failing one still prints the compiler's errors and make names its target.
+# pip's warnings (a machine's index configuration, say) are kept back too; its errors still show.
 ifneq ($(V),1)
+export PIP_QUIET := 2
 .SILENT: core-warnings $(ASAN_OBJS) $(ASAN_EXT)/_core.so $(patsubst tests/fuzz/%.c,$(BIN)/%,$(wildcard tests/fuzz/replay_*.c)) \
 	$(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)) $(addsuffix _tsan,$(C_TESTS)))
 endif
