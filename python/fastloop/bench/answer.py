@@ -1,10 +1,11 @@
 """The seed's question, answered for this machine from the numbers just measured:
 "threads or processes?" — which work to give threads, which to give processes, and why.
 
-Every line quotes the rows it rests on, and goes under the heading its own numbers pick
-(threads, processes, or no clear winner when they are within EVEN of each other), so the
-answer can never contradict the table above it. A row that did not run (torch missing,
-say) is listed as not run, without a number.
+Every line quotes the rows it rests on. A comparison of threads and processes goes under the
+heading its own numbers pick (threads, processes, or either when they are within EVEN of each
+other), so the answer cannot contradict the tables above it; what has no such pair (pure-Python
+scaling, the cost of logging and checkpointing) is listed apart, as measured. A row that did
+not run (torch missing, say) is listed as not run, without a number.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any, Sequence
 
 # Two rates within 10% of each other are no clear winner on a shared, noisy machine.
 EVEN = 1.10
-# A pure-Python loop on 2 threads at 1.5x one thread or more: this interpreter runs Python
-# threads in parallel (free-threaded CPython); below it, the GIL runs them one at a time.
+# A pure-Python loop on 2 threads at 1.5x one thread or more: this interpreter ran Python
+# threads in parallel (free-threaded CPython); below it, the GIL ran them one at a time.
 PARALLEL_PYTHON = 1.5
 # A Python thread beside train_step keeping this share of its idle rate shows the step
 # leaves the GIL free (the target in bench/model.py).
@@ -88,18 +89,18 @@ def findings(results: Sequence[Any], loader_rows: Sequence[Any], preprocess_rows
                            f"a Python transform per sample: fastloop processes {py_procs.samples_per_s:,.0f} samples/s "
                            f"({_workers(py_procs.workers)}) vs Python threads {py_threads.samples_per_s:,.0f}/s "
                            f"({_workers(py_threads.workers)}): {py_procs.samples_per_s / py_threads.samples_per_s:.2f}x"))
-    pure = _find(results, "2 threads vs 1: pure Python loop")
-    if _measured(pure):
-        parallel = pure.measured >= PARALLEL_PYTHON
-        out.append(Finding("threads" if parallel else "processes",
-                           f"any pure-Python loop: 2 threads run it {pure.measured:.2f}x as fast as 1 "
-                           + ("(Python threads ran in parallel here)" if parallel else "(the GIL runs one at a time)")))
     return out
 
 
-def background_lines(results: Sequence[Any], model_rows: Sequence[Any]) -> list[str]:
-    """What fastloop's own C threads cost the training loop: facts, not a choice to make."""
+def other_lines(results: Sequence[Any], model_rows: Sequence[Any]) -> list[str]:
+    """What was measured without a threads-vs-processes pair: how Python threads scale on
+    pure-Python code, and what fastloop's own C threads cost the training loop."""
     lines = []
+    pure = _find(results, "2 threads vs 1: pure Python loop")
+    if _measured(pure):
+        lines.append(f"any pure-Python loop: 2 threads run it {pure.measured:.2f}x as fast as 1 "
+                     + ("(Python threads ran in parallel here)" if pure.measured >= PARALLEL_PYTHON
+                        else "(the GIL runs one thread at a time)"))
     scalar, writer = _find(results, "Monitor.scalar"), _find(results, "SummaryWriter.add_scalar")
     if _measured(scalar):
         text = f"logging: Monitor.scalar costs {scalar.measured:.0f} ns a call; a C thread does the writing"
@@ -147,10 +148,10 @@ def answer(results: Sequence[Any], loader_rows: Sequence[Any], model_rows: Seque
         lines = [f.text for f in found if f.winner == winner]
         if lines:
             out += [heading, *(f"- {line}" for line in lines), ""]
-    background = background_lines(results, model_rows)
-    if background:
-        out += ["**Left to fastloop's C threads** (what they cost the training loop):",
-                *(f"- {line}" for line in background), ""]
+    other = other_lines(results, model_rows)
+    if other:
+        out += ["**Also measured** (no choice between threads and processes in these):",
+                *(f"- {line}" for line in other), ""]
     missing = not_run_lines(results, loader_rows, model_rows, preprocess_rows)
     if missing:
         out += ["**Not run**, so not part of this answer:", *(f"- {line}" for line in missing), ""]
