@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (0: at the end only)")
     p.add_argument("--seed", type=int, default=0, help="data, shuffle and initialization seed")
     p.add_argument("--quick", action="store_true",
-                   help="a small run: classification 48 steps on 4,096 images (about 30 s on 2 busy cores; the "
-                        "first run also writes the images), regression 320 steps (under a second)")
+                   help="a small run: classification 48 steps on 4,096 images (6-9 s on 2 quiet cores, 30-40 s on 2 "
+                        "busy ones, the images written once included), regression 320 steps (under a second)")
     p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # acts as a Ctrl-C after that step (tests)
     return p
 
