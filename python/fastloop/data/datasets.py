@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 import numpy as np
 
 from . import _tar_index
-from ._cache import cache_root
+from .._cache import cache_root
 
 __all__ = ["ImageFolder", "Images", "TarShards", "IMG_EXTENSIONS"]
 

@@ -24,18 +24,18 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._args import INT_MAX, SSIZE_MAX, int_arg
+from .._args import INT_MAX, SSIZE_MAX, int_arg
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
-from ._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
-from ._device import parse_device
+from .._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
+from .._device import parse_device
 from ._device_feed import dtype_name, memory_format_name
 from ._sample_codec import describe
 from ._samples import Fetcher, SampleLayout, SharedOrder
 from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
                              seed_generators, setup_worker_torch, torch_single_threaded)
-from .errors import WorkerError
+from ..errors import WorkerError
 from .ops import _GEOMETRY_HINT, Pipeline
 
 _log = logging.getLogger("fastloop")
