@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "fastloop"
 # Bottom to top. A module belongs to the longest name listed here that it starts with.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fastloop.errors", "fastloop._core", "fastloop._cuda", "fastloop._version", "fastloop._build_info",
-              "fastloop._args", "fastloop._cache", "fastloop._cli", "fastloop._lifecycle", "fastloop._device")),
+              "fastloop._args", "fastloop._cache", "fastloop._cli", "fastloop._device", "fastloop._files",
+              "fastloop._lifecycle")),
     ("cuda", ("fastloop.cuda",)),
     ("library", ("fastloop.data", "fastloop.nn", "fastloop.monitor", "fastloop.checkpoint")),
     ("serve", ("fastloop.serve",)),
