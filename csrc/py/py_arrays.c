@@ -8,28 +8,28 @@
 PyObject *fl_check_array(PyObject *obj, const char *arg) {
     if (!PyArray_Check(obj)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'%s' must be a numpy.ndarray, not %.200s", arg,
-                     Py_TYPE(obj)->tp_name);
+                  Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *array = (PyArrayObject *)obj;
     PyArray_Descr *descr = PyArray_DESCR(array);
     if (PyDataType_FLAGCHK(descr, NPY_ITEM_REFCOUNT)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'%s' must hold numbers, not Python objects (dtype %R)", arg,
-                     (PyObject *)descr);
+                  (PyObject *)descr);
         return NULL;
     }
     if (!PyArray_ISNOTSWAPPED(array)) {
         fl_raisef(NULL, FL_EXC_TYPE,
-                     "'%s' has non-native byte order (dtype %R); convert it with "
-                     "x.astype(x.dtype.newbyteorder('='))",
-                     arg, (PyObject *)descr);
+                  "'%s' has non-native byte order (dtype %R); convert it with "
+                  "x.astype(x.dtype.newbyteorder('='))",
+                  arg, (PyObject *)descr);
         return NULL;
     }
     if (!PyArray_IS_C_CONTIGUOUS(array)) {
         fl_raisef(NULL, FL_EXC_VALUE,
-                     "'%s' must be C-contiguous (a transposed or sliced view is not); "
-                     "pass numpy.ascontiguousarray(%s)",
-                     arg, arg);
+                  "'%s' must be C-contiguous (a transposed or sliced view is not); "
+                  "pass numpy.ascontiguousarray(%s)",
+                  arg, arg);
         return NULL;
     }
     if (!PyArray_ISALIGNED(array)) {
@@ -52,9 +52,9 @@ int fl_dtype_from_descr(PyObject *descr_obj, const char *arg, fl_dtype *out) {
         }
     }
     fl_raisef(NULL, FL_EXC_TYPE,
-                 "'%s' has dtype %R; supported: uint8, int8, uint16, int16, uint32, int32, "
-                 "uint64, int64, float32, float64 (native byte order)",
-                 arg, descr_obj);
+              "'%s' has dtype %R; supported: uint8, int8, uint16, int16, uint32, int32, "
+              "uint64, int64, float32, float64 (native byte order)",
+              arg, descr_obj);
     return -1;
 }
 
@@ -120,7 +120,7 @@ static int check_out(PyObject *out_obj, int ndim, const Py_ssize_t *shape, PyArr
     PyArrayObject *out = (PyArrayObject *)out_obj;
     if (!PyArray_EquivTypes(PyArray_DESCR(out), descr)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'out' must have dtype %R, not %R", (PyObject *)descr,
-                     (PyObject *)PyArray_DESCR(out));
+                  (PyObject *)PyArray_DESCR(out));
         return -1;
     }
     if (!shape_matches(out, ndim, shape)) {
@@ -174,7 +174,7 @@ int fl_parse_seed(PyObject *seed, uint64_t *out) {
     }
     if (!PyLong_Check(seed)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'seed' must be an int or None, not %.200s",
-                     Py_TYPE(seed)->tp_name);
+                  Py_TYPE(seed)->tp_name);
         return -1;
     }
     *out = (uint64_t)PyLong_AsUnsignedLongLongMask(seed);

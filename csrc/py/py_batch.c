@@ -39,7 +39,7 @@ static PyType_Spec lease_spec = {
 static Py_ssize_t sample_too_large(PyObject *descr, PyObject *shape) {
     fl_error_clear();
     fl_raisef(NULL, FL_EXC_OVERFLOW, "a sample of shape %R and dtype %R is too large: more bytes than a size holds",
-                 shape, descr);
+              shape, descr);
     return -1;
 }
 
@@ -47,7 +47,7 @@ Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     if (ndim >= NPY_MAXDIMS) { /* a batch adds a dimension */
         fl_raisef(NULL, FL_EXC_VALUE, "a sample of shape %R has %zd dimensions: a batch of them would have %zd, "
-                     "more than NumPy's %d", shape, ndim, ndim + 1, NPY_MAXDIMS);
+                  "more than NumPy's %d", shape, ndim, ndim + 1, NPY_MAXDIMS);
         return -1;
     }
     size_t n = (size_t)PyDataType_ELSIZE((PyArray_Descr *)descr);
@@ -93,7 +93,7 @@ static PyObject *field_array(const fl_slot_batch *b, size_t f, PyObject *lease) 
         if (dims[d] > 0 && fl_size_mul(span ? span : 1, (size_t)dims[d], "a batch", &span) != FL_OK) {
             fl_error_clear();
             return fl_raisef(NULL, FL_EXC_VALUE, "field %zu: a batch of %zu samples of shape %R is larger than NumPy "
-                                "allows", f, b->count, sample_shape);
+                             "allows", f, b->count, sample_shape);
         }
     }
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(b->descrs, (Py_ssize_t)f);

@@ -64,7 +64,7 @@ static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_st_entry *entry,
         return -1;
     if (name_len == 0 || name_len >= FL_ST_NAME_MAX || dtype_len >= FL_ST_DTYPE_MAX) {
         fl_raisef(NULL, FL_EXC_VALUE, "tensor name %R must be 1 to %d bytes (dtype code under %d)",
-                     name_obj, FL_ST_NAME_MAX - 1, FL_ST_DTYPE_MAX);
+                  name_obj, FL_ST_NAME_MAX - 1, FL_ST_DTYPE_MAX);
         return -1;
     }
     char arg[FL_ST_NAME_MAX + 16];

@@ -133,7 +133,7 @@ static int store_fields(fl_fork_child *self, PyObject *fields, int64_t index, ui
         if (raw_allowed(self))
             return 1;
         fl_raisef(NULL, FL_EXC_VALUE, "the sample has %zd fields, the first sample had %zu",
-                     PyTuple_GET_SIZE(fields), self->n_fields);
+                  PyTuple_GET_SIZE(fields), self->n_fields);
         return -1;
     }
     int rc = 0;

@@ -68,7 +68,7 @@ static PyArrayObject *index_array(PyObject *obj, int type, Py_ssize_t n, const c
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type || PyArray_NDIM((PyArrayObject *)obj) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || (n >= 0 && PyArray_DIM((PyArrayObject *)obj, 0) != n)) {
         fl_raisef(NULL, FL_EXC_VALUE, "_encoded_spec: '%s' must be a contiguous 1-d %s array of one entry per sample",
-                     name, type == NPY_INT32 ? "int32" : "int64");
+                  name, type == NPY_INT32 ? "int32" : "int64");
         return NULL;
     }
     return (PyArrayObject *)obj;
@@ -90,7 +90,7 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     size_t entry_bytes = gpu_capacity > 0 ? fl_gpu_entry_bytes(g->out_h, g->out_w, (size_t)gpu_capacity) : 0;
     if (gpu_capacity < 0 || (gpu_capacity > 0 && (index != 0 || entry_bytes == 0))) {
         fl_raisef(NULL, FL_EXC_VALUE, "source[%zu]: a GPU staging capacity of %zd bytes is not possible here "
-                     "(field 0 only, > 0, not overflowing)", index, gpu_capacity);
+                  "(field 0 only, > 0, not overflowing)", index, gpu_capacity);
         return -1;
     }
     PyArrayObject *fi = index_array(file_index, NPY_INT32, -1, "file_index");
@@ -108,7 +108,7 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     for (Py_ssize_t i = 0; i < n; i++)
         if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0 || lens[i] < -1) { /* -1: to the end of the file */
             fl_raisef(NULL, FL_EXC_VALUE, "_encoded_spec: sample %zd names file %d of %zd at offset %lld, %lld bytes",
-                         i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
+                      i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
             return -1;
         }
     *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
@@ -173,7 +173,7 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
         if (checked != sample_bytes) {
             if (checked >= 0)
                 fl_raisef(NULL, FL_EXC_VALUE, "source[%zu]: %zd bytes per sample, but its shape %R makes %zd",
-                             index, sample_bytes, sample_shape, checked);
+                          index, sample_bytes, sample_shape, checked);
             return -1;
         }
         PyObject *bytes_list = PySequence_List(paths);
@@ -306,7 +306,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
             goto fail;
         if (f > 0 && n != config.sampler.n) {
             fl_raisef(NULL, FL_EXC_VALUE, "source[%zu] has %llu samples but source[0] has %llu", f,
-                         (unsigned long long)n, (unsigned long long)config.sampler.n);
+                      (unsigned long long)n, (unsigned long long)config.sampler.n);
             goto fail;
         }
         config.sampler.n = n;

@@ -45,7 +45,7 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
         return 0;
     if (!PyIndex_Check(step_obj) || PyBool_Check(step_obj)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'step' must be an int or None, not %.100s",
-                     Py_TYPE(step_obj)->tp_name);
+                  Py_TYPE(step_obj)->tp_name);
         return -1;
     }
     *step = PyLong_AsLongLong(step_obj);
@@ -66,7 +66,7 @@ static int parse_value(PyObject *value_obj, double *value) {
             return -1;
         PyErr_Clear();
         fl_raisef(NULL, FL_EXC_TYPE, "'value' must be a real number, not %.100s",
-                     Py_TYPE(value_obj)->tp_name);
+                  Py_TYPE(value_obj)->tp_name);
         return -1;
     }
     return 0;
@@ -89,7 +89,7 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
         return NULL;
     if (len == 0 || len >= FL_EVENT_NAME_MAX) {
         fl_raisef(NULL, FL_EXC_VALUE, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
-                     FL_EVENT_NAME_MAX - 1, len, name_obj);
+                  FL_EVENT_NAME_MAX - 1, len, name_obj);
         return NULL;
     }
     int64_t step;
@@ -133,7 +133,7 @@ static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *
                 slot = i;
         if (slot < 0 || parsed[slot] != NULL) {
             fl_raisef(NULL, FL_EXC_TYPE, "%s() got an unexpected or repeated argument '%s'", what,
-                         key ? key : "?");
+                      key ? key : "?");
             return -1;
         }
         parsed[slot] = args[nargs + k];
@@ -204,7 +204,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
         goto fail;
     if (tag_len == 0 || tag_len >= FL_SUMMARY_TAG_MAX) {
         fl_raisef(NULL, FL_EXC_VALUE, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
-                     FL_SUMMARY_TAG_MAX - 1, tag_len);
+                  FL_SUMMARY_TAG_MAX - 1, tag_len);
         goto fail;
     }
     size_t pixels = 0, image_bytes = 0; /* the dimensions must describe the data: a wrapped product could not */

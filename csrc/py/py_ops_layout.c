@@ -45,9 +45,9 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
             return 0;
         }
         fl_raisef(NULL, FL_EXC_VALUE,
-                     "'offsets' must be 'random', 'center', (top, left) or an (N, 2) array, "
-                     "not %R",
-                     offsets);
+                  "'offsets' must be 'random', 'center', (top, left) or an (N, 2) array, "
+                  "not %R",
+                  offsets);
         return -1;
     }
     PyObject *array = PyArray_FROM_O(offsets);
@@ -60,9 +60,9 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
          (PyArray_NDIM(a) == 2 && (size_t)PyArray_DIM(a, 0) == dims.n && PyArray_DIM(a, 1) == 2));
     if (!ok) {
         fl_raisef(NULL, FL_EXC_VALUE,
-                     "'offsets' must be integers shaped (2,) for (top, left) or (%zu, 2) for "
-                     "one pair per image",
-                     dims.n);
+                  "'offsets' must be integers shaped (2,) for (top, left) or (%zu, 2) for "
+                  "one pair per image",
+                  dims.n);
         Py_DECREF(array);
         return -1;
     }
@@ -102,7 +102,7 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     if (out_h > dims.h || out_w > dims.w) {
         fl_raisef(NULL, FL_EXC_VALUE, "crop 'size' (%zu, %zu) is larger than the %zux%zu images",
-                     out_h, out_w, dims.h, dims.w);
+                  out_h, out_w, dims.h, dims.w);
         return NULL;
     }
     int64_t *tops = PyMem_Malloc(2 * (dims.n ? dims.n : 1) * sizeof *tops);
@@ -140,7 +140,7 @@ static int explicit_flips(PyObject *flip_obj, size_t n, uint8_t *flip) {
     int rc = 0;
     if ((size_t)PyArray_SIZE((PyArrayObject *)flags) != n) {
         fl_raisef(NULL, FL_EXC_VALUE, "'flip' has %zd values but there are %zu images",
-                     (Py_ssize_t)PyArray_SIZE((PyArrayObject *)flags), n);
+                  (Py_ssize_t)PyArray_SIZE((PyArrayObject *)flags), n);
         rc = -1;
     } else {
         memcpy(flip, PyArray_DATA((PyArrayObject *)flags), n);
@@ -206,14 +206,14 @@ static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first, 
     PyArrayObject *array = (PyArrayObject *)item;
     if (first != NULL && !PyArray_EquivTypes(PyArray_DESCR(array), PyArray_DESCR(first))) {
         fl_raisef(NULL, FL_EXC_TYPE, "'%s' has dtype %R but arrays[0] has %R", name,
-                     (PyObject *)PyArray_DESCR(array), (PyObject *)PyArray_DESCR(first));
+                  (PyObject *)PyArray_DESCR(array), (PyObject *)PyArray_DESCR(first));
         return -1;
     }
     if (first != NULL && !PyArray_SAMESHAPE(array, first)) {
         PyObject *got = fl_shape_repr(item), *want = fl_shape_repr((PyObject *)first);
         if (got != NULL && want != NULL)
             fl_raisef(NULL, FL_EXC_VALUE, "'%s' has shape %U but arrays[0] has %U", name, got,
-                         want);
+                      want);
         Py_XDECREF(got);
         Py_XDECREF(want);
         return -1;
@@ -237,7 +237,7 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             fl_raisef(NULL, FL_EXC_TYPE, "'arrays' must be a sequence of arrays, not %.200s",
-                         Py_TYPE(arrays_obj)->tp_name);
+                      Py_TYPE(arrays_obj)->tp_name);
         }
         return NULL;
     }

@@ -30,7 +30,7 @@ static int parse_layout_pair(const char *text, fl_layout *src, fl_layout *dst) {
         }
     }
     fl_raisef(NULL, FL_EXC_VALUE,
-                 "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", text);
+              "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", text);
     return -1;
 }
 
@@ -41,8 +41,8 @@ int fl_image_dims(PyObject *x, fl_layout layout, fl_images *dims) {
         PyObject *shape = fl_shape_repr(x);
         if (shape != NULL)
             fl_raisef(NULL, FL_EXC_VALUE, "'x' must be one image %s or a batch %s, not shape %U",
-                         layout == FL_HWC ? "(H, W, C)" : "(C, H, W)",
-                         layout == FL_HWC ? "(N, H, W, C)" : "(N, C, H, W)", shape);
+                      layout == FL_HWC ? "(H, W, C)" : "(C, H, W)",
+                      layout == FL_HWC ? "(N, H, W, C)" : "(N, C, H, W)", shape);
         Py_XDECREF(shape);
         return -1;
     }
@@ -70,7 +70,7 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
         PyArray_FROMANY(obj, NPY_FLOAT32, 0, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
     if (values == NULL) {
         fl_raisef(NULL, FL_EXC_VALUE, "'%s' must be a number or a sequence of %zu numbers", arg,
-                     channels);
+                  channels);
         return NULL;
     }
     npy_intp size = PyArray_SIZE((PyArrayObject *)values);
@@ -87,7 +87,7 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
     }
     if ((size_t)size != channels) {
         fl_raisef(NULL, FL_EXC_VALUE, "'%s' has %zd values but the images have %zu channels", arg,
-                     (Py_ssize_t)size, channels);
+                  (Py_ssize_t)size, channels);
         Py_DECREF(values);
         return NULL;
     }
@@ -112,7 +112,7 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     if (dtype != FL_UINT8 && dtype != FL_FLOAT32 && dtype != FL_FLOAT64) {
         fl_raisef(NULL, FL_EXC_TYPE, "'x' must have dtype uint8, float32 or float64, not %s",
-                     fl_dtype_name(dtype));
+                  fl_dtype_name(dtype));
         return NULL;
     }
     PyObject *mean = channel_values(mean_obj, "mean", dims.c);

@@ -68,7 +68,7 @@ static PyObject *proc_batch_extra(fl_source_object *base, int slot) {
         return PyByteArray_FromStringAndSize((const char *)area + sizeof len, (Py_ssize_t)len);
     }
     return fl_raisef(NULL, FL_EXC_RUNTIME, "a worker's sample data is corrupt (object area length %llu)",
-                        (unsigned long long)len);
+                     (unsigned long long)len);
 }
 
 /* batch_ends = an array of where each batch ends in the epoch's order (a batch sampler's
@@ -174,7 +174,7 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
         child->objects_capacity = objects_bytes;
         if (__builtin_add_overflow(config->slot_bytes, sizeof(uint64_t) + objects_bytes, &config->slot_bytes)) {
             fl_raisef(NULL, FL_EXC_OVERFLOW, "a batch slot of %zu bytes and %zu of sample data is too large",
-                         config->slot_bytes, objects_bytes);
+                      config->slot_bytes, objects_bytes);
             return -1;
         }
     }

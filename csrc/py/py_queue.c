@@ -124,7 +124,7 @@ static PyObject *do_put(QueueObject *self, PyObject *item, int block, PyObject *
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         fl_raisef(&state->exc, FL_EXC_FULL,
-                        "%s", timeout > 0 ? "queue still full after the timeout" : "queue is full");
+                  "%s", timeout > 0 ? "queue still full after the timeout" : "queue is full");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
@@ -147,7 +147,7 @@ static PyObject *do_get(QueueObject *self, int block, PyObject *timeout_obj) {
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         fl_raisef(&state->exc, FL_EXC_EMPTY,
-                        "%s", timeout > 0 ? "queue still empty after the timeout" : "queue is empty");
+                  "%s", timeout > 0 ? "queue still empty after the timeout" : "queue is empty");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
@@ -381,7 +381,7 @@ static void queue_dealloc(QueueObject *self) {
 fl_queue *fl_queue_from_python(PyObject *obj, fl_module_state *state) {
     if (!PyObject_TypeCheck(obj, state->queue_type)) {
         fl_raisef(NULL, FL_EXC_TYPE, "expected a fastloop.Queue, not %.200s",
-                     Py_TYPE(obj)->tp_name);
+                  Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return ((QueueObject *)obj)->queue;

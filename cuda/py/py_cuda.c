@@ -24,7 +24,7 @@ int fl_py_require_device(cuda_state *state, int device) {
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         fl_raisef(&state->exc, FL_EXC_CUDA_UNAVAILABLE, "CUDA is not available: cudaGetDeviceCount: %s (%s)",
-                     fl_cuda_error_string(rc), fl_cuda_error_name(rc));
+                  fl_cuda_error_string(rc), fl_cuda_error_name(rc));
         return -1;
     }
     if (count == 0) {
@@ -33,7 +33,7 @@ int fl_py_require_device(cuda_state *state, int device) {
     }
     if (device < 0 || device >= count) {
         fl_raisef(NULL, FL_EXC_VALUE, "'device' %d does not exist: %d CUDA device(s)", device,
-                     count);
+                  count);
         return -1;
     }
     return 0;
@@ -125,7 +125,7 @@ static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
-                            "CUDA is not available: cuBLAS could not be loaded: %s", why);
+                         "CUDA is not available: cuBLAS could not be loaded: %s", why);
     return PyUnicode_DecodeFSDefault(fl_cublas_path());
 }
 
@@ -133,7 +133,7 @@ static PyObject *nn_backend(PyObject *module, PyObject *unused) {
     (void)unused;
     if (fl_cublas() == NULL)
         return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
-                            "CUDA is not available: cuBLAS is not loaded (call cublas_load first)");
+                         "CUDA is not available: cuBLAS is not loaded (call cublas_load first)");
     return PyCapsule_New((void *)fl_cuda_nn_backend(), FL_NN_BACKEND_CAPSULE, NULL);
 }
 

@@ -68,8 +68,8 @@ static int descr_supported(PyArray_Descr *descr, const char *arg) {
     if (strchr("biufc", descr->kind) == NULL || !PyDataType_ISNOTSWAPPED(descr) ||
         PyDataType_ELSIZE(descr) == 0) {
         fl_raisef(NULL, FL_EXC_TYPE,
-                     "'%s' must be a native bool, integer, float or complex dtype, not %R", arg,
-                     (PyObject *)descr);
+                  "'%s' must be a native bool, integer, float or complex dtype, not %R", arg,
+                  (PyObject *)descr);
         return -1;
     }
     return 0;
@@ -102,7 +102,7 @@ static int parse_shape(PyObject *obj, Py_ssize_t *shape, int *ndim) {
         if (n > FL_PY_MAX_NDIM) {
             Py_DECREF(seq);
             fl_raisef(NULL, FL_EXC_VALUE, "'shape' has %zd dimensions, more than %d", n,
-                         FL_PY_MAX_NDIM);
+                      FL_PY_MAX_NDIM);
             return -1;
         }
         *ndim = (int)n;
@@ -474,7 +474,7 @@ static DeviceArray *output_for(cuda_state *state, PyObject *out_obj, PyArrayObje
     if (!same_shape(out, host) || !PyArray_EquivTypes(out->descr, PyArray_DESCR(host)) ||
         out->device != device) {
         fl_raisef(NULL, FL_EXC_VALUE, "'out' must match 'array' in shape and dtype and be on device %d, not %R",
-                     device, out_obj);
+                  device, out_obj);
         return NULL;
     }
     return (DeviceArray *)Py_NewRef(out_obj);

@@ -128,9 +128,9 @@ static int check_export(DeviceArray *self, PyObject *dl_device, PyObject *copy) 
         }
         if (type != FL_DL_CUDA || id != self->device) {
             fl_raisef(NULL, FL_EXC_BUFFER,
-                         "this DeviceArray lives on CUDA device %d and cannot be exported to "
-                         "DLPack device (%d, %d) without a copy; use to_numpy() for the host",
-                         self->device, type, id);
+                      "this DeviceArray lives on CUDA device %d and cannot be exported to "
+                      "DLPack device (%d, %d) without a copy; use to_numpy() for the host",
+                      self->device, type, id);
             return -1;
         }
     }

@@ -30,7 +30,7 @@ static PyObject *nvjpeg_load(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
-                            "nvJPEG could not be loaded: %s", why);
+                         "nvJPEG could not be loaded: %s", why);
     return PyUnicode_DecodeFSDefault(fl_nvjpeg_path());
 }
 
@@ -114,7 +114,7 @@ static int check_entry(const uint8_t *entry, size_t entry_bytes, size_t out_h, s
             return 0;
     }
     fl_raisef(NULL, FL_EXC_VALUE, "staged entry %zd is inconsistent (route %d): not made by a fastloop loader "
-                 "for this output size?", i, (int)r->route);
+              "for this output size?", i, (int)r->route);
     return -1;
 }
 
@@ -209,7 +209,7 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     size_t want = 3 * fl_cuda_out_dtype_size(job.dtype) * job.out_h * job.out_w; /* < 2^45: checked above */
     if (__builtin_mul_overflow(want, job.n, &want) || out_ptr == 0 || out_nbytes < 0 || (size_t)out_nbytes != want)
         return fl_raisef(NULL, FL_EXC_VALUE, "'out_ptr' must be non-zero, with 'out_nbytes' %zu (the output's size), "
-                            "not %zd", want, out_nbytes);
+                         "not %zd", want, out_nbytes);
     npy_intp n = (npy_intp)job.n;
     PyObject *failed = PyArray_ZEROS(1, &n, NPY_BOOL, 0);
     if (failed == NULL)

@@ -45,13 +45,13 @@ static int parse_layout(const char *layout, int *src_chw, int *dst_chw) {
 static int parse_batch(preprocess_args *a, PyObject *obj) {
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_UINT8) {
         fl_raisef(NULL, FL_EXC_TYPE, "'batch' must be a uint8 NumPy array, not %R",
-                     PyArray_Check(obj) ? (PyObject *)PyArray_DESCR((PyArrayObject *)obj) : (PyObject *)Py_TYPE(obj));
+                  PyArray_Check(obj) ? (PyObject *)PyArray_DESCR((PyArrayObject *)obj) : (PyObject *)Py_TYPE(obj));
         return -1;
     }
     PyArrayObject *batch = (PyArrayObject *)obj;
     if (PyArray_NDIM(batch) != 4 || !PyArray_IS_C_CONTIGUOUS(batch)) {
         fl_raisef(NULL, FL_EXC_VALUE, "'batch' must be a C-contiguous 4-D array (N, H, W, C) or (N, C, H, W), not %d-D%s",
-                     PyArray_NDIM(batch), PyArray_IS_C_CONTIGUOUS(batch) ? "" : " non-contiguous");
+                  PyArray_NDIM(batch), PyArray_IS_C_CONTIGUOUS(batch) ? "" : " non-contiguous");
         return -1;
     }
     fl_cuda_preprocess_job *j = &a->job;
@@ -157,7 +157,7 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
             if (v[2 * i] < 0 || v[2 * i + 1] < 0 || (size_t)v[2 * i] > j->h - j->out_h ||
                 (size_t)v[2 * i + 1] > j->w - j->out_w) {
                 fl_raisef(NULL, FL_EXC_VALUE, "'offsets' row %zu (top %lld, left %lld) puts the %zux%zu crop outside the %zux%zu image",
-                             i, (long long)v[2 * i], (long long)v[2 * i + 1], j->out_h, j->out_w, j->h, j->w);
+                          i, (long long)v[2 * i], (long long)v[2 * i + 1], j->out_h, j->out_w, j->h, j->w);
                 rc = -1;
             }
             a->offsets[2 * i] = (int32_t)v[2 * i];
@@ -238,7 +238,7 @@ static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_prepr
         fits = out->shape[i] == shape[i];
     if (!fits) {
         fl_raisef(NULL, FL_EXC_VALUE, "'out' must be a %s DeviceArray of shape (%zd, %zd, %zd, %zd) on device %d",
-                     numpy_type == NPY_HALF ? "float16" : "float32", shape[0], shape[1], shape[2], shape[3], j->device);
+                  numpy_type == NPY_HALF ? "float16" : "float32", shape[0], shape[1], shape[2], shape[3], j->device);
         return NULL;
     }
     return (DeviceArray *)Py_NewRef(obj);
@@ -261,7 +261,7 @@ static int check_out_pointer(const fl_cuda_preprocess_job *j, unsigned long long
         }
     if (ptr == 0 || nbytes < 0 || (size_t)nbytes != want) {
         fl_raisef(NULL, FL_EXC_VALUE, "'_out_ptr' must be non-zero, with '_out_nbytes' %zu (the output's size), "
-                     "not %zd", want, nbytes);
+                  "not %zd", want, nbytes);
         return -1;
     }
     return 0;

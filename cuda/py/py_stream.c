@@ -174,8 +174,8 @@ int fl_py_parse_stream(cuda_state *state, PyObject *obj, int device, uintptr_t *
         Py_XDECREF(attr);
         PyErr_Clear();
         fl_raisef(NULL, FL_EXC_TYPE,
-                     "'stream' must be None, a fastloop.cuda.Stream, an int handle or an object "
-                     "with an int 'cuda_stream', not %.200s", Py_TYPE(obj)->tp_name);
+                  "'stream' must be None, a fastloop.cuda.Stream, an int handle or an object "
+                  "with an int 'cuda_stream', not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     int rc = int_handle(attr, handle);
