@@ -12,18 +12,7 @@ from __future__ import annotations
 
 from . import errors
 from ._core import Event, MetricStats, Metrics, Queue
-from .errors import (
-    CheckpointError,
-    Closed,
-    CodecUnavailable,
-    CudaError,
-    CudaUnavailable,
-    Empty,
-    Error,
-    QueueFull,
-    SinkError,
-    WorkerError,
-)
+from .errors import *  # noqa: F403 - every exception, listed once in errors.__all__
 from . import ops
 from . import cuda
 from . import nn
@@ -60,6 +49,6 @@ __all__ = [
     "Checkpointer",
     "read_checkpoint",
     "Checkpoint",
-    "__version__",
     *errors.__all__,
+    "__version__",
 ]
