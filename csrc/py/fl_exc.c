@@ -3,6 +3,8 @@
 
 #include "py/fl_compat.h"
 
+#include "base/fl_error.h"
+
 static const char *const class_names[FL_EXC_COUNT] = {
 #define FL__EXC_NAME(name, class_name, builtin) class_name,
     FL_EXC_MAP(FL__EXC_NAME)
@@ -54,6 +56,42 @@ PyObject *fl_exc_names(void) {
     PyObject *tuple = names != NULL ? PyList_AsTuple(names) : NULL;
     Py_XDECREF(names);
     return tuple;
+}
+
+#define FL__ANY_ERR 0 /* a row for every code of its origin */
+
+/* Read top down; the first row whose origin and code match gives the class. */
+static const struct {
+    fl_raise_in in;
+    int err;
+    fl_exc exc;
+} code_table[] = {
+    /* a file or a spec from the user: I/O is OSError, bad content ValueError */
+    {FL_IN_DATA, FL_ESYS, FL_EXC_OS},
+    {FL_IN_DATA, FL_ENOMEM, FL_EXC_MEMORY},
+    {FL_IN_DATA, FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE},
+    {FL_IN_DATA, FL__ANY_ERR, FL_EXC_VALUE},
+    /* loading a shared library (a codec, BLAS): any failure is OSError */
+    {FL_IN_LIBRARY, FL__ANY_ERR, FL_EXC_OS},
+    {FL_IN_SINK, FL_ESYS, FL_EXC_SINK},
+    {FL_IN_CHECKPOINT, FL_ESYS, FL_EXC_CHECKPOINT},
+    /* every origin */
+    {FL_IN_CORE, FL_EINVAL, FL_EXC_VALUE},
+    {FL_IN_CORE, FL_ENOMEM, FL_EXC_MEMORY},
+    {FL_IN_CORE, FL_ECLOSED, FL_EXC_CLOSED},
+    {FL_IN_CORE, FL_ETIMEDOUT, FL_EXC_TIMEOUT},
+    {FL_IN_CORE, FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE},
+    {FL_IN_CORE, FL_EOVERFLOW, FL_EXC_OVERFLOW},
+    {FL_IN_CORE, FL_ECUDA, FL_EXC_CUDA},
+    {FL_IN_CORE, FL__ANY_ERR, FL_EXC_ERROR},
+};
+
+fl_exc fl_exc_for_code(int err, fl_raise_in in) {
+    for (size_t i = 0; i < sizeof code_table / sizeof code_table[0]; i++)
+        if ((code_table[i].in == in || code_table[i].in == FL_IN_CORE) &&
+            (code_table[i].err == err || code_table[i].err == FL__ANY_ERR))
+            return code_table[i].exc;
+    return FL_EXC_ERROR;
 }
 
 /* Sets an attribute unless the code is absent; 0 or -1. */

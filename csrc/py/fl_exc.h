@@ -60,6 +60,21 @@ void fl_exc_clear(fl_exc_classes *classes);
 /* The fastloop rows as a tuple of class names, for the test that checks errors.py. */
 PyObject *fl_exc_names(void);
 
+/* Where a core error came from: picks the class a code raises (the table in fl_exc.c). */
+typedef enum fl_raise_in {
+    FL_IN_CORE = 0,   /* EINVAL ValueError, ENOMEM MemoryError, ECLOSED Closed, ETIMEDOUT
+                         TimeoutError, EUNAVAILABLE CodecUnavailable, EOVERFLOW OverflowError,
+                         ECUDA CudaError, any other fastloop.Error */
+    FL_IN_DATA,       /* a file or a spec from the user: ESYS OSError(errno), ENOMEM
+                         MemoryError, EUNAVAILABLE CodecUnavailable, any other ValueError */
+    FL_IN_LIBRARY,    /* loading a shared library: OSError */
+    FL_IN_SINK,       /* a monitor sink: ESYS SinkError */
+    FL_IN_CHECKPOINT, /* the checkpointer: ESYS CheckpointError */
+} fl_raise_in;
+
+/* The class a core error code (a negative fl_err) raises, coming from `in`. Never fails. */
+fl_exc fl_exc_for_code(int err, fl_raise_in in);
+
 /* The codes an exception carries; zero fields are absent. */
 typedef struct fl_exc_codes {
     int code;      /* library code (negative fl_err): `.code` */

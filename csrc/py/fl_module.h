@@ -50,18 +50,6 @@ static inline fl_module_state *fl_state_from_module(PyObject *module) {
 
 /* ---- core error codes to exceptions (py_errors.c) ---- */
 
-/* Where a core error came from: picks the class a code raises (the table in py_errors.c). */
-typedef enum fl_raise_in {
-    FL_IN_CORE = 0,   /* EINVAL ValueError, ENOMEM MemoryError, ECLOSED Closed, ETIMEDOUT
-                         TimeoutError, EUNAVAILABLE CodecUnavailable, EOVERFLOW OverflowError,
-                         ECUDA CudaError, any other fastloop.Error */
-    FL_IN_DATA,       /* a file or a spec from the user: ESYS OSError(errno), ENOMEM
-                         MemoryError, EUNAVAILABLE CodecUnavailable, any other ValueError */
-    FL_IN_LIBRARY,    /* loading a shared library: OSError */
-    FL_IN_SINK,       /* a monitor sink: ESYS SinkError */
-    FL_IN_CHECKPOINT, /* the checkpointer: ESYS CheckpointError */
-} fl_raise_in;
-
 /* How one call raises; zeroed fields take the defaults. */
 typedef struct fl_raise_opts {
     const char *what;    /* message prefix: "what: message"; NULL: the message alone */

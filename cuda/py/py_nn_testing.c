@@ -18,15 +18,14 @@ typedef struct NNContext {
 
 static cuda_state *state_of(NNContext *self) { return fl_py_state_of(Py_TYPE(self)); }
 
-/* Raises for an op's error code: FL_EINVAL ValueError, FL_ENOMEM MemoryError, else
- * CudaError, each with the backend's message. Returns NULL. */
+/* Raises for an op's error code through the table (FL_EINVAL ValueError, FL_ENOMEM MemoryError,
+ * FL_ECUDA CudaError), with the backend's message. Returns NULL. */
 static PyObject *raise_op(NNContext *self, int err) {
     const char *message = self->backend->error(self->ctx);
-    if (err == FL_EINVAL)
-        return fl_raisef(NULL, FL_EXC_VALUE, "%s", message);
-    if (err == FL_ENOMEM)
-        return fl_raisef(NULL, FL_EXC_MEMORY, "%s", message);
-    return fl_raisef(&state_of(self)->exc, FL_EXC_CUDA, "%s", message);
+    PyObject *text = PyUnicode_FromString(message);
+    fl_exc_raise(&state_of(self)->exc, fl_exc_for_code(err, FL_IN_CORE), text, (fl_exc_codes){.code = err});
+    Py_XDECREF(text);
+    return NULL;
 }
 
 /* The op's result: on success, waits for the stream and returns None. */
