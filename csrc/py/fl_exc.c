@@ -30,7 +30,8 @@ int fl_exc_load(fl_exc_classes *classes) {
     int rc = 0;
     for (int i = 0; i < FL_EXC_COUNT && rc == 0; i++) {
         PyObject *builtin = builtin_class((fl_exc)i);
-        classes->cls[i] = builtin != NULL ? Py_NewRef(builtin) : PyObject_GetAttrString(errors, class_names[i]);
+        classes->cls[i] = builtin != NULL ? Py_NewRef(builtin)
+                                          : PyObject_GetAttrString(errors, class_names[i]);
         rc = classes->cls[i] != NULL ? 0 : -1;
     }
     Py_DECREF(errors);
@@ -50,9 +51,14 @@ void fl_exc_clear(fl_exc_classes *classes) {
 
 PyObject *fl_exc_names(void) {
     PyObject *names = PyList_New(0);
-    for (int i = 0; names != NULL && i < FL_EXC_COUNT; i++)
-        if (builtin_class((fl_exc)i) == NULL && PyList_Append(names, PyUnicode_FromString(class_names[i])) < 0)
+    for (int i = 0; names != NULL && i < FL_EXC_COUNT; i++) {
+        if (builtin_class((fl_exc)i) != NULL)
+            continue;
+        PyObject *name = PyUnicode_FromString(class_names[i]);
+        if (name == NULL || PyList_Append(names, name) < 0)
             Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
     PyObject *tuple = names != NULL ? PyList_AsTuple(names) : NULL;
     Py_XDECREF(names);
     return tuple;
@@ -104,21 +110,24 @@ static int set_code(PyObject *error, const char *name, int code) {
     return rc;
 }
 
-PyObject *fl_exc_raise(const fl_exc_classes *classes, fl_exc exc, PyObject *message, fl_exc_codes codes) {
+PyObject *fl_exc_raise(const fl_exc_classes *classes, fl_exc exc, PyObject *message,
+                       fl_exc_codes codes) {
     if (message == NULL)
         return NULL;
     PyObject *type = classes != NULL ? classes->cls[exc] : builtin_class(exc);
     if (type == NULL) {
         /* the table itself is unusable: nothing to raise through */
-        PyErr_Format(PyExc_SystemError, "fastloop raised %s without its module's exception table", class_names[exc]);
+        PyErr_Format(PyExc_SystemError, "fastloop raised %s without its module's exception table",
+                     class_names[exc]);
         return NULL;
     }
     if (codes.code == 0 && codes.cuda_code == 0 && codes.sys_errno == 0) {
         PyErr_SetObject(type, message); /* the common case: no instance to decorate */
         return NULL;
     }
-    PyObject *error = codes.sys_errno != 0 ? PyObject_CallFunction(type, "iO", codes.sys_errno, message)
-                                           : PyObject_CallOneArg(type, message);
+    PyObject *error = codes.sys_errno != 0
+                          ? PyObject_CallFunction(type, "iO", codes.sys_errno, message)
+                          : PyObject_CallOneArg(type, message);
     if (error != NULL && set_code(error, "code", codes.code) == 0 &&
         set_code(error, "cuda_code", codes.cuda_code) == 0)
         PyErr_SetObject((PyObject *)Py_TYPE(error), error);

@@ -85,7 +85,8 @@ typedef struct fl_exc_codes {
 /* The one raise: sets class `exc` with `message` (a str, borrowed; NULL: an exception is
  * already set) and the codes. `classes` may be NULL when `exc` is a built-in class; a
  * fastloop class without it is a SystemError. Returns NULL, for `return fl_exc_raise(...)`. */
-PyObject *fl_exc_raise(const fl_exc_classes *classes, fl_exc exc, PyObject *message, fl_exc_codes codes);
+PyObject *fl_exc_raise(const fl_exc_classes *classes, fl_exc exc, PyObject *message,
+                       fl_exc_codes codes);
 
 /* fl_exc_raise() with a PyUnicode_FromFormat() message and no codes: the argument checks'
  * `return fl_raisef(NULL, FL_EXC_VALUE, "'n' must be > 0, not %zd", n)`. */
