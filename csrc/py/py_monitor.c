@@ -24,7 +24,7 @@ static int raise_pending_error(PyObject *self) {
     char message[600];
     if (!fl_monitor_has_error(m) || !fl_monitor_take_error(m, message, sizeof message))
         return 0;
-    PyErr_SetString(monitor_state(self)->sink_error, message);
+    fl_raisef(&monitor_state(self)->exc, FL_EXC_SINK, "%s", message);
     return -1;
 }
 
@@ -44,15 +44,15 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
     if (step_obj == NULL || step_obj == Py_None)
         return 0;
     if (!PyIndex_Check(step_obj) || PyBool_Check(step_obj)) {
-        PyErr_Format(PyExc_TypeError, "'step' must be an int or None, not %.100s",
-                     Py_TYPE(step_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'step' must be an int or None, not %.100s",
+                  Py_TYPE(step_obj)->tp_name);
         return -1;
     }
     *step = PyLong_AsLongLong(step_obj);
     if (*step == -1 && PyErr_Occurred())
         return -1;
     if (*step < 0) {
-        PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", (long long)*step);
+        fl_raisef(NULL, FL_EXC_VALUE, "'step' must be >= 0, not %lld", (long long)*step);
         return -1;
     }
     return 0;
@@ -65,8 +65,8 @@ static int parse_value(PyObject *value_obj, double *value) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError))
             return -1;
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "'value' must be a real number, not %.100s",
-                     Py_TYPE(value_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'value' must be a real number, not %.100s",
+                  Py_TYPE(value_obj)->tp_name);
         return -1;
     }
     return 0;
@@ -80,7 +80,7 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (raise_pending_error(self) < 0)
         return NULL;
     if (!PyUnicode_Check(name_obj)) {
-        PyErr_Format(PyExc_TypeError, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
         return NULL;
     }
     Py_ssize_t len;
@@ -88,8 +88,8 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (name == NULL)
         return NULL;
     if (len == 0 || len >= FL_EVENT_NAME_MAX) {
-        PyErr_Format(PyExc_ValueError, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
-                     FL_EVENT_NAME_MAX - 1, len, name_obj);
+        fl_raisef(NULL, FL_EXC_VALUE, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
+                  FL_EVENT_NAME_MAX - 1, len, name_obj);
         return NULL;
     }
     int64_t step;
@@ -102,7 +102,7 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        fl_raisef(&monitor_state(self)->exc, FL_EXC_CLOSED, "the monitor is closed");
         return NULL;
     }
     if (rc != FL_OK)
@@ -119,7 +119,7 @@ static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *
         order[2] = "value";
     }
     if (nargs > n_params) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments", what, n_params);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() takes at most %d arguments", what, n_params);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++)
@@ -132,14 +132,14 @@ static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *
             if (strcmp(key, order[i]) == 0)
                 slot = i;
         if (slot < 0 || parsed[slot] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument '%s'", what,
-                         key ? key : "?");
+            fl_raisef(NULL, FL_EXC_TYPE, "%s() got an unexpected or repeated argument '%s'", what,
+                      key ? key : "?");
             return -1;
         }
         parsed[slot] = args[nargs + k];
     }
     if (parsed[0] == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s() missing required argument 'name'", what);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() missing required argument 'name'", what);
         return -1;
     }
     return 0;
@@ -156,7 +156,7 @@ static PyObject *monitor_scalar(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     if (parsed[1] == NULL) {
-        PyErr_SetString(PyExc_TypeError, "scalar() missing required argument 'value'");
+        fl_raisef(NULL, FL_EXC_TYPE, "scalar() missing required argument 'value'");
         return NULL;
     }
     double value;
@@ -203,8 +203,8 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     if (tag == NULL || parse_step(step_obj, &step) < 0 || raise_pending_error(self) < 0)
         goto fail;
     if (tag_len == 0 || tag_len >= FL_SUMMARY_TAG_MAX) {
-        PyErr_Format(PyExc_ValueError, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
-                     FL_SUMMARY_TAG_MAX - 1, tag_len);
+        fl_raisef(NULL, FL_EXC_VALUE, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
+                  FL_SUMMARY_TAG_MAX - 1, tag_len);
         goto fail;
     }
     size_t pixels = 0, image_bytes = 0; /* the dimensions must describe the data: a wrapped product could not */
@@ -215,7 +215,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     fl_error_clear();
     if ((kind == FL_SUMMARY_IMAGE && !image_ok) || (kind == FL_SUMMARY_HISTOGRAM && (bins < 1 || data.len % 8)) ||
         kind < FL_SUMMARY_HISTOGRAM || kind > FL_SUMMARY_TEXT) {
-        PyErr_SetString(PyExc_ValueError, "summary: data does not match its kind and shape");
+        fl_raisef(NULL, FL_EXC_VALUE, "summary: data does not match its kind and shape");
         goto fail;
     }
     summary = fl_summary_new((fl_summary_kind)kind, (size_t)data.len);
@@ -242,7 +242,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        fl_raisef(&monitor_state(self)->exc, FL_EXC_CLOSED, "the monitor is closed");
         return NULL;
     }
     fl_monitor_count_dropped(mon->monitor);
@@ -402,7 +402,7 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
     }
     if (rc != FL_OK) /* a failed open raises SinkError with the detail, which names the path */
         return (fl_sink *)fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "sink",
-                                                                    .overrides = {{FL_ESYS, FL_EXC_SINK}}});
+                                                                    .in = FL_IN_SINK});
     return sink;
 }
 
@@ -421,7 +421,7 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
                                      &nvml_library, &smi_command, &record_wait, &start_step))
         return NULL;
     if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
-        PyErr_SetString(PyExc_ValueError, "queue_size must be >= 1, record_wait >= 0, "
+        fl_raisef(NULL, FL_EXC_VALUE, "queue_size must be >= 1, record_wait >= 0, "
                                           "flush_interval > 0 and start_step >= 0");
         return NULL;
     }
@@ -432,7 +432,7 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_ssize_t n = PyTuple_GET_SIZE(sinks);
     if (n > FL_MONITOR_MAX_SINKS) {
         Py_DECREF(sinks);
-        PyErr_Format(PyExc_ValueError, "at most %d sinks", FL_MONITOR_MAX_SINKS);
+        fl_raisef(NULL, FL_EXC_VALUE, "at most %d sinks", FL_MONITOR_MAX_SINKS);
         return NULL;
     }
     fl_sink *opened[FL_MONITOR_MAX_SINKS];

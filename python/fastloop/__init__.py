@@ -14,18 +14,7 @@ import sys
 
 from . import errors
 from ._core import Event, MetricStats, Metrics, Queue
-from .errors import (
-    CheckpointError,
-    Closed,
-    CodecUnavailable,
-    CudaError,
-    CudaUnavailable,
-    Empty,
-    Error,
-    QueueFull,
-    SinkError,
-    WorkerError,
-)
+from .errors import *  # noqa: F403 - every exception, listed once in errors.__all__
 from . import cuda, data, nn
 from ._version import __version__
 from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
@@ -64,15 +53,6 @@ __all__ = [
     "Checkpointer",
     "read_checkpoint",
     "Checkpoint",
-    "Error",
-    "Closed",
-    "Empty",
-    "QueueFull",
-    "SinkError",
-    "WorkerError",
-    "CheckpointError",
-    "CudaError",
-    "CudaUnavailable",
-    "CodecUnavailable",
+    *errors.__all__,
     "__version__",
 ]

@@ -45,7 +45,7 @@ def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
         from ..errors import CudaError
 
         raise CudaError(f"cudaHostRegister({nbytes} bytes) failed with cudaError {error} (through torch's "
-                        f"CUDA runtime)", error)
+                        f"CUDA runtime)", cuda_code=error)
 
     def unregister() -> None:
         cudart.cudaHostUnregister(address)
