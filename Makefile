@@ -1,5 +1,6 @@
 # fastloop - build, test, demo.
-#   make demo    venv + build + the main job (python -m fastloop demo: train on generated images, log, checkpoint)
+#   make demo    a venv of what the demo needs (numpy, Pillow, matplotlib) + build + the main job
+#                (python -m fastloop demo: train on generated images, log, checkpoint)
 #   make test    venv + build + C tests under ASan/UBSan and TSan + fuzz corpus replay +
 #                the C-heavy pytest files against an ASan/UBSan build (pytest-asan) + pytest
 #   make docs    docs/api.md from the docstrings and stubs (griffe); make test fails when it is stale
@@ -7,6 +8,7 @@
 #   make wheel   sdist + a manylinux wheel per Python 3.9-3.13 present, in dist/ (make wheel-check tests them)
 #   make test-pythons  build + a fast test subset on every other Python 3.9-3.13 present
 #   make test-threads  the thread-heavy tests with many threads at once
+# Compiler command lines are not echoed (errors still show, naming the target); V=1 echoes them.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -34,10 +36,19 @@ BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.p
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
 
-.PHONY: all venv build docs test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
+.PHONY: all venv demo-venv build docs test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
 	wheel wheel-check test-pythons test-threads clean
 
 all: build
+
+# make demo's venv holds what the demo runs on: the build's needs and the demo extra (Pillow, matplotlib).
+# make venv adds the test and docs toolchain to the same .venv; each stamp file says what is in.
+demo-venv: $(VENV)/.demo
+$(VENV)/.demo: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "setuptools>=70" wheel "numpy>=2.0" $$($(PY) tools/extras.py demo)
+	touch $@
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -47,8 +58,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
-build: venv
+INSTALL_EDITABLE = @echo "pip install -e . (fastloop built in place; a compiler warning fails the build)"; \
 	FASTLOOP_WERROR=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+build: venv
+	$(INSTALL_EDITABLE)
 
 core-warnings:
 	@mkdir -p $(BIN)
@@ -162,7 +175,8 @@ stress: build $(ASAN_EXT)/_core.so
 docs: build
 	$(PY) tools/api_docs.py
 
-demo: build
+demo: demo-venv
+	$(INSTALL_EDITABLE)
 	$(PY) -m fastloop demo
 
 # torch is optional: it adds the SummaryWriter / torch.save comparisons.
@@ -208,6 +222,15 @@ test-threads: build
 	$(PY) -m pip install -q pytest-run-parallel
 	FASTLOOP_TEST_THREADS=32 $(PY) -m pytest -q -p no:cacheprovider tests/test_free_threading.py
 	$(PY) -m pytest -q -p no:cacheprovider --parallel-threads=8 $(THREAD_HEAVY_TESTS)
+
+# Quiet builds: the compiler lines (up to ~1,200 characters each, ~45 of them in make test) are not
+# echoed unless V=1; a failing one still prints the compiler's errors and make names its target.
+# pip's warnings (a machine's index configuration, say) are kept back too; its errors still show.
+ifneq ($(V),1)
+export PIP_QUIET := 2
+.SILENT: core-warnings $(ASAN_OBJS) $(ASAN_EXT)/_core.so $(patsubst tests/fuzz/%.c,$(BIN)/%,$(wildcard tests/fuzz/replay_*.c)) \
+	$(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)) $(addsuffix _tsan,$(C_TESTS)))
+endif
 
 clean:
 	rm -rf build dist $(BIN) python/fastloop/*.so python/fastloop/_build_info.py *.egg-info python/*.egg-info

@@ -31,9 +31,11 @@ def test_quick_http_serve_suite_measures_every_row():
     suite = serve_http.compare(quick=True)
     assert all(r.jobs > 0 and math.isfinite(r.p99_ms) for r in suite.runs)
     assert suite.overloads and all(o.accepted > 0 and o.health_probes > 0 and o.depth for o in suite.overloads)
-    rejected = sum(o.rejected for o in suite.overloads)
-    # the 429 latency is nan only when nothing was rejected (the queue never filled)
-    assert all(math.isfinite(r.measured) or ("429" in r.name and not rejected) for r in serve_http.results(suite))
+    # an overload's 429 latency is nan only when it rejected nothing (its queue never filled); one
+    # overload may reject while another does not, so each is judged by its own count
+    nothing_rejected = {f"HTTP overload {o.model} {o.variant}: 429 latency p99" for o in suite.overloads if not o.rejected}
+    unmeasured = [r.name for r in serve_http.results(suite) if not math.isfinite(r.measured)]
+    assert set(unmeasured) <= nothing_rejected, unmeasured
 
 
 def test_quick_predict_suite_measures_every_row_and_loses_no_job():

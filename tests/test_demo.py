@@ -108,9 +108,24 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint(tmp_path):
 
 
 def test_regression_task_learns_the_seed_weights(tmp_path):
-    demo(tmp_path, "--task", "regression", "--quick")
+    result = demo(tmp_path, "--task", "regression", "--quick")
     s = summary(tmp_path / "regression")
     assert s["val/weight_error"] < 0.05 and s["val/mse"] < 0.05
+    # its 320 steps take well under the second a rate needs: said so, not a rate of millions
+    done = next(line for line in result.stdout.splitlines() if line.startswith("done:"))
+    assert "too short to time a rate" in done and "samples/s" not in done, done
+    assert s["samples_per_s"] is None and s["seconds"] > 0
+    assert f"summary:     {tmp_path / 'regression' / 'summary.json'}" in result.stdout
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    demo(tmp_path, "--task", "regression", "--quick")
+    folder = tmp_path / "regression"
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    again = demo(tmp_path, "--task", "regression", "--quick", "--resume")
+    assert "the run is complete: 320 steps, 20 epochs" in again.stdout and "summary.json" in again.stdout
+    assert "done:" not in again.stdout and "samples/s" not in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before  # no second event file, no rewrite
 
 
 def test_resume_without_checkpoints_says_so(tmp_path):

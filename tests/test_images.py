@@ -75,11 +75,12 @@ def png_16bit_rgb() -> bytes:
 
 PNG_CASES = {
     "rgb": lambda: encode(Image.fromarray(natural(60, 70)), "PNG"),
-    "rgba": lambda: encode(Image.fromarray(np.dstack([natural(33, 21), natural(33, 21, 5)[..., :1]]), "RGBA"), "PNG"),
+    # (Pillow infers RGBA and LA from the shape; its mode argument is deprecated since 11.3)
+    "rgba": lambda: encode(Image.fromarray(np.dstack([natural(33, 21), natural(33, 21, 5)[..., :1]])), "PNG"),
     "palette": lambda: encode(Image.fromarray(natural(50, 50)).convert("P"), "PNG"),
     "palette_transparency": lambda: encode(Image.fromarray(natural(20, 20)).convert("P"), "PNG", transparency=3),
     "grayscale": lambda: encode(Image.fromarray(natural(31, 17)[..., 1]), "PNG"),
-    "gray_alpha": lambda: encode(Image.fromarray(natural(12, 9)[..., :2].copy(), "LA"), "PNG"),
+    "gray_alpha": lambda: encode(Image.fromarray(natural(12, 9)[..., :2].copy()), "PNG"),
     "one_bit": lambda: encode(Image.fromarray(natural(16, 19)[..., 0] > 100), "PNG"),
     "gray_16bit": png_16bit_gray,
     "rgb_16bit": png_16bit_rgb,

@@ -362,6 +362,9 @@ def test_empty_batches_give_empty_results():
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+# Forking while the pool's threads run is the point of the test (the child must not rely on them);
+# Python 3.12+ warns of exactly that.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_forked_child_gets_a_working_pool_of_its_own():
     import os
 

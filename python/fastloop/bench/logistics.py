@@ -54,8 +54,8 @@ def scalar_results(quick: bool) -> list[Result]:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            results.append(Result("SummaryWriter.add_scalar / Monitor.scalar", 0.0, "x", ">= 20", None,
-                                  "torch not installed: pip install torch==2.13.0"))
+            results.append(Result("SummaryWriter.add_scalar / Monitor.scalar", None, "x", ">= 20", None,
+                                  "torch is not installed: pip install torch"))
             return results
         writer = SummaryWriter(os.path.join(tmp, "torch"))
         theirs = _median_call_ns(lambda i: writer.add_scalar("train/loss", 0.5, i), calls // 5, batches // 2,
@@ -65,6 +65,11 @@ def scalar_results(quick: bool) -> list[Result]:
     results.append(Result("SummaryWriter.add_scalar / Monitor.scalar", ratio, "x", ">= 20", ratio >= 20,
                           f"{theirs / 1000:.1f} us vs {ours / 1000:.2f} us per call"))
     return results
+
+
+# A monitored loop measured this much faster than the plain one shows noise larger than the
+# 2% target it is judged against, so the run cannot judge it.
+NOISE_PERCENT = 2.0
 
 
 def training_step_factory(seed: int = 0) -> Callable[[], float]:
@@ -111,9 +116,13 @@ def loop_overhead_results(quick: bool) -> list[Result]:
         stats = mon.stats()
         mon.close()
     slowdown = (ratio - 1) * 100
+    detail = f"median of paired ratios; step {step_s * 1e6:.0f} us; {stats['records']} records written"
+    if slowdown <= -NOISE_PERCENT:  # the monitored loop ran faster: the machine's noise, not a speed-up
+        return [Result("training step with a 10 Hz Monitor, 3 sinks, 3 scalars/step: slowdown", slowdown, "%",
+                       "< 2", None, f"not judged: the monitored loop ran faster, so noise (load) exceeded the "
+                                    f"overhead; run again on a quiet machine ({detail})")]
     return [Result("training step with a 10 Hz Monitor, 3 sinks, 3 scalars/step: slowdown", slowdown, "%",
-                   "< 2", slowdown < 2,
-                   f"median of paired ratios; step {step_s * 1e6:.0f} us; {stats['records']} records written")]
+                   "< 2", slowdown < 2, detail)]
 
 
 def checkpoint_results(quick: bool) -> list[Result]:

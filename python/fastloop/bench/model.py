@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .. import nn
-from .timing import best_times
+from .timing import call_times
 
 SIZES = (784, 512, 512, 10)
 BATCH = 256
@@ -27,8 +27,8 @@ BATCH = 256
 @dataclass
 class Row:
     name: str
-    step_ms: float  # best round's mean per step
-    median_ms: float  # median single step
+    step_ms: float  # the fastest single step
+    median_ms: float  # the median single step (of the same steps)
     samples_per_s: float
     python_thread_rate: float | None = None  # a counting thread's rate while this trains, vs idle
     shared_step_rate: float | None = None  # this training loop's rate beside the counting thread, vs alone
@@ -105,26 +105,18 @@ def counting_rate(seconds: float, background: Callable[[], object] | None) -> tu
     return count / elapsed, background_calls / elapsed
 
 
-def median_step(step: Callable[[], object], n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def run(quick: bool = False, log: Callable[[str], None] = lambda _: None) -> list[Row]:
     steps: dict[str, Callable[[], object]] = {"fastloop.nn SGD": fastloop_step("sgd"), "fastloop.nn Adam": fastloop_step("adam")}
     if has_torch():
         steps["torch SGD"] = torch_step("sgd")
         steps["torch Adam"] = torch_step("adam")
     log(f"timing {len(steps)} training steps interleaved ...")
-    best = best_times(steps, rounds=3 if quick else 7, min_round_s=0.1 if quick else 0.3)
+    times = call_times(steps, rounds=3 if quick else 7, min_round_s=0.1 if quick else 0.3,
+                       min_calls=10 if quick else 40)
     rows = []
-    for name, step in steps.items():
-        median = median_step(step, 10 if quick else 40)
-        rows.append(Row(name, best[name] * 1e3, median * 1e3, BATCH / best[name]))
+    for name in steps:
+        best, median = min(times[name]), statistics.median(times[name])
+        rows.append(Row(name, best * 1e3, median * 1e3, BATCH / best))
     seconds = 0.5 if quick else 2.0
     idle, _ = counting_rate(seconds, None)
     for row in rows:
@@ -149,6 +141,8 @@ def table_rows(rows: list[Row]) -> list[list[object]]:
 def summary(rows: list[Row]) -> list[str]:
     by_name = {r.name: r for r in rows}
     lines = []
+    if rows and not any(r.name.startswith("torch") for r in rows):
+        lines.append("torch SGD, torch Adam: not run (torch is not installed)")
     for opt in ("SGD", "Adam"):
         ours, theirs = by_name.get(f"fastloop.nn {opt}"), by_name.get(f"torch {opt}")
         if ours and theirs:

@@ -32,7 +32,7 @@ from .timing import best_times, gbps, memcpy_call
 @dataclass
 class Result:
     name: str
-    measured: float
+    measured: float | None  # None: not run (detail says why)
     unit: str
     target: str
     passed: bool | None  # None: reference numbers, no target
@@ -195,7 +195,8 @@ def table_rows(results: list[Result]) -> list[list[object]]:
     def met(passed: bool | None) -> str:
         return "-" if passed is None else ("yes" if passed else "NO")
 
-    return [[r.name, r.measured, r.unit, r.target, met(r.passed), r.detail] for r in results]
+    return [[r.name, "not run" if r.measured is None else r.measured, "" if r.measured is None else r.unit, r.target,
+             met(r.passed), r.detail] for r in results]
 
 
 def main(quick: bool = False) -> list[Result]:

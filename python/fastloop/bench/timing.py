@@ -45,6 +45,30 @@ def best_times(fns: dict[str, Callable[[], object]], *, rounds: int = 5, min_rou
     return best
 
 
+def call_times(fns: dict[str, Callable[[], object]], *, rounds: int = 5, min_round_s: float = 0.05,
+               min_calls: int = 10) -> dict[str, list[float]]:
+    """Seconds of every single call of each function, measured interleaved as best_times
+    does (each round calls each function for min_round_s, and at least min_calls calls in
+    all), for statistics over calls: min(times) is the best call, never above the median.
+
+    >>> times = call_times({"a": lambda: sorted(range(100))}); min(times["a"])
+    """
+    per_round = -(-min_calls // rounds)  # ceil
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm up
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            began = time.perf_counter()
+            calls = 0
+            while calls < per_round or time.perf_counter() - began < min_round_s:
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+                calls += 1
+    return times
+
+
 def paired_ratio(baseline: Callable[[], object], variant: Callable[[], object], *, pairs: int = 21) -> float:
     """Median of time(variant) / time(baseline) over `pairs` back-to-back pairs, their order
     alternating (A B, B A, ...) so that slow drifts cancel. For small overheads this is far

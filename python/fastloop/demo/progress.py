@@ -13,6 +13,10 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
 
 
+# A rate over less time than this is mostly start-up and clock noise: it is not shown.
+MIN_TIMED_S = 1.0
+
+
 class Progress:
     """Tracks steps and samples; `update()` after each step, `epoch_done()` after each epoch."""
 
@@ -22,13 +26,26 @@ class Progress:
         self.tty = self.stream.isatty()
         self.total, self.done = total_steps, done_steps
         self.start_done = done_steps
-        self.start = self.last_plain = time.perf_counter()
+        self.start = self.last_plain = self.last_step = time.perf_counter()
         self.samples = 0
         self.plain_every_s = plain_every_s
         self._last_draw = 0.0
 
-    def samples_per_s(self) -> float:
-        return self.samples / max(time.perf_counter() - self.start, 1e-9)
+    def steps_s(self) -> float:
+        """Seconds from the start to the end of the last step."""
+        return self.last_step - self.start
+
+    def samples_per_s(self) -> float | None:
+        """Samples a second over the steps so far; None while they took under MIN_TIMED_S."""
+        seconds = self.steps_s()
+        return self.samples / seconds if seconds >= MIN_TIMED_S else None
+
+    def rate(self) -> str:
+        """The rate as shown: "1,234 samples/s", or why there is none yet."""
+        rate = self.samples_per_s()
+        if rate is not None:
+            return f"{rate:,.0f} samples/s"
+        return "too short to time" if self.done == self.total else "timing ..."
 
     def eta_s(self) -> float:
         steps = self.done - self.start_done
@@ -39,12 +56,12 @@ class Progress:
     def line(self, epoch: int, epochs: int, loss: float) -> str:
         eta = self.eta_s()
         return (f"epoch {epoch + 1}/{epochs}  step {self.done}/{self.total}  loss {loss:.4f}  "
-                f"{self.samples_per_s():,.0f} samples/s  ETA {'?' if eta != eta else _clock(eta)}")
+                f"{self.rate()}  ETA {'?' if eta != eta else _clock(eta)}")
 
     def update(self, samples: int, epoch: int, epochs: int, loss: float) -> None:
         self.done += 1
         self.samples += samples
-        now = time.perf_counter()
+        now = self.last_step = time.perf_counter()
         if self.tty:
             if now - self._last_draw >= 0.1 or self.done == self.total:  # ~10 redraws a second
                 width = 24

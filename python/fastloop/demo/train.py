@@ -172,15 +172,18 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
             task.loader.load_state_dict({k[len("loader."):]: v for k, v in progress.items() if k.startswith("loader.")})
         else:  # a checkpoint from before loader states
             task.loader.load_state_dict({"epoch": epoch, "position": batch_in_epoch, "seed": task.loader.seed})
-        if epoch >= task.epochs:
-            log(f"  the run is complete: {step} steps, {epoch} epochs (ask for more with --epochs)")
-        else:
-            log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
+        if epoch >= task.epochs:  # nothing to train: the run's files stay as they are
+            log(f"  the run is complete: {step} steps, {epoch} epochs; its summary: "
+                f"{os.path.join(folder, 'summary.json')} (ask for more with --epochs N, N > {epoch})")
+            task.loader.close()
+            ckpt.close()
+            return 0
+        log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     mon = Monitor(interval=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
                   metrics=task.loader.metrics, gpu=device != "cpu", start_step=step)
     bar = Progress(task.epochs * steps_per_epoch, done_steps=step)
     loss, started, window = float("nan"), time.perf_counter(), (time.perf_counter(), 0)
-    val: dict[str, float] = task.evaluate() if epoch >= task.epochs else {}
+    val: dict[str, float] = {}
 
     def save() -> None:
         loader_state = {f"loader.{k}": v for k, v in task.loader.state_dict().items()}
@@ -224,9 +227,10 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
             val = task.evaluate()
             for name, value in val.items():
                 mon.scalar(name, value, step)
+            rate = bar.samples_per_s()
             bar.message(f"epoch {epoch}/{task.epochs}: loss {loss:.4f}, "
                         + ", ".join(f"{k} {v:.4f}" for k, v in val.items())
-                        + f", {bar.samples_per_s():,.0f} samples/s")
+                        + (f", {rate:,.0f} samples/s" if rate is not None else ""))
         save()
     except KeyboardInterrupt:
         interrupted = True
@@ -241,26 +245,35 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
         mon.close()
         ckpt.close()
     elapsed = time.perf_counter() - started
-    return summarize(args, folder, task, step, loss, val, elapsed, bar.samples_per_s(), device, interrupted, log)
+    return summarize(args, folder, task, step, loss, val, elapsed, bar, device, interrupted, log)
 
 
 def summarize(args: Any, folder: str, task: Task, step: int, loss: float, val: dict[str, float], elapsed: float,
-              samples_per_s: float, device: str, interrupted: bool, log: Callable[[str], None]) -> int:
+              bar: Progress, device: str, interrupted: bool, log: Callable[[str], None]) -> int:
+    """summary.json and the closing lines. The rate is over the steps this run trained (the
+    bar's clock), and left out when they took under a second (start-up would dominate it)."""
+    samples_per_s = bar.samples_per_s()
     csv_path = os.path.join(folder, "metrics.csv")
     plot_path = os.path.join(folder, "plot.png")
     why_no_plot = write_plot(csv_path, plot_path, "train/loss", "train/samples_per_s")
     events = sorted(f for f in os.listdir(folder) if f.startswith("events.out.tfevents"))
     summary = {"task": args.task, "device": device, "steps": step, "epochs": task.epochs, "final_loss": loss,
-               **val, "seconds": round(elapsed, 2), "samples_per_s": round(samples_per_s, 1),
-               "interrupted": interrupted, "folder": folder}
-    with open(os.path.join(folder, "summary.json"), "w") as f:
+               **val, "seconds": round(elapsed, 3), "samples_per_s": None if samples_per_s is None else
+               round(samples_per_s, 1), "interrupted": interrupted, "folder": folder}
+    summary_path = os.path.join(folder, "summary.json")
+    with open(summary_path, "w") as f:
         json.dump(summary, f, indent=2)
+    rate = (f"{samples_per_s:,.0f} samples/s" if samples_per_s is not None else
+            f"too short to time a rate ({bar.steps_s():.3f} s of steps)")
+    this_run = f" ({step - bar.start_done} this run)" if bar.start_done else ""
     log("")
-    log(f"{'interrupted' if interrupted else 'done'}: {step} steps in {elapsed:.1f} s, {samples_per_s:,.0f} samples/s, "
+    log(f"{'interrupted' if interrupted else 'done'}: {step} steps{this_run} in {elapsed:.{1 if elapsed >= 1 else 2}f} s, "
+        f"{rate}, "
         f"final loss {loss:.4f}" + "".join(f", {k} {v:.4f}" for k, v in val.items()))
     log(f"  TensorBoard: tensorboard --logdir {folder}   ({len(events)} event file(s))")
     log(f"  metrics:     {csv_path}")
     log(f"  checkpoints: {os.path.join(folder, 'checkpoints')}  (resume: python -m fastloop demo --task {args.task} "
         f"--resume{f' --name {os.path.basename(folder)}' if os.path.basename(folder) != args.task else ''})")
     log(f"  plot:        {plot_path}" if why_no_plot is None else f"  plot:        none ({why_no_plot})")
+    log(f"  summary:     {summary_path}")
     return 130 if interrupted else 0

@@ -27,6 +27,7 @@ in Redis; ``--queue redis`` shares them with servers on other machines too.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import os
@@ -156,12 +157,13 @@ def _named_models(values: list[str]) -> list[tuple[str | None, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         import uvicorn  # noqa: F401 (the limits below are its protocol's)
-    except ImportError:
-        print("python -m fastloop serve needs uvicorn: pip install 'fastloop[serve]'", file=sys.stderr)
-        return 2
-    from .http_limits import LIMITS, uvicorn_config
+        from .http_limits import LIMITS, uvicorn_config
+        missing = None
+    except ImportError as error:  # the help still shows (the limits' values are not in it)
+        LIMITS, missing = collections.defaultdict(lambda: None), error
 
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a model over HTTP")
@@ -215,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="with the queue in Redis: how long a stopped process's jobs wait before "
                              "another process reclaims them")
     parser.add_argument("--log-level", default="info")
+    if missing is not None:
+        need = f"needs the serve extra, not installed here ({missing}): pip install 'fastloop[serve]'"
+        if {"-h", "--help"} & set(argv):
+            parser.epilog = f"This command {need}"
+            parser.print_help()
+            return 0
+        print(f"python -m fastloop serve {need}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         args.models = _named_models(args.model)
