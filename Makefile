@@ -58,8 +58,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $$($(PY) tools/extras.py docs)
 	touch $@
 
-INSTALL_EDITABLE = @echo "pip install -e . (fastloop built in place; a compiler warning fails the build)"; \
-	FASTLOOP_WERROR=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+INSTALL_EDITABLE = @echo "pip install -e . (fastloop built in place with the tests' hooks; a compiler warning fails the build)"; \
+	FASTLOOP_WERROR=1 FASTLOOP_TESTING=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 build: venv
 	$(INSTALL_EDITABLE)
 
@@ -134,7 +134,7 @@ PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.
 
 $(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
 	@mkdir -p $(dir $@)
-	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -fPIC $(PY_INCLUDES) -c $< -o $@
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -DFL_TESTING -fPIC $(PY_INCLUDES) -c $< -o $@
 
 $(ASAN_EXT)/_core.so: $(ASAN_OBJS)
 	$(CC) $(ASAN_FLAGS) -shared -o $@ $^ -lm -ldl -pthread

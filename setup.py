@@ -10,6 +10,8 @@ Environment:
                         (keyed by the sources, headers, flags and nvcc: one fatbin for every Python)
   FASTLOOP_CODECS       auto|linked|runtime: how the image codecs are built in (setup_codecs.py)
   FASTLOOP_WERROR=1     turn compiler warnings into errors (make test sets it)
+  FASTLOOP_TESTING=1    compile in the tests' private hooks (csrc/testing/, py_testing.c,
+                        py_nn_testing.c): make build and test-pythons set it; wheels never have them
   CUDA_HOME/CUDA_PATH   where to look for bin/nvcc before PATH
 """
 
@@ -33,6 +35,15 @@ import setup_codecs  # noqa: E402 (beside this file, in the sdist too)
 WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FASTLOOP_WERROR") == "1" else [])
 C_FLAGS = ["-std=gnu11", "-O3", "-fvisibility=hidden", *WARNINGS]
 DEFAULT_CUDA_ARCHS = "75;80;86;89;90"
+TESTING = os.environ.get("FASTLOOP_TESTING") == "1"
+TEST_ONLY_SOURCES = ["csrc/testing/", "csrc/py/py_testing.c", "cuda/py/py_nn_testing.c"]
+TESTING_MACROS = [("FL_TESTING", "1")] if TESTING else []
+
+
+def sources(*patterns: str) -> list[str]:
+    """The files matching patterns, sorted; the tests' hooks only when FASTLOOP_TESTING=1."""
+    found = sorted(path for pattern in patterns for path in glob.glob(pattern))
+    return found if TESTING else [p for p in found if not any(p.startswith(t) for t in TEST_ONLY_SOURCES)]
 
 
 def find_nvcc() -> tuple[str | None, str]:
@@ -152,7 +163,7 @@ class BuildExt(build_ext):
             objects.append(self.cached_kernel_object(nvcc, source, cmd))
         objects += self.compiler.compile([s for s in ext.sources if not s.endswith(".cu")],
                                          output_dir=self.build_temp, include_dirs=["cuda", "csrc", cuda_include,
-                                         numpy.get_include()], extra_postargs=C_FLAGS)
+                                         numpy.get_include()], macros=TESTING_MACROS, extra_postargs=C_FLAGS)
         # nvcc's host code needs a C++ runtime (static-local guards, the EH personality):
         # zig's linker brings its own libc++ (static, hidden with the rest), gcc/clang libstdc++
         zig = "zig" in os.path.basename(self.compiler.linker_so[0])
@@ -190,6 +201,7 @@ class BuildExt(build_ext):
             f"CUDA_NOTE = {self.cuda_note!r}\n"
             f"CUDA_RUNTIME_VERSION = {self.cuda_runtime!r}  # the CUDA version the runtime was linked from\n"
             f"CODECS = {self.codecs.notes!r}\n"
+            f"TESTING_HOOKS = {TESTING!r}  # FASTLOOP_TESTING=1: the tests' private C hooks compiled in\n"
         )
         roots = [self.build_lib] + (["python"] if self.inplace else [])
         for root in roots:
@@ -214,16 +226,16 @@ class BuildExt(build_ext):
 
 core = Extension(
     "fastloop._core",
-    sources=sorted(glob.glob("csrc/*/*.c")),  # one folder per subsystem, csrc/py/ the binding
+    sources=sources("csrc/*/*.c"),  # one folder per subsystem, csrc/py/ the binding
     include_dirs=["csrc", numpy.get_include()],
+    define_macros=TESTING_MACROS,
     extra_compile_args=C_FLAGS,
     libraries=["pthread", "m", "dl"],
 )
 cuda = CudaExtension(
     "fastloop._cuda",
     # the core's error table and library loading, for nvJPEG's dlopen (a copy of each in this .so)
-    sources=sorted(glob.glob("cuda/*.cu")) + sorted(glob.glob("cuda/*.c")) + sorted(glob.glob("cuda/py/*.c"))
-    + ["csrc/base/fl_dl.c", "csrc/base/fl_error.c"],
+    sources=sources("cuda/*.cu") + sources("cuda/*.c") + sources("cuda/py/*.c") + ["csrc/base/fl_dl.c", "csrc/base/fl_error.c"],
 )
 
 setup(ext_modules=[core, cuda], cmdclass={"build_ext": BuildExt})

@@ -137,6 +137,7 @@ def build_env() -> dict[str, str]:
     cc, ldshared = zig_compiler()
     env = dict(os.environ, CC=cc, LDSHARED=ldshared, FASTLOOP_CODECS="linked",
                FASTLOOP_CUDA_CACHE=os.path.join(ROOT, "build", "cuda-kernels"))
+    env.pop("FASTLOOP_TESTING", None)  # the tests' hooks never go into a wheel
     if shutil.which("nvcc") or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
         env["FASTLOOP_CUDA"] = "1"
     else:
@@ -293,7 +294,7 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")
             # with the CUDA extension where nvcc is (one arch: its argument checks run without a GPU)
             run([exe, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall", ROOT],
-                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_CUDA_ARCHS="75"))
+                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_TESTING="1", FASTLOOP_CUDA_ARCHS="75"))
             run([exe, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_SUBSET, *pytest_args], cwd=ROOT)
         except subprocess.CalledProcessError as error:
             failures.append(f"Python {name}: {error}")
