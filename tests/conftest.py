@@ -65,7 +65,8 @@ def sigint_raises():
 
 
 def pytest_report_header(config):
-    """Under `make pytest-asan`, proves the sanitized extension is the one imported."""
+    """Under `make pytest-asan` (and gpu_check.sh --wheel), proves the extension named by
+    FASTLOOP_EXPECT_CORE (the sanitized one; the wheel's) is the one imported."""
     import os
 
     expected = os.environ.get("FASTLOOP_EXPECT_CORE")
@@ -74,8 +75,8 @@ def pytest_report_header(config):
     from fastloop import _core
 
     if os.path.realpath(_core.__file__) != os.path.realpath(expected):
-        raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not the sanitized {expected}")
-    return f"fastloop._core: {_core.__file__} (ASan+UBSan)"
+        raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not {expected} (FASTLOOP_EXPECT_CORE)")
+    return f"fastloop._core: {_core.__file__} (FASTLOOP_EXPECT_CORE)"
 
 
 # Tests that cannot run as several copies at once in one process (`make test-threads`:

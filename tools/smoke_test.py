@@ -211,6 +211,18 @@ def check_cuda_built() -> None:
     print(f"  CUDA: built in ({answer.reason}); here: {fastloop.cuda.is_available().reason}")
 
 
+def check_no_test_hooks() -> None:
+    """A wheel carries none of the tests' private hooks (FASTLOOP_TESTING=1 builds only)."""
+    import fastloop
+    from fastloop import _build_info, _core, _cuda
+
+    assert not _build_info.TESTING_HOOKS, "built with FASTLOOP_TESTING=1"
+    hooks = [f"{m.__name__}.{name}" for m in (_core, _cuda) for name in dir(m) if "testing" in name.lower()
+             or name in ("_emit_events", "_queue_load", "_pool_workers", "_NNContext")]
+    assert not hooks, f"the tests' hooks are in the wheel: {hooks}"
+    print(f"  no test hooks in fastloop {fastloop.__version__}'s extensions")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Smoke test of an installed fastloop")
     parser.add_argument("--wheel", action="store_true", help="codecs linked in and CUDA built in, required")
@@ -227,6 +239,7 @@ def main() -> int:
         check_images(tmp, args.wheel)
     if args.wheel:
         check_cuda_built()
+        check_no_test_hooks()
     print("smoke test passed")
     return 0
 

@@ -194,6 +194,20 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
         print(f"built {os.path.join(out, name)}")
 
 
+def test_symbols(wheel: str) -> list[str]:
+    """The dynamic symbols of the wheel's shared objects (nm -D) that name the tests' hooks."""
+    import zipfile
+
+    found = []
+    with tempfile.TemporaryDirectory(prefix="fastloop-nm-") as tmp, zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if ".so" in os.path.basename(name):
+                symbols = subprocess.run(["nm", "-D", archive.extract(name, tmp)], capture_output=True,
+                                         text=True, check=True).stdout
+                found += [f"{name}: {line.split()[-1]}" for line in symbols.splitlines() if "testing" in line.lower()]
+    return found
+
+
 def no_compiler_path(tmp: str) -> str:
     """A folder of links to the few tools the smoke test may run, and no compiler."""
     shim = os.path.join(tmp, "bin")
@@ -246,11 +260,15 @@ def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
             probe = "import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; sys.exit(f'compiler on PATH: {found}' if found else 0)"
             no_pillow = "import importlib.util, sys; sys.exit('Pillow is installed' if importlib.util.find_spec('PIL') else 0)"
             try:
+                hooks = test_symbols(wheels[0])
+                if hooks:
+                    raise RuntimeError(f"the tests' hooks are in the wheel (nm -D): {hooks}")
+                print(f"nm -D {os.path.basename(wheels[0])}: no testing symbol", flush=True)
                 run([exe, "-c", probe, *COMPILERS], env=env)
                 run([exe, "-m", "pip", "install", "-q", wheels[0], "tensorboard"], quiet=True, env=env)
                 run([exe, "-c", no_pillow], env=env)
                 run(without_system_codecs([exe, smoke, "--wheel"]), env=env, cwd=tmp)
-            except subprocess.CalledProcessError as error:
+            except (subprocess.CalledProcessError, RuntimeError) as error:
                 failures.append(f"{os.path.basename(wheels[0])}: {error}")
     return failures
 
