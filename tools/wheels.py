@@ -173,6 +173,9 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
     for old in glob.glob(os.path.join(out, "fastloop-*")):
         os.remove(old)
     env = build_env()
+    # the codecs linked in: the same packages, versions and checksums csrc/third_party/*/README.md record?
+    if subprocess.run([sys.executable, os.path.join(ROOT, "tools", "codec_sources.py"), "--check"]).returncode:
+        print("NOTE: the codecs linked into these wheels differ from csrc/third_party's record", flush=True)
     with tempfile.TemporaryDirectory(prefix="fastloop-wheels-") as tmp:
         raw = os.path.join(tmp, "raw")
         first = True
