@@ -33,6 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPPORTED = [(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)]
 # Needed at run time by what the smoke test touches; a compiler is deliberately not among them.
 RUNTIME_TOOLS = ["sh", "env", "timeout", "uname", "ldconfig", "nvidia-smi", "mount", "unshare"]
+# nvcc's objects, compiled once and linked into every interpreter's extension (setup.py)
+KERNEL_CACHE = os.path.join(ROOT, "build", "cuda-kernels")
 GLIBC_TARGET = (2, 28)  # the oldest glibc the wheels run on: zig compiles and links against it
 # The system codecs the check hides (each file a /dev/null bind mount over it, in a mount namespace).
 SYSTEM_CODECS = ["libjpeg.so*", "libpng16.so*", "libpng.so*", "libturbojpeg.so*"]
@@ -136,7 +138,7 @@ def zig_compiler() -> list[str]:
 def build_env() -> dict[str, str]:
     cc, ldshared = zig_compiler()
     env = dict(os.environ, CC=cc, LDSHARED=ldshared, FASTLOOP_CODECS="linked",
-               FASTLOOP_CUDA_CACHE=os.path.join(ROOT, "build", "cuda-kernels"))
+               FASTLOOP_CUDA_CACHE=KERNEL_CACHE)
     env.pop("FASTLOOP_TESTING", None)  # the tests' hooks never go into a wheel
     if shutil.which("nvcc") or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
         env["FASTLOOP_CUDA"] = "1"
@@ -269,6 +271,8 @@ def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
                 print(f"nm -D {os.path.basename(wheels[0])}: no testing symbol", flush=True)
                 run([exe, "-c", probe, *COMPILERS], env=env)
                 run([exe, "-m", "pip", "install", "-q", wheels[0], "tensorboard"], quiet=True, env=env)
+                # tensorboard (the smoke test reads events back with it) requires Pillow: out it goes
+                run([exe, "-m", "pip", "uninstall", "-y", "-q", "pillow"], quiet=True, env=env)
                 run([exe, "-c", no_pillow], env=env)
                 run(without_system_codecs([exe, smoke, "--wheel"]), env=env, cwd=tmp)
             except (subprocess.CalledProcessError, RuntimeError) as error:
@@ -284,7 +288,7 @@ def check_sdist(out: str, python: str) -> list[str]:
         return [f"no sdist in {out} (run make wheel)"]
     with tempfile.TemporaryDirectory(prefix="fastloop-sdist-") as tmp:
         try:
-            env = dict(os.environ, FASTLOOP_CUDA_CACHE=os.path.join(ROOT, "build", "cuda-kernels"))
+            env = dict(os.environ, FASTLOOP_CUDA_CACHE=KERNEL_CACHE)
             exe = venv(python, os.path.join(tmp, "venv"), sdists[0], env=env)
             run([exe, os.path.join(ROOT, "tools", "smoke_test.py")], cwd=tmp)
         except subprocess.CalledProcessError as error:
@@ -315,7 +319,8 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")
             # with the CUDA extension where nvcc is (one arch: its argument checks run without a GPU)
             run([exe, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall", ROOT],
-                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_TESTING="1", FASTLOOP_CUDA_ARCHS="75"))
+                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_TESTING="1", FASTLOOP_CUDA_ARCHS="75",
+                         FASTLOOP_CUDA_CACHE=KERNEL_CACHE))
             run([exe, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_SUBSET, *pytest_args], cwd=ROOT)
         except subprocess.CalledProcessError as error:
             failures.append(f"Python {name}: {error}")
