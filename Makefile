@@ -31,7 +31,7 @@ SHOW_HANG = grep -q 'most recent call first' $(FASTLOOP_HANG_LOG) 2>/dev/null &&
 TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 # test_nn's matrix products use the BLAS fastloop.nn picks (it fails, saying so, without one).
-BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop import _blas; print(_blas.path())' 2>/dev/null)"
+BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop.nn import _blas; print(_blas.path())' 2>/dev/null)"
 # test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's).
 IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
 	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
