@@ -58,20 +58,6 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
     return 0;
 }
 
-/* A float from `value`, or -1 with a TypeError naming the argument. */
-static int parse_value(PyObject *value_obj, double *value) {
-    *value = PyFloat_AsDouble(value_obj);
-    if (*value == -1.0 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1;
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "'value' must be a real number, not %.100s",
-                     Py_TYPE(value_obj)->tp_name);
-        return -1;
-    }
-    return 0;
-}
-
 /* Queues a record: at once if there is room, else waiting up to record_wait_s with the GIL
  * released; a record that still does not fit is counted as dropped (never an error). */
 static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, double value,
@@ -110,70 +96,26 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     Py_RETURN_NONE;
 }
 
-static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                             const char *what, PyObject **parsed, int n_params) {
-    static const char *names[] = {"name", "value", "step"};
-    const char *order[3] = {names[0], names[1], names[2]};
-    if (n_params == 3 && strcmp(what, "event") == 0) { /* event(name, step=None, value=0.0) */
-        order[1] = "step";
-        order[2] = "value";
-    }
-    if (nargs > n_params) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments", what, n_params);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        parsed[i] = args[i];
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
-        int slot = -1;
-        for (int i = 0; key && i < n_params; i++)
-            if (strcmp(key, order[i]) == 0)
-                slot = i;
-        if (slot < 0 || parsed[slot] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected or repeated argument '%s'", what,
-                         key ? key : "?");
-            return -1;
-        }
-        parsed[slot] = args[nargs + k];
-    }
-    if (parsed[0] == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s() missing required argument 'name'", what);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *monitor_scalar(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, value, step */
-    if (nargs >= 2 && nargs <= 3 && kwnames == NULL) { /* the common call: no keywords */
-        parsed[0] = args[0];
-        parsed[1] = args[1];
-        parsed[2] = nargs == 3 ? args[2] : NULL;
-    } else if (parse_record_args(args, nargs, kwnames, "scalar", parsed, 3) < 0) {
-        return NULL;
-    }
-    if (parsed[1] == NULL) {
-        PyErr_SetString(PyExc_TypeError, "scalar() missing required argument 'value'");
-        return NULL;
-    }
+    static fl_arg_cache scalar_args = FL_ARG_CACHE("scalar");
+    PyObject *name_obj, *step_obj = NULL;
     double value;
-    if (parse_value(parsed[1], &value) < 0)
+    if (fl_parse_args(&scalar_args, args, nargs, kwnames, FL_ARG("name", OBJECT, &name_obj),
+                      FL_ARG("value", DOUBLE, &value), FL_ARG("|step", OBJECT, &step_obj)) < 0)
         return NULL;
-    return record(self, FL_EVENT_SCALAR, parsed[0], value, parsed[2]);
+    return record(self, FL_EVENT_SCALAR, name_obj, value, step_obj);
 }
 
 static PyObject *monitor_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames) {
-    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, step, value */
-    if (parse_record_args(args, nargs, kwnames, "event", parsed, 3) < 0)
-        return NULL;
+    static fl_arg_cache event_args = FL_ARG_CACHE("event");
+    PyObject *name_obj, *step_obj = NULL;
     double value = 0.0;
-    if (parsed[2] != NULL && parse_value(parsed[2], &value) < 0)
+    if (fl_parse_args(&event_args, args, nargs, kwnames, FL_ARG("name", OBJECT, &name_obj),
+                      FL_ARG("|step", OBJECT, &step_obj), FL_ARG("value", DOUBLE, &value)) < 0)
         return NULL;
-    return record(self, FL_EVENT_MARKER, parsed[0], value, parsed[1]);
+    return record(self, FL_EVENT_MARKER, name_obj, value, step_obj);
 }
 
 typedef struct {

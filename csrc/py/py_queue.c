@@ -157,11 +157,12 @@ static PyObject *do_get(QueueObject *self, int block, PyObject *timeout_obj) {
     return fl_raise(state, rc, "get");
 }
 
-static PyObject *queue_put(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"item", "block", "timeout", NULL};
+static PyObject *queue_put(QueueObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static fl_arg_cache put_args = FL_ARG_CACHE("put");
     PyObject *item, *timeout = Py_None;
     int block = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:put", keywords, &item, &block, &timeout))
+    if (fl_parse_args(&put_args, args, nargs, kwnames, FL_ARG("item", OBJECT, &item),
+                      FL_ARG("|block", BOOL, &block), FL_ARG("timeout", OBJECT, &timeout)) < 0)
         return NULL;
     return do_put(self, item, block, timeout);
 }
@@ -170,11 +171,12 @@ static PyObject *queue_put_nowait(QueueObject *self, PyObject *item) {
     return do_put(self, item, 0, NULL);
 }
 
-static PyObject *queue_get(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"block", "timeout", NULL};
+static PyObject *queue_get(QueueObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static fl_arg_cache get_args = FL_ARG_CACHE("get");
     PyObject *timeout = Py_None;
     int block = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pO:get", keywords, &block, &timeout))
+    if (fl_parse_args(&get_args, args, nargs, kwnames, FL_ARG("|block", BOOL, &block),
+                      FL_ARG("timeout", OBJECT, &timeout)) < 0)
         return NULL;
     return do_get(self, block, timeout);
 }
@@ -390,14 +392,14 @@ fl_queue *fl_queue_from_python(PyObject *obj, fl_module_state *state) {
 /* ---- type ---- */
 
 static PyMethodDef queue_methods[] = {
-    {"put", (PyCFunction)(void (*)(void))queue_put, METH_VARARGS | METH_KEYWORDS,
+    {"put", (PyCFunction)(void (*)(void))queue_put, METH_FASTCALL | METH_KEYWORDS,
      "put($self, /, item, block=True, timeout=None)\n--\n\n"
      "Put item on the queue, waiting while it is full (for at most timeout seconds).\n"
      "Raises fastloop.QueueFull when no slot frees in time (at once if block is false),\n"
      "fastloop.Closed after close(). Waits with the GIL released; Ctrl-C interrupts."},
     {"put_nowait", (PyCFunction)queue_put_nowait, METH_O,
      "put_nowait($self, item, /)\n--\n\nput(item, block=False)."},
-    {"get", (PyCFunction)(void (*)(void))queue_get, METH_VARARGS | METH_KEYWORDS,
+    {"get", (PyCFunction)(void (*)(void))queue_get, METH_FASTCALL | METH_KEYWORDS,
      "get($self, /, block=True, timeout=None)\n--\n\n"
      "Remove and return the oldest item, waiting while the queue is empty (for at most\n"
      "timeout seconds). Raises fastloop.Empty when nothing arrives in time (at once if\n"
