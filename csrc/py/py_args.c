@@ -266,3 +266,29 @@ int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t na
     }
     return 0;
 }
+
+int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs, const fl_arg *decl,
+                            int count) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args_tuple), nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+    if (nkw == 0)
+        return fl_parse_args_slow(cache, &PyTuple_GET_ITEM(args_tuple, 0), nargs, NULL, decl, count);
+    PyObject **stack = PyMem_Malloc((size_t)(nargs + nkw) * sizeof *stack);
+    PyObject *kwnames = PyTuple_New(nkw);
+    int rc = -1;
+    if (stack == NULL || kwnames == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(stack, &PyTuple_GET_ITEM(args_tuple, 0), (size_t)nargs * sizeof *stack);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, k = 0;
+    while (PyDict_Next(kwargs, &pos, &key, &value)) { /* the call's own dict: no other thread has it */
+        PyTuple_SET_ITEM(kwnames, k, Py_NewRef(key));
+        stack[nargs + k++] = value; /* borrowed: the dict outlives the constructor's parse */
+    }
+    rc = fl_parse_args_slow(cache, stack, nargs, kwnames, decl, count);
+done:
+    PyMem_Free(stack);
+    Py_XDECREF(kwnames);
+    return rc;
+}

@@ -65,6 +65,13 @@ typedef struct {
     fl_parse_arg_list((cache), (args), (nargs), (kwnames), (const fl_arg[]){__VA_ARGS__},      \
                       (int)(sizeof((const fl_arg[]){__VA_ARGS__}) / sizeof(fl_arg)))
 
+/* The same for a tp_new/tp_init's (args tuple, kwargs dict or NULL): constructors, not hot. */
+#define fl_parse_args_dict(cache, args_tuple, kwargs, ...)                                      \
+    fl_parse_args_dict_list((cache), (args_tuple), (kwargs), (const fl_arg[]){__VA_ARGS__},    \
+                            (int)(sizeof((const fl_arg[]){__VA_ARGS__}) / sizeof(fl_arg)))
+int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs, const fl_arg *decl,
+                            int count);
+
 /* The general case: keywords, a cold cache, conversions other than the two inlined below. */
 int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                        const fl_arg *decl, int count);

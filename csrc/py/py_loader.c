@@ -263,15 +263,18 @@ static int pipeline_input(fl_loader_config *config, PyObject *pipeline_obj, PyOb
 }
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", "skip_errors", "ahead", NULL};
+    static fl_arg_cache loader_args = FL_ARG_CACHE("_Loader");
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0, ahead = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOpi:_Loader", keywords, &fields_obj, &batch_size,
-                                     &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj, &skip_errors, &ahead))
+    if (fl_parse_args_dict(&loader_args, args, kwargs, FL_ARG("fields", OBJECT, &fields_obj),
+                           FL_ARG("batch_size", SSIZE, &batch_size), FL_ARG("|shuffle", BOOL, &shuffle),
+                           FL_ARG("seed", UINT64, &seed), FL_ARG("rank", INT, &rank),
+                           FL_ARG("world_size", INT, &world_size), FL_ARG("drop_last", BOOL, &drop_last),
+                           FL_ARG("workers", INT, &workers), FL_ARG("slots", INT, &slots),
+                           FL_ARG("pipeline", OBJECT, &pipeline_obj), FL_ARG("metrics", OBJECT, &metrics_obj),
+                           FL_ARG("skip_errors", BOOL, &skip_errors), FL_ARG("ahead", INT, &ahead)) < 0)
         return NULL;
     PyObject *fields = PySequence_Tuple(fields_obj);
     if (fields == NULL)

@@ -237,10 +237,10 @@ static int attempt_wait_closed(void *ctx, double timeout_s) {
     return fl_monitor_wait_closed(ctx, timeout_s);
 }
 
-static PyObject *monitor_close(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"wait", NULL};
+static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int wait = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &wait))
+    if (fl_parse_args(&close_args, args, nargs, kwnames, FL_ARG("|wait", BOOL, &wait)) < 0)
         return NULL;
     fl_monitor *m = ((MonitorObject *)self)->monitor;
     fl_monitor_close(m, 0); /* never join with the GIL held; wait below, interruptibly */
@@ -349,18 +349,19 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
 }
 
 static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"sinks",       "interval", "flush_interval", "queue_size",
-                               "host",        "gpu",      "nvml_library",   "smi_command",
-                               "record_wait", "start_step",   NULL};
+    static fl_arg_cache monitor_args = FL_ARG_CACHE("_Monitor");
     PyObject *sinks_obj;
     double interval = 30.0, flush_interval = 5.0, record_wait = 0.01;
     Py_ssize_t queue_size = 65536;
     long long start_step = 0;
     int host = 1, gpu = 1;
     const char *nvml_library = NULL, *smi_command = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddnppzzdL:_Monitor", keywords, &sinks_obj,
-                                     &interval, &flush_interval, &queue_size, &host, &gpu,
-                                     &nvml_library, &smi_command, &record_wait, &start_step))
+    if (fl_parse_args_dict(&monitor_args, args, kwargs, FL_ARG("sinks", OBJECT, &sinks_obj),
+                           FL_ARG("|interval", DOUBLE, &interval), FL_ARG("flush_interval", DOUBLE, &flush_interval),
+                           FL_ARG("queue_size", SSIZE, &queue_size), FL_ARG("host", BOOL, &host),
+                           FL_ARG("gpu", BOOL, &gpu), FL_ARG("nvml_library", STR_OR_NONE, &nvml_library),
+                           FL_ARG("smi_command", STR_OR_NONE, &smi_command),
+                           FL_ARG("record_wait", DOUBLE, &record_wait), FL_ARG("start_step", INT64, &start_step)) < 0)
         return NULL;
     if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
         PyErr_SetString(PyExc_ValueError, "queue_size must be >= 1, record_wait >= 0, "
@@ -452,7 +453,7 @@ static PyMethodDef monitor_methods[] = {
     {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
      "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "
      "timeout."},
-    {"close", (PyCFunction)(void (*)(void))monitor_close, METH_VARARGS | METH_KEYWORDS,
+    {"close", (PyCFunction)(void (*)(void))monitor_close, METH_FASTCALL | METH_KEYWORDS,
      "close($self, /, wait=True)\n--\n\nStop; with wait, until the sinks are written and closed."},
     {"wait_closed", monitor_wait_closed, METH_VARARGS,
      "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},
