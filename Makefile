@@ -193,7 +193,9 @@ install-check:
 	cd "$$dir" && venv/bin/python -c "import fastloop, numpy; \
 	    y = fastloop.ops.normalize(numpy.zeros((2, 4, 4, 3), numpy.uint8), 0.5, 0.25); \
 	    assert y.shape == (2, 3, 4, 4); print('installed fastloop OK;', fastloop.cuda.is_built().reason)"; \
-	venv/bin/python -c "import fastloop.demo, fastloop.serve, fastloop.bench.answer, fastloop.nn"
+	venv/bin/python -c "import fastloop.demo, fastloop.serve, fastloop.bench.answer, fastloop.nn, fastloop.data, \
+	    fastloop.monitor, fastloop.checkpoint, fastloop.cuda, fastloop.loader, fastloop.images"; \
+	venv/bin/python -m fastloop demo --help >/dev/null; venv/bin/python -m fastloop bench --help >/dev/null
 
 # The sdist and, built from it in PEP 517 isolation, a wheel per Python 3.9-3.13 found (pyenv's
 # versions, python3.X on PATH, or FASTLOOP_PYTHONS), repaired by auditwheel to a manylinux tag.

@@ -138,7 +138,7 @@ def own_python(samples: int = 64000, rounds: int = 5) -> dict:
     import torch
 
     import fastloop
-    from fastloop._samples import Fetcher
+    from fastloop.data._samples import Fetcher
 
     torch.set_num_threads(1)
     dataset = make_dataset("fixed", 1 << 20)

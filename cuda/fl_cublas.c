@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fl_dl.h"
+#include "base/fl_error.h"
+
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static fl_cublas_api api;           /* filled once under load_lock */
 static const fl_cublas_api *loaded; /* &api once every symbol resolved; read under load_lock */
@@ -34,7 +37,8 @@ static void preload_lt(const char *path) {
         return;
     char lt[1100];
     snprintf(lt, sizeof lt, "%.*slibcublasLt.so%s", (int)(name - path), path, name + 12);
-    dlopen(lt, RTLD_NOW | RTLD_GLOBAL); /* a failure shows up as libcublas's own dlerror */
+    if (fl_dl_open_global(lt, "cuBLASLt") == NULL)
+        fl_error_clear(); /* a failure shows up as libcublas's own dlerror */
 }
 
 /* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
@@ -56,10 +60,10 @@ static const char *resolve(void *lib) {
 /* Tries one candidate; returns 0 once loaded, else appends why it failed. */
 static int try_load(const char *path, char *why, size_t why_len) {
     preload_lt(path);
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *lib = fl_dl_open(path, "cuBLAS");
     if (lib == NULL) {
-        const char *error = dlerror();
-        append(why, why_len, "%s%s", why[0] ? "; " : "", error ? error : path);
+        append(why, why_len, "%s%s", why[0] ? "; " : "", fl_error_detail());
+        fl_error_clear();
         return -1;
     }
     const char *missing = resolve(lib);

@@ -5,7 +5,7 @@
  * Every op makes the context's device current first (Python threads may differ), queues
  * its work on the context's stream, and checks every CUDA and cuBLAS return code; a failure
  * leaves "<call>: <error string>" in error(ctx) and returns FL_ENOMEM (out of memory),
- * FL_EINVAL (bad arguments) or FL_ESYS (any other CUDA or cuBLAS failure).
+ * FL_EINVAL (bad arguments) or FL_ECUDA (any other CUDA or cuBLAS failure).
  */
 #include "fl_cuda.h"
 
@@ -42,8 +42,8 @@ __attribute__((format(printf, 3, 4))) static int fail(nn_ctx *c, int err, const 
 /* Records "<what>: <CUDA error string>" and returns the fl_err for it. */
 static int cuda_fail(nn_ctx *c, cudaError_t rc, const char *what) {
     (void)cudaGetLastError(); /* a non-sticky error must not resurface at the next launch */
-    fail(c, FL_ESYS, "%s: %s", what, cudaGetErrorString(rc));
-    return rc == cudaErrorMemoryAllocation ? FL_ENOMEM : FL_ESYS;
+    fail(c, FL_ECUDA, "%s: %s", what, cudaGetErrorString(rc));
+    return rc == cudaErrorMemoryAllocation ? FL_ENOMEM : FL_ECUDA;
 }
 
 #define CUDA_CHECK(c, call, what)                   \
@@ -80,7 +80,7 @@ static int open_resources(nn_ctx *c) {
     if (status == FL_CUBLAS_STATUS_SUCCESS)
         status = blas->set_stream(c->blas, c->stream);
     if (status != FL_CUBLAS_STATUS_SUCCESS)
-        return fail(c, FL_ESYS, "cublasCreate_v2: %s", fl_cublas_status_name(status));
+        return fail(c, FL_ECUDA, "cublasCreate_v2: %s", fl_cublas_status_name(status));
     CUDA_CHECK(c, cudaEventCreateWithFlags(&c->wait_event, cudaEventDisableTiming),
                "cudaEventCreateWithFlags");
     CUDA_CHECK(c, cudaMalloc((void **)&c->scratch, sizeof *c->scratch), "cudaMalloc(scratch)");
@@ -126,7 +126,7 @@ static int nn_open(int device, void **ctx, const char **why) {
     if (rc != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(message, sizeof message, "cudaGetDeviceCount: %s", cudaGetErrorString(rc));
-        return FL_ESYS;
+        return FL_ECUDA;
     }
     if (device < 0 || device >= count) {
         snprintf(message, sizeof message, "CUDA device %d does not exist (%d device(s))", device,
@@ -267,7 +267,7 @@ static int nn_gemm(void *ctx, fl_dtype dtype, int trans_a, int trans_b, int64_t 
         return bad_dtype(c, dtype);
     }
     if (status != FL_CUBLAS_STATUS_SUCCESS)
-        return fail(c, status == 3 ? FL_ENOMEM : FL_ESYS, "%s: %s",
+        return fail(c, status == 3 ? FL_ENOMEM : FL_ECUDA, "%s: %s",
                     dtype == FL_FLOAT32 ? "cublasSgemm_v2" : "cublasDgemm_v2",
                     fl_cublas_status_name(status));
     return 0;

@@ -229,7 +229,7 @@ def test_tar_shards_index_members_in_order_with_labels(tmp_path: Path) -> None:
 
 
 def test_the_header_index_agrees_with_pythons_tarfile(tmp_path: Path) -> None:
-    from fastloop import _tar_index
+    from fastloop.data import _tar_index
 
     make_shards(tmp_path, [3, 3, 3])
     with tarfile.open(tmp_path / "shard-001.tar", "a", format=tarfile.PAX_FORMAT) as tar:
@@ -417,7 +417,7 @@ def test_labels_missing_or_malformed_are_named(tmp_path: Path) -> None:
 
 def test_the_index_is_cached_until_the_shard_changes(tmp_path: Path, index_cache: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastloop import _tar_index
+    from fastloop.data import _tar_index
 
     expected = make_shards(tmp_path, [3, 2])
     first = fastloop.TarShards(str(tmp_path / "*.tar"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fastloop
-from fastloop._device_feed import GpuFinish, dtype_name, memory_format_name, split_for_device
+from fastloop.data._device_feed import GpuFinish, dtype_name, memory_format_name, split_for_device
 from fastloop.ops import (Cast, CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop,
                           Resize)
 
@@ -241,7 +241,7 @@ class FakeRegistry:
 
 
 def test_each_slot_is_pinned_once_for_the_rows_it_holds_and_copies_are_left_alone():
-    from fastloop._pinning import SlotPinner
+    from fastloop.data._pinning import SlotPinner
 
     data = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)
     loader = fastloop.Loader(data, batch_size=4, workers=0)
@@ -289,7 +289,7 @@ class FakeTorch:
 
 
 def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
-    from fastloop._torch_feed import PinnedBatches
+    from fastloop.data._torch_feed import PinnedBatches
 
     data = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
     loader = fastloop.Loader(data, batch_size=4, workers=0)
@@ -320,7 +320,7 @@ class FakeFeed:
     `copies_done` batches later, as a slow copy would."""
 
     def __new__(cls, lag: int):
-        from fastloop._device_feed import DeviceFeed
+        from fastloop.data._device_feed import DeviceFeed
 
         class Feed(DeviceFeed):
             def __init__(self) -> None:
@@ -362,7 +362,7 @@ def test_the_feed_never_makes_the_loader_copy_a_batch_out(workers, lag):
 def test_pinned_batches_stay_views_in_a_training_loop(workers):
     """pin_memory without a device: the user's loop copies each batch and drops it; the slot
     comes back once the copy's event passed, before the next batch is taken."""
-    from fastloop._torch_feed import PinnedBatches
+    from fastloop.data._torch_feed import PinnedBatches
 
     data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
     loader = fastloop.Loader(data, batch_size=4, workers=workers)

@@ -2,7 +2,7 @@
 (3.9), read from the C sources, so a binding that only runs on a GPU is checked here too.
 
 PyArg_Parse* formats: known units only, '|' before '$', at most one of each, ':'/';' last.
-PyErr_Format / PyUnicode_FromFormat / PyErr_WarnFormat: only the conversions 3.9 knows
+PyErr_Format / fl_raisef / PyUnicode_FromFormat / PyErr_WarnFormat: only the conversions 3.9 knows
 (%T, %N and %#T came in 3.13; the 'z'/'l' modifiers go with d, i, u only before 3.12).
 """
 
@@ -19,7 +19,7 @@ BINDINGS = sorted([*ROOT.glob("csrc/py/*.c"), *ROOT.glob("cuda/py/*.c")])
 # "s#" and the like are one unit; "e" takes an encoding then s/t/#; "(...)" nests.
 _PARSE_UNITS = re.compile(r"es#|et#|es|et|[syzw]\*|[syzu]#|U|S|Y|O[!&]?|[bBhHiIlkLKnfdDcCpsyzu]|[()]")
 _ARG_CALLS = re.compile(r"PyArg_(?:ParseTupleAndKeywords|ParseTuple|Parse|VaParseTupleAndKeywords)\s*\(")
-_FORMAT_CALLS = re.compile(r"\b(?:PyErr_Format|PyUnicode_FromFormat|PyErr_WarnFormat|PyUnicode_FromFormatV)\s*\(")
+_FORMAT_CALLS = re.compile(r"\b(?:PyErr_Format|fl_raisef|PyUnicode_FromFormat|PyErr_WarnFormat|PyUnicode_FromFormatV)\s*\(")
 # What PyUnicode_FromFormat understands on 3.9: width/precision digits, then one of these.
 _CONVERSION = re.compile(r"%(?:%|(\d*)(?:\.\d+)?(ll|l|z)?([diuxcspAUVSR]))")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastloop
-from fastloop import _gpu_decode
+from fastloop.data import _gpu_decode
 from fastloop._core import _Loader, _epoch_seed, _image_decode
 from fastloop.loader import _encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize

@@ -21,7 +21,8 @@
     X(EEND, "end of data")                                            \
     X(EWORKER, "a worker process failed")                             \
     X(EUNAVAILABLE, "a library is not available")                     \
-    X(ENOTSUP, "not handled by this fast path: take the general one")
+    X(ENOTSUP, "not handled by this fast path: take the general one") \
+    X(ECUDA, "a CUDA or cuBLAS call failed")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/fl_crc.h"
+#include "base/fl_dl.h"
 #include "base/fl_error.h"
 #include "base/fl_time.h"
 #include "monitor/fl_tfevents.h"
@@ -67,10 +68,10 @@ static struct {
 } zlib = {.once = PTHREAD_ONCE_INIT};
 
 static void load_zlib(void) {
-    void *handle = dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *handle = fl_dl_open("libz.so.1", "zlib");
     if (handle == NULL) {
-        const char *why = dlerror();
-        snprintf(zlib.why, sizeof zlib.why, "cannot load zlib (libz.so.1): %s", why ? why : "?");
+        snprintf(zlib.why, sizeof zlib.why, "%s", fl_error_detail());
+        fl_error_clear();
         return;
     }
     *(void **)&zlib.bound = dlsym(handle, "compressBound");

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "base/fl_dl.h"
 #include "base/fl_error.h"
 #include "base/fl_time.h"
 
@@ -91,9 +92,10 @@ struct fl_gpu {
 
 /* Loads and starts NVML; on failure returns -1 with why in `why`. */
 static int nvml_load(nvml_api *api, const char *library, char *why, size_t why_len) {
-    api->library = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    api->library = fl_dl_open(library, "NVML");
     if (api->library == NULL) {
-        snprintf(why, why_len, "NVML (%s) could not be loaded: %s", library, dlerror());
+        snprintf(why, why_len, "%s", fl_error_detail());
+        fl_error_clear();
         return -1;
     }
     /* dlsym returns void*; POSIX guarantees it converts to function pointers */

@@ -26,6 +26,7 @@ static inline PyObject *fl_xnew_ref(PyObject *obj) {
 static inline int PyModule_AddObjectRef(PyObject *module, const char *name, PyObject *value) {
     if (value == NULL) {
         if (!PyErr_Occurred())
+            /* CPython's own message, as 3.10's call raises it (the shim sits below the table) */
             PyErr_SetString(PyExc_SystemError, "PyModule_AddObjectRef() with a NULL value");
         return -1;
     }
@@ -58,6 +59,7 @@ static inline PyObject *PyType_GetModuleByDef(PyTypeObject *type, PyModuleDef *d
         if (module != NULL && PyModule_GetDef(module) == def)
             return module;
     }
+    /* CPython's own error, as 3.11's call raises it (the shim sits below the table) */
     PyErr_Format(PyExc_TypeError, "PyType_GetModuleByDef: no superclass of '%s' has the given module",
                  type->tp_name);
     return NULL;

@@ -18,6 +18,7 @@
 
 #include "base/fl_dtype.h"
 #include "base/fl_pool.h"
+#include "py/fl_exc.h"
 
 /* Per-module state (no C globals: ready for subinterpreters and free-threaded builds). */
 typedef struct fl_module_state {
@@ -33,13 +34,7 @@ typedef struct fl_module_state {
     PyTypeObject *npy_mapping_type;
     PyTypeObject *model_type;
     PyTypeObject *optimizer_type;
-    PyObject *error;            /* fastloop.Error */
-    PyObject *closed;           /* fastloop.Closed */
-    PyObject *empty;            /* fastloop.Empty */
-    PyObject *full;             /* fastloop.QueueFull */
-    PyObject *sink_error;       /* fastloop.SinkError */
-    PyObject *checkpoint_error; /* fastloop.CheckpointError */
-    PyObject *codec_unavailable; /* fastloop.CodecUnavailable */
+    fl_exc_classes exc;        /* the exception table's classes (fl_exc.h) */
     pthread_mutex_t pool_lock; /* guards pool, pool_pid and pool_users */
     fl_pool *pool;             /* intra-op worker threads, started on first use */
     pid_t pool_pid;            /* the process that made `pool` (a forked child must not use it) */
@@ -56,43 +51,19 @@ static inline fl_module_state *fl_state_from_module(PyObject *module) {
 
 /* ---- core error codes to exceptions (py_errors.c) ---- */
 
-/* The exception classes a core error can become. */
-typedef enum fl_exc {
-    FL_EXC_DEFAULT = 0, /* the table's class for the code */
-    FL_EXC_ERROR,       /* fastloop.Error */
-    FL_EXC_VALUE,       /* ValueError */
-    FL_EXC_MEMORY,      /* MemoryError */
-    FL_EXC_TIMEOUT,     /* TimeoutError */
-    FL_EXC_OS,          /* OSError(errno, message): FileNotFoundError, PermissionError... */
-    FL_EXC_CLOSED,      /* fastloop.Closed */
-    FL_EXC_UNAVAILABLE, /* fastloop.CodecUnavailable */
-    FL_EXC_SINK,        /* fastloop.SinkError */
-    FL_EXC_CHECKPOINT,  /* fastloop.CheckpointError */
-    FL_EXC_CUDA,        /* fastloop.CudaError */
-    FL_EXC_OVERFLOW,    /* OverflowError: a size computed from the arguments does not fit */
-} fl_exc;
-
-#define FL_RAISE_OVERRIDES 4
-
-/* How one call raises. Zeroed fields take the defaults: the table (FL_EINVAL -> ValueError,
- * FL_ENOMEM -> MemoryError, FL_ECLOSED -> Closed, FL_ETIMEDOUT -> TimeoutError,
- * FL_EUNAVAILABLE -> CodecUnavailable, FL_EOVERFLOW -> OverflowError, any other ->
- * fastloop.Error) and the core's detail. */
+/* How one call raises; zeroed fields take the defaults. */
 typedef struct fl_raise_opts {
     const char *what;    /* message prefix: "what: message"; NULL: the message alone */
     const char *message; /* NULL: the core's thread-local detail (fl_strerror() when empty) */
-    struct {
-        int err;
-        fl_exc exc;
-    } overrides[FL_RAISE_OVERRIDES]; /* checked first, up to the first FL_EXC_DEFAULT */
-    fl_exc otherwise;    /* for codes the overrides do not name; FL_EXC_DEFAULT: the table */
+    fl_raise_in in;      /* where the error came from */
     PyObject *instance;  /* set: raise this exception the caller built (borrowed) */
 } fl_raise_opts;
 
 /* Sets the Python exception for core error `err` (a negative fl_err) as `opts` says, and
  * clears the core's detail. Returns NULL, for `return fl_raise_with(...)`. `state` may be NULL
  * in a helper that has no module at hand when `opts` picks only built-in classes
- * (.otherwise = FL_EXC_VALUE, say); a fastloop class asked for without it is a SystemError. */
+ * (FL_IN_DATA's ValueError, say); a fastloop class asked for without it is a SystemError.
+ * The exception carries the code as `.code`. */
 PyObject *fl_raise_with(fl_module_state *state, int err, const fl_raise_opts *opts);
 
 /* fl_raise_with() with the table and the core's detail, prefixed by `what` ("normalize"). */

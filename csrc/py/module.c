@@ -44,32 +44,20 @@ void fl_exec_release(fl_module_state *state, fl_exec exec) {
     pthread_mutex_unlock(&state->pool_lock);
 }
 
-/* Looks up fastloop.errors.<name>, the exception classes shared with the Python layer. */
-static int import_error(PyObject *errors, const char *name, PyObject **slot) {
-    *slot = PyObject_GetAttrString(errors, name);
-    return *slot == NULL ? -1 : 0;
-}
-
 static int module_exec(PyObject *module) {
     fl_module_state *state = fl_state_from_module(module);
     if (pthread_mutex_init(&state->pool_lock, NULL) != 0) {
-        PyErr_SetString(PyExc_OSError, "cannot create a mutex");
+        fl_raisef(NULL, FL_EXC_OS, "cannot create a mutex");
         return -1;
     }
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
-    PyObject *errors = PyImport_ImportModule("fastloop.errors");
-    if (errors == NULL)
+    if (fl_exc_load(&state->exc) < 0)
         return -1;
-    int rc = import_error(errors, "Error", &state->error) ||
-             import_error(errors, "Closed", &state->closed) ||
-             import_error(errors, "Empty", &state->empty) ||
-             import_error(errors, "QueueFull", &state->full) ||
-             import_error(errors, "SinkError", &state->sink_error) ||
-             import_error(errors, "CheckpointError", &state->checkpoint_error) ||
-             import_error(errors, "CodecUnavailable", &state->codec_unavailable);
-    Py_DECREF(errors);
-    if (rc != 0)
+    PyObject *names = fl_exc_names(); /* for the test that errors.py matches the table */
+    int rc = PyModule_AddObjectRef(module, "_exception_names", names);
+    Py_XDECREF(names);
+    if (rc < 0)
         return -1;
     if (fl_queue_module_init(module, state) < 0 || fl_metrics_module_init(module, state) < 0 ||
         fl_monitor_module_init(module, state) < 0 ||
@@ -86,19 +74,13 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     fl_module_state *state = fl_state_from_module(module);
     Py_VISIT(state->queue_type);
     Py_VISIT(state->event_type);
-    Py_VISIT(state->error);
-    Py_VISIT(state->closed);
-    Py_VISIT(state->empty);
-    Py_VISIT(state->full);
+    fl_exc_traverse(&state->exc, visit, arg);
     Py_VISIT(state->npy_mapping_type);
     Py_VISIT(state->model_type);
     Py_VISIT(state->optimizer_type);
     Py_VISIT(state->lease_type);
     Py_VISIT(state->loader_type);
     Py_VISIT(state->pipeline_type);
-    Py_VISIT(state->checkpoint_error);
-    Py_VISIT(state->codec_unavailable);
-    Py_VISIT(state->sink_error);
     Py_VISIT(state->checkpointer_type);
     Py_VISIT(state->monitor_type);
     Py_VISIT(state->metric_stats_type);
@@ -110,19 +92,13 @@ static int module_clear(PyObject *module) {
     fl_module_state *state = fl_state_from_module(module);
     Py_CLEAR(state->queue_type);
     Py_CLEAR(state->event_type);
-    Py_CLEAR(state->error);
-    Py_CLEAR(state->closed);
-    Py_CLEAR(state->empty);
-    Py_CLEAR(state->full);
+    fl_exc_clear(&state->exc);
     Py_CLEAR(state->npy_mapping_type);
     Py_CLEAR(state->model_type);
     Py_CLEAR(state->optimizer_type);
     Py_CLEAR(state->lease_type);
     Py_CLEAR(state->loader_type);
     Py_CLEAR(state->pipeline_type);
-    Py_CLEAR(state->checkpoint_error);
-    Py_CLEAR(state->codec_unavailable);
-    Py_CLEAR(state->sink_error);
     Py_CLEAR(state->checkpointer_type);
     Py_CLEAR(state->monitor_type);
     Py_CLEAR(state->metric_stats_type);

@@ -1,9 +1,9 @@
 /* py_args.c - the declaration-driven argument parser of py_args.h (its general case) and its
- * converters. Its TypeErrors are raised here, in one place, with PyErr_Format's 3.9-safe
- * conversions. */
+ * converters. Its TypeErrors are raised here, in one place, through fl_exc's table. */
 #include <limits.h>
 #include <string.h>
 
+#include "fl_exc.h"
 #include "py_args.h"
 
 /* A converter's results besides 0 (done) and -1 (its own exception set). */
@@ -109,7 +109,7 @@ static int to_str(PyObject *obj, void *out) {
     if (text == NULL)
         return -1;
     if (strlen(text) != (size_t)len) {
-        PyErr_SetString(PyExc_ValueError, "embedded null character");
+        fl_raisef(NULL, FL_EXC_VALUE, "embedded null character");
         return -1;
     }
     *(const char **)out = text;
@@ -130,11 +130,16 @@ typedef struct {
 } converter;
 
 static const converter converters[] = { /* by fl_arg_kind */
-    [FL_ARG_OBJECT] = {to_object, "any object"},   [FL_ARG_STR_OBJECT] = {to_str_object, "str"},
-    [FL_ARG_BOOL] = {to_bool, "bool"},             [FL_ARG_INT] = {to_int, "int"},
-    [FL_ARG_SSIZE] = {to_ssize, "int"},            [FL_ARG_INT64] = {to_int64, "int"},
-    [FL_ARG_UINT64] = {to_uint64, "int"},          [FL_ARG_DOUBLE] = {to_double, "a real number"},
-    [FL_ARG_STR] = {to_str, "str"},                [FL_ARG_STR_OR_NONE] = {to_str_or_none, "str or None"},
+    [FL_ARG_OBJECT] = {to_object, "any object"},
+    [FL_ARG_STR_OBJECT] = {to_str_object, "str"},
+    [FL_ARG_BOOL] = {to_bool, "bool"},
+    [FL_ARG_INT] = {to_int, "int"},
+    [FL_ARG_SSIZE] = {to_ssize, "int"},
+    [FL_ARG_INT64] = {to_int64, "int"},
+    [FL_ARG_UINT64] = {to_uint64, "int"},
+    [FL_ARG_DOUBLE] = {to_double, "a real number"},
+    [FL_ARG_STR] = {to_str, "str"},
+    [FL_ARG_STR_OR_NONE] = {to_str_or_none, "str or None"},
 };
 
 /* Converts obj into decl->out; 0, or -1 with an exception naming the function and argument. */
@@ -143,10 +148,11 @@ static int convert(const fl_arg_cache *c, const fl_arg *decl, PyObject *obj) {
     int rc = conv->convert(obj, decl->out);
     const char *name = decl->name + strspn(decl->name, "|$");
     if (rc == FL_ARG_WRONG_TYPE)
-        PyErr_Format(PyExc_TypeError, "%s() argument '%s' must be %s, not %.100s", c->function, name,
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() argument '%s' must be %s, not %.100s", c->function, name,
                      conv->expected, Py_TYPE(obj)->tp_name);
     else if (rc == FL_ARG_OUT_OF_RANGE)
-        PyErr_Format(PyExc_OverflowError, "%s() argument '%s' is out of range: %R", c->function, name, obj);
+        fl_raisef(NULL, FL_EXC_OVERFLOW, "%s() argument '%s' is out of range: %R", c->function,
+                  name, obj);
     return rc == 0 ? 0 : -1;
 }
 
@@ -156,7 +162,8 @@ static int convert(const fl_arg_cache *c, const fl_arg *decl, PyObject *obj) {
 static int fill_cache(fl_arg_cache *cache, const fl_arg *decl, int count) {
     int required = -1, positional = -1;
     if (count > FL_ARGS_MAX) {
-        PyErr_Format(PyExc_SystemError, "%s(): more than %d arguments declared", cache->function, FL_ARGS_MAX);
+        fl_raisef(NULL, FL_EXC_SYSTEM, "%s(): more than %d arguments declared", cache->function,
+                  FL_ARGS_MAX);
         return -1;
     }
     for (int i = 0; i < count; i++) {
@@ -205,7 +212,7 @@ static int keyword_index(const fl_arg_cache *c, PyObject *key) {
     for (int i = 0; i < c->count; i++)
         if (PyUnicode_CompareWithASCIIString(key, c->names[i]) == 0)
             return i;
-    PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", c->function, key);
+    fl_raisef(NULL, FL_EXC_TYPE, "%s() got an unexpected keyword argument '%U'", c->function, key);
     return -1;
 }
 
@@ -219,7 +226,7 @@ static int place_keywords(const fl_arg_cache *c, PyObject *const *args, Py_ssize
         if (i < 0)
             return -1;
         if (given[i] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", c->function,
+            fl_raisef(NULL, FL_EXC_TYPE, "%s() got multiple values for argument '%s'", c->function,
                          c->names[i]);
             return -1;
         }
@@ -227,8 +234,8 @@ static int place_keywords(const fl_arg_cache *c, PyObject *const *args, Py_ssize
     }
     for (int i = 0; i < c->required; i++)
         if (given[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", c->function,
-                         c->names[i], i + 1);
+            fl_raisef(NULL, FL_EXC_TYPE, "%s() missing required argument '%s' (pos %d)",
+                      c->function, c->names[i], i + 1);
             return -1;
         }
     return 0;
@@ -236,20 +243,20 @@ static int place_keywords(const fl_arg_cache *c, PyObject *const *args, Py_ssize
 
 static int check_positional(const fl_arg_cache *c, Py_ssize_t nargs, int keywords) {
     if (nargs > c->positional) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)",
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() takes at most %d positional arguments (%zd given)",
                      c->function, c->positional, nargs);
         return -1;
     }
     if (!keywords && nargs < c->required) {
-        PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %zd)", c->function,
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() missing required argument '%s' (pos %zd)", c->function,
                      c->names[nargs], nargs + 1);
         return -1;
     }
     return 0;
 }
 
-int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                       const fl_arg *decl, int count) {
+int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames, const fl_arg *decl, int count) {
     fl_arg_cache local;
     const fl_arg_cache *c = ready_cache(cache, &local, decl, count);
     if (c == NULL)
@@ -267,22 +274,23 @@ int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t na
     return 0;
 }
 
-int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs, const fl_arg *decl,
-                            int count) {
+int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs,
+                            const fl_arg *decl, int count) {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args_tuple), nkw = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
     if (nkw == 0)
-        return fl_parse_args_slow(cache, &PyTuple_GET_ITEM(args_tuple, 0), nargs, NULL, decl, count);
+        return fl_parse_args_slow(cache, &PyTuple_GET_ITEM(args_tuple, 0), nargs, NULL, decl,
+                                  count);
     PyObject **stack = PyMem_Malloc((size_t)(nargs + nkw) * sizeof *stack);
     PyObject *kwnames = PyTuple_New(nkw);
     int rc = -1;
-    if (stack == NULL || kwnames == NULL) {
-        PyErr_NoMemory();
+    if (stack == NULL)
+        fl_raisef(NULL, FL_EXC_MEMORY, "%s(): no memory for its arguments", cache->function);
+    if (stack == NULL || kwnames == NULL)
         goto done;
-    }
     memcpy(stack, &PyTuple_GET_ITEM(args_tuple, 0), (size_t)nargs * sizeof *stack);
     PyObject *key, *value;
     Py_ssize_t pos = 0, k = 0;
-    while (PyDict_Next(kwargs, &pos, &key, &value)) { /* the call's own dict: no other thread has it */
+    while (PyDict_Next(kwargs, &pos, &key, &value)) { /* the call's own dict: no thread shares it */
         PyTuple_SET_ITEM(kwnames, k, Py_NewRef(key));
         stack[nargs + k++] = value; /* borrowed: the dict outlives the constructor's parse */
     }

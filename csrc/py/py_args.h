@@ -69,12 +69,12 @@ typedef struct {
 #define fl_parse_args_dict(cache, args_tuple, kwargs, ...)                                      \
     fl_parse_args_dict_list((cache), (args_tuple), (kwargs), (const fl_arg[]){__VA_ARGS__},    \
                             (int)(sizeof((const fl_arg[]){__VA_ARGS__}) / sizeof(fl_arg)))
-int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs, const fl_arg *decl,
-                            int count);
+int fl_parse_args_dict_list(fl_arg_cache *cache, PyObject *args_tuple, PyObject *kwargs,
+                            const fl_arg *decl, int count);
 
 /* The general case: keywords, a cold cache, conversions other than the two inlined below. */
-int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                       const fl_arg *decl, int count);
+int fl_parse_args_slow(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames, const fl_arg *decl, int count);
 /* The first index at which `mark` opens ('|' optional, '$' keyword-only), else count. */
 static inline int fl_arg_mark(const fl_arg *decl, int count, char mark) {
     for (int i = 0; i < count; i++)
@@ -87,7 +87,8 @@ static inline int fl_arg_mark(const fl_arg *decl, int count, char mark) {
  * compiler folds the marks and kinds and only the stores remain. The rest: the slow path. */
 static inline int fl_parse_arg_list(fl_arg_cache *cache, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames, const fl_arg *decl, int count) {
-    if (kwnames != NULL || nargs < fl_arg_mark(decl, count, '|') || nargs > fl_arg_mark(decl, count, '$'))
+    if (kwnames != NULL || nargs < fl_arg_mark(decl, count, '|') ||
+        nargs > fl_arg_mark(decl, count, '$'))
         return fl_parse_args_slow(cache, args, nargs, kwnames, decl, count);
     for (int i = 0; i < count && i < nargs; i++) {
         if (decl[i].kind == FL_ARG_OBJECT)

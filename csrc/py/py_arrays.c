@@ -7,33 +7,33 @@
 
 PyObject *fl_check_array(PyObject *obj, const char *arg) {
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must be a numpy.ndarray, not %.200s", arg,
-                     Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'%s' must be a numpy.ndarray, not %.200s", arg,
+                  Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *array = (PyArrayObject *)obj;
     PyArray_Descr *descr = PyArray_DESCR(array);
     if (PyDataType_FLAGCHK(descr, NPY_ITEM_REFCOUNT)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must hold numbers, not Python objects (dtype %R)", arg,
-                     (PyObject *)descr);
+        fl_raisef(NULL, FL_EXC_TYPE, "'%s' must hold numbers, not Python objects (dtype %R)", arg,
+                  (PyObject *)descr);
         return NULL;
     }
     if (!PyArray_ISNOTSWAPPED(array)) {
-        PyErr_Format(PyExc_TypeError,
-                     "'%s' has non-native byte order (dtype %R); convert it with "
-                     "x.astype(x.dtype.newbyteorder('='))",
-                     arg, (PyObject *)descr);
+        fl_raisef(NULL, FL_EXC_TYPE,
+                  "'%s' has non-native byte order (dtype %R); convert it with "
+                  "x.astype(x.dtype.newbyteorder('='))",
+                  arg, (PyObject *)descr);
         return NULL;
     }
     if (!PyArray_IS_C_CONTIGUOUS(array)) {
-        PyErr_Format(PyExc_ValueError,
-                     "'%s' must be C-contiguous (a transposed or sliced view is not); "
-                     "pass numpy.ascontiguousarray(%s)",
-                     arg, arg);
+        fl_raisef(NULL, FL_EXC_VALUE,
+                  "'%s' must be C-contiguous (a transposed or sliced view is not); "
+                  "pass numpy.ascontiguousarray(%s)",
+                  arg, arg);
         return NULL;
     }
     if (!PyArray_ISALIGNED(array)) {
-        PyErr_Format(PyExc_ValueError, "'%s' must be aligned to its dtype", arg);
+        fl_raisef(NULL, FL_EXC_VALUE, "'%s' must be aligned to its dtype", arg);
         return NULL;
     }
     return obj;
@@ -51,10 +51,10 @@ int fl_dtype_from_descr(PyObject *descr_obj, const char *arg, fl_dtype *out) {
             return 0;
         }
     }
-    PyErr_Format(PyExc_TypeError,
-                 "'%s' has dtype %R; supported: uint8, int8, uint16, int16, uint32, int32, "
-                 "uint64, int64, float32, float64 (native byte order)",
-                 arg, descr_obj);
+    fl_raisef(NULL, FL_EXC_TYPE,
+              "'%s' has dtype %R; supported: uint8, int8, uint16, int16, uint32, int32, "
+              "uint64, int64, float32, float64 (native byte order)",
+              arg, descr_obj);
     return -1;
 }
 
@@ -119,25 +119,25 @@ static int check_out(PyObject *out_obj, int ndim, const Py_ssize_t *shape, PyArr
         return -1;
     PyArrayObject *out = (PyArrayObject *)out_obj;
     if (!PyArray_EquivTypes(PyArray_DESCR(out), descr)) {
-        PyErr_Format(PyExc_TypeError, "'out' must have dtype %R, not %R", (PyObject *)descr,
-                     (PyObject *)PyArray_DESCR(out));
+        fl_raisef(NULL, FL_EXC_TYPE, "'out' must have dtype %R, not %R", (PyObject *)descr,
+                  (PyObject *)PyArray_DESCR(out));
         return -1;
     }
     if (!shape_matches(out, ndim, shape)) {
         PyObject *want = shape_tuple(ndim, shape), *got = fl_shape_repr(out_obj);
         if (want != NULL && got != NULL)
-            PyErr_Format(PyExc_ValueError, "'out' must have shape %R, not %U", want, got);
+            fl_raisef(NULL, FL_EXC_VALUE, "'out' must have shape %R, not %U", want, got);
         Py_XDECREF(want);
         Py_XDECREF(got);
         return -1;
     }
     if (!PyArray_ISWRITEABLE(out)) {
-        PyErr_SetString(PyExc_ValueError, "'out' is read-only");
+        fl_raisef(NULL, FL_EXC_VALUE, "'out' is read-only");
         return -1;
     }
     if (input != NULL && arrays_overlap(out, (PyArrayObject *)input) &&
         !(may_alias && PyArray_BYTES(out) == PyArray_BYTES((PyArrayObject *)input))) {
-        PyErr_SetString(PyExc_ValueError, may_alias
+        fl_raisef(NULL, FL_EXC_VALUE, "%s", may_alias
                                               ? "'out' must be the input itself or not overlap it"
                                               : "'out' must not overlap the input");
         return -1;
@@ -160,7 +160,7 @@ PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape, 
 int fl_check_threads(int threads) {
     if (threads >= 1)
         return 0;
-    PyErr_Format(PyExc_ValueError, "'threads' must be >= 1, not %d", threads);
+    fl_raisef(NULL, FL_EXC_VALUE, "'threads' must be >= 1, not %d", threads);
     return -1;
 }
 
@@ -173,8 +173,8 @@ int fl_parse_seed(PyObject *seed, uint64_t *out) {
         return 0;
     }
     if (!PyLong_Check(seed)) {
-        PyErr_Format(PyExc_TypeError, "'seed' must be an int or None, not %.200s",
-                     Py_TYPE(seed)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'seed' must be an int or None, not %.200s",
+                  Py_TYPE(seed)->tp_name);
         return -1;
     }
     *out = (uint64_t)PyLong_AsUnsignedLongLongMask(seed);

@@ -38,16 +38,16 @@ static PyType_Spec lease_spec = {
 
 static Py_ssize_t sample_too_large(PyObject *descr, PyObject *shape) {
     fl_error_clear();
-    PyErr_Format(PyExc_OverflowError, "a sample of shape %R and dtype %R is too large: more bytes than a size holds",
-                 shape, descr);
+    fl_raisef(NULL, FL_EXC_OVERFLOW, "a sample of shape %R and dtype %R is too large: more bytes than a size holds",
+              shape, descr);
     return -1;
 }
 
 Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     if (ndim >= NPY_MAXDIMS) { /* a batch adds a dimension */
-        PyErr_Format(PyExc_ValueError, "a sample of shape %R has %zd dimensions: a batch of them would have %zd, "
-                     "more than NumPy's %d", shape, ndim, ndim + 1, NPY_MAXDIMS);
+        fl_raisef(NULL, FL_EXC_VALUE, "a sample of shape %R has %zd dimensions: a batch of them would have %zd, "
+                  "more than NumPy's %d", shape, ndim, ndim + 1, NPY_MAXDIMS);
         return -1;
     }
     size_t n = (size_t)PyDataType_ELSIZE((PyArray_Descr *)descr);
@@ -61,7 +61,7 @@ Py_ssize_t fl_sample_nbytes(PyObject *descr, PyObject *shape) {
             return sample_too_large(descr, shape);
         }
         if (dim < 0) {
-            PyErr_Format(PyExc_ValueError, "a sample of shape %R has a negative dimension", shape);
+            fl_raisef(NULL, FL_EXC_VALUE, "a sample of shape %R has a negative dimension", shape);
             return -1;
         }
         empty |= dim == 0; /* NumPy's rule: the other dimensions must still fit */
@@ -85,15 +85,15 @@ static PyObject *field_array(const fl_slot_batch *b, size_t f, PyObject *lease) 
     Py_ssize_t ndim = PyTuple_GET_SIZE(sample_shape) + 1;
     npy_intp dims[NPY_MAXDIMS];
     if (ndim > NPY_MAXDIMS) /* refused when the loader was made (fl_sample_nbytes) */
-        return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zd dimensions", f, ndim);
+        return fl_raisef(NULL, FL_EXC_VALUE, "field %zu: a batch of %zd dimensions", f, ndim);
     dims[0] = (npy_intp)b->count;
     size_t span = b->count; /* NumPy's size check (non-zero dimensions): the sample's passed it, the batch's may not */
     for (Py_ssize_t d = 1; d < ndim; d++) {
         dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sample_shape, d - 1));
         if (dims[d] > 0 && fl_size_mul(span ? span : 1, (size_t)dims[d], "a batch", &span) != FL_OK) {
             fl_error_clear();
-            return PyErr_Format(PyExc_ValueError, "field %zu: a batch of %zu samples of shape %R is larger than NumPy "
-                                "allows", f, b->count, sample_shape);
+            return fl_raisef(NULL, FL_EXC_VALUE, "field %zu: a batch of %zu samples of shape %R is larger than NumPy "
+                             "allows", f, b->count, sample_shape);
         }
     }
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(b->descrs, (Py_ssize_t)f);

@@ -82,7 +82,8 @@ static PyObject *source_next(PyObject *self_obj, PyObject *const *args, Py_ssize
     fl_source_object *self = (fl_source_object *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (fl_parse_args(&next_args, args, nargs, kwnames, FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
+    if (fl_parse_args(&next_args, args, nargs, kwnames,
+                      FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || source_cleared(self_obj))
         return NULL;
     next_call call = {&self->source, -1, 0};
@@ -210,7 +211,8 @@ static void source_dealloc(PyObject *self_obj) {
 static PyMethodDef source_methods[] = {
     {"next", (PyCFunction)(void (*)(void))source_next, METH_FASTCALL | METH_KEYWORDS,
      "next($self, timeout=None)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
-    {"start_epoch", (PyCFunction)(void (*)(void))source_start_epoch, METH_FASTCALL | METH_KEYWORDS,
+    {"start_epoch", (PyCFunction)(void (*)(void))source_start_epoch,
+     METH_FASTCALL | METH_KEYWORDS,
      "start_epoch($self, epoch, first_batch=0)\n--\n\nBegin an epoch (abandoning one in progress) at "
      "batch first_batch; start the workers if none run."},
     {"stop", source_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; end the workers."},

@@ -23,7 +23,7 @@ static int raise_write_error(PyObject *self) {
     char message[PATH_MAX + 300];
     if (!fl_checkpointer_take_error(((CheckpointerObject *)self)->checkpointer, message, sizeof message))
         return 0;
-    PyErr_SetString(ckpt_state(self)->checkpoint_error, message);
+    fl_raisef(&ckpt_state(self)->exc, FL_EXC_CHECKPOINT, "%s", message);
     return -1;
 }
 
@@ -44,7 +44,7 @@ static int attempt_begin(void *ctx, double timeout_s) {
 static const char *c_text(PyObject *text, const char *what, Py_ssize_t index, Py_ssize_t *len) {
     const char *utf8 = PyUnicode_AsUTF8AndSize(text, len);
     if (utf8 != NULL && (size_t)*len != strlen(utf8)) {
-        PyErr_Format(PyExc_ValueError, "%s %zd contains a NUL character", what, index);
+        fl_raisef(NULL, FL_EXC_VALUE, "%s %zd contains a NUL character", what, index);
         return NULL;
     }
     return utf8;
@@ -63,8 +63,8 @@ static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_st_entry *entry,
     if (name == NULL || dtype == NULL)
         return -1;
     if (name_len == 0 || name_len >= FL_ST_NAME_MAX || dtype_len >= FL_ST_DTYPE_MAX) {
-        PyErr_Format(PyExc_ValueError, "tensor name %R must be 1 to %d bytes (dtype code under %d)",
-                     name_obj, FL_ST_NAME_MAX - 1, FL_ST_DTYPE_MAX);
+        fl_raisef(NULL, FL_EXC_VALUE, "tensor name %R must be 1 to %d bytes (dtype code under %d)",
+                  name_obj, FL_ST_NAME_MAX - 1, FL_ST_DTYPE_MAX);
         return -1;
     }
     char arg[FL_ST_NAME_MAX + 16];
@@ -73,7 +73,7 @@ static Py_ssize_t describe(PyObject *item, Py_ssize_t index, fl_st_entry *entry,
         return -1;
     PyArrayObject *array = (PyArrayObject *)array_obj;
     if (PyArray_NDIM(array) > FL_ST_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "'%s' has more than %d dimensions", arg, FL_ST_MAX_DIMS);
+        fl_raisef(NULL, FL_EXC_VALUE, "'%s' has more than %d dimensions", arg, FL_ST_MAX_DIMS);
         return -1;
     }
     memcpy(entry->name, name, (size_t)name_len + 1);
@@ -108,12 +108,12 @@ static PyObject *raise_begin_error(PyObject *self, int rc) {
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        PyErr_SetString(PyExc_TimeoutError, "save: the writer is still behind (max_pending "
+        fl_raisef(NULL, FL_EXC_TIMEOUT, "save: the writer is still behind (max_pending "
                                             "checkpoints wait to be written) after the timeout");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(ckpt_state(self)->closed, "save() on a closed Checkpointer");
+        fl_raisef(&ckpt_state(self)->exc, FL_EXC_CLOSED, "save() on a closed Checkpointer");
         return NULL;
     }
     return fl_raise(ckpt_state(self), rc, "save");
@@ -136,7 +136,7 @@ static PyObject *fill_and_commit(PyObject *self, begin_call *call, PyObject *ent
         offset += (size_t)size;
     }
     if (offset > call->bytes) { /* the arrays changed under us (another thread resized one) */
-        PyErr_SetString(PyExc_RuntimeError, "save: the state's arrays changed size while it was copied");
+        fl_raisef(NULL, FL_EXC_RUNTIME, "save: the state's arrays changed size while it was copied");
         goto fail;
     }
     fl_exec exec = fl_exec_acquire(ckpt_state(self), threads);
@@ -166,7 +166,7 @@ static int total_bytes(PyObject *entries, size_t *bytes) {
         PyObject *array = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? PyTuple_GET_ITEM(item, 1) : NULL;
         size_t size = array != NULL && PyArray_Check(array) ? (size_t)PyArray_NBYTES((PyArrayObject *)array) : 0;
         if (__builtin_add_overflow(*bytes, size, bytes)) {
-            PyErr_SetString(PyExc_OverflowError, "save: the state's arrays add up to more than SIZE_MAX bytes");
+            fl_raisef(NULL, FL_EXC_OVERFLOW, "save: the state's arrays add up to more than SIZE_MAX bytes");
             return -1;
         }
     }
@@ -184,11 +184,11 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
         return NULL;
     if (step < 0) {
-        PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", step);
+        fl_raisef(NULL, FL_EXC_VALUE, "'step' must be >= 0, not %lld", step);
         return NULL;
     }
     if (threads < 1 || threads > FL_POOL_MAX_WORKERS) {
-        PyErr_Format(PyExc_ValueError, "'threads' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS, threads);
+        fl_raisef(NULL, FL_EXC_VALUE, "'threads' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS, threads);
         return NULL;
     }
     PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
@@ -272,7 +272,7 @@ static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         Py_XDECREF(self);
         Py_DECREF(dir_bytes);
         return fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "Checkpointer", /* the detail names the path */
-                                                        .overrides = {{FL_ESYS, FL_EXC_CHECKPOINT}}});
+                                                        .in = FL_IN_CHECKPOINT});
     }
     self->directory = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(dir_bytes));
     Py_DECREF(dir_bytes);

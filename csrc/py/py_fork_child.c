@@ -104,7 +104,7 @@ static int store_field(fl_fork_child *self, size_t f, PyObject *value, unsigned 
         if (raw_allowed(self))
             return 1;
         if (got != NULL)
-            PyErr_Format(PyExc_ValueError, "field %zu has shape %R, but the first sample's is %R: every "
+            fl_raisef(NULL, FL_EXC_VALUE, "field %zu has shape %R, but the first sample's is %R: every "
                                            "sample must have the same shape to form batches", f, got, want);
         Py_XDECREF(got);
         return -1;
@@ -122,7 +122,7 @@ static int pipe_sample(fl_fork_child *self, int64_t index, uint64_t seed, unsign
                              dst, self->scratch_pipeline, seed, &index);
     if (rc == FL_OK)
         return 0;
-    fl_raise_with(self->state, rc, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
+    fl_raise_with(self->state, rc, &(fl_raise_opts){.what = "Pipeline", .in = FL_IN_DATA});
     return -1;
 }
 
@@ -132,8 +132,8 @@ static int store_fields(fl_fork_child *self, PyObject *fields, int64_t index, ui
     if ((size_t)PyTuple_GET_SIZE(fields) != self->n_fields) {
         if (raw_allowed(self))
             return 1;
-        PyErr_Format(PyExc_ValueError, "the sample has %zd fields, the first sample had %zu",
-                     PyTuple_GET_SIZE(fields), self->n_fields);
+        fl_raisef(NULL, FL_EXC_VALUE, "the sample has %zd fields, the first sample had %zu",
+                  PyTuple_GET_SIZE(fields), self->n_fields);
         return -1;
     }
     int rc = 0;
@@ -165,7 +165,7 @@ static int store_sample(fl_fork_child *self, int64_t index, uint64_t seed, size_
         int fits = raw || raw_allowed(self);
         Py_DECREF(sample);
         if (!fits)
-            PyErr_SetString(PyExc_ValueError, "the sample is laid out unlike the first sample (other fields, keys "
+            fl_raisef(NULL, FL_EXC_VALUE, "the sample is laid out unlike the first sample (other fields, keys "
                                               "or kinds of values): a Pipeline transform needs one layout");
         return fits ? (raw ? 0 : 1) : -1;
     }

@@ -54,13 +54,13 @@ int fl_parse_geometry(PyObject *spec, fl_image_geometry *g) {
         g->resize_w = (size_t)(b < 0 ? 0 : b);
     }
     if (out_h <= 0 || out_w <= 0) {
-        PyErr_SetString(PyExc_ValueError, "the output size must be positive");
+        fl_raisef(NULL, FL_EXC_VALUE, "the output size must be positive");
         return -1;
     }
     g->out_h = (size_t)out_h, g->out_w = (size_t)out_w, g->dct_scaling = dct;
     int rc = fl_image_geometry_check(g);
     if (rc != FL_OK) {
-        fl_raise_with(NULL, rc, &(fl_raise_opts){.otherwise = FL_EXC_VALUE}); /* only ValueError: no state needed */
+        fl_raise_with(NULL, rc, &(fl_raise_opts){.in = FL_IN_DATA}); /* only ValueError: no state needed */
         return -1;
     }
     return 0;
@@ -76,7 +76,7 @@ static PyObject *load_codec(PyObject *module, PyObject *arg, int jpeg) {
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     if (rc != FL_OK)
-        return fl_raise_with(state_of(module), rc, &(fl_raise_opts){.otherwise = FL_EXC_OS});
+        return fl_raise_with(state_of(module), rc, &(fl_raise_opts){.in = FL_IN_LIBRARY});
     return PyUnicode_FromString(fl_image_codec(jpeg ? FL_IMAGE_JPEG : FL_IMAGE_PNG));
 }
 
@@ -188,7 +188,7 @@ static PyObject *transform(PyObject *module, PyObject *args) {
     PyArrayObject *a = (PyArrayObject *)data;
     if (is_array && (fl_check_array(data, "image") == NULL || PyArray_TYPE(a) != NPY_UINT8 || PyArray_NDIM(a) != 3)) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "'image' must be an (h, w, c) uint8 array");
+            fl_raisef(NULL, FL_EXC_VALUE, "'image' must be an (h, w, c) uint8 array");
         return NULL;
     }
     size_t c = is_array ? (size_t)PyArray_DIM(a, 2) : 3;
@@ -222,11 +222,11 @@ static PyObject *resize(PyObject *module, PyObject *args) {
         return NULL;
     PyArrayObject *a = (PyArrayObject *)image;
     if (PyArray_TYPE(a) != NPY_UINT8 || PyArray_NDIM(a) != 3) {
-        PyErr_SetString(PyExc_ValueError, "'image' must be an (h, w, c) uint8 array");
+        fl_raisef(NULL, FL_EXC_VALUE, "'image' must be an (h, w, c) uint8 array");
         return NULL;
     }
     if (out_h <= 0 || out_w <= 0) {
-        PyErr_Format(PyExc_ValueError, "the output size must be positive, not (%zd, %zd)", out_h, out_w);
+        fl_raisef(NULL, FL_EXC_VALUE, "the output size must be positive, not (%zd, %zd)", out_h, out_w);
         return NULL;
     }
     size_t h = (size_t)PyArray_DIM(a, 0), w = (size_t)PyArray_DIM(a, 1), c = (size_t)PyArray_DIM(a, 2);
@@ -254,7 +254,7 @@ static PyObject *resized_crop_params(PyObject *module, PyObject *args) {
                           &scale[1], &ratio[0], &ratio[1]))
         return NULL;
     if (h <= 0 || w <= 0) {
-        PyErr_SetString(PyExc_ValueError, "the image size must be positive");
+        fl_raisef(NULL, FL_EXC_VALUE, "the image size must be positive");
         return NULL;
     }
     size_t top, left, ch, cw;

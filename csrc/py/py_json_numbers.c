@@ -51,8 +51,8 @@ static PyObject *other_keys(const char *body, const fl_json_inputs *parsed) {
 
 static PyObject *parse_json_inputs(PyObject *module, PyObject *body) {
     if (!PyBytes_Check(body))
-        return PyErr_Format(PyExc_TypeError, "parse_json_inputs: body must be bytes, not %.100s",
-                            Py_TYPE(body)->tp_name);
+        return fl_raisef(NULL, FL_EXC_TYPE, "parse_json_inputs: body must be bytes, not %.100s",
+                         Py_TYPE(body)->tp_name);
     fl_json_inputs parsed;
     const char *bytes = PyBytes_AS_STRING(body);
     size_t len = (size_t)PyBytes_GET_SIZE(body);

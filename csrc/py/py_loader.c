@@ -23,12 +23,8 @@ static fl_module_state *loader_state(PyObject *self) { return fl_state_from_type
 
 static fl_loader *core_loader(PyObject *self) { return ((LoaderObject *)self)->base.source.impl; }
 
-/* A loader's override of the error table: OSError for I/O, ValueError for bad data. */
-#define LOADER_DATA(text)                                                                      \
-    (&(fl_raise_opts){.message = (text),                                                       \
-                      .overrides = {{FL_ESYS, FL_EXC_OS}, {FL_ENOMEM, FL_EXC_MEMORY},         \
-                                    {FL_EUNAVAILABLE, FL_EXC_UNAVAILABLE}},                   \
-                      .otherwise = FL_EXC_VALUE})
+/* A loader's data error: OSError for I/O, ValueError for bad data (FL_IN_DATA). */
+#define LOADER_DATA(text) (&(fl_raise_opts){.message = (text), .in = FL_IN_DATA})
 
 /* A worker's error (an unreadable file, a bad image) as next() raises it. */
 static PyObject *raise_worker_error(fl_source_object *self, int rc) {
@@ -71,8 +67,8 @@ static const char **path_array(PyObject *paths, PyObject *keep, Py_ssize_t *coun
 static PyArrayObject *index_array(PyObject *obj, int type, Py_ssize_t n, const char *name) {
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type || PyArray_NDIM((PyArrayObject *)obj) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || (n >= 0 && PyArray_DIM((PyArrayObject *)obj, 0) != n)) {
-        PyErr_Format(PyExc_ValueError, "_encoded_spec: '%s' must be a contiguous 1-d %s array of one entry per sample",
-                     name, type == NPY_INT32 ? "int32" : "int64");
+        fl_raisef(NULL, FL_EXC_VALUE, "_encoded_spec: '%s' must be a contiguous 1-d %s array of one entry per sample",
+                  name, type == NPY_INT32 ? "int32" : "int64");
         return NULL;
     }
     return (PyArrayObject *)obj;
@@ -93,8 +89,8 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     const fl_image_geometry *g = &self->geometries[index];
     size_t entry_bytes = gpu_capacity > 0 ? fl_gpu_entry_bytes(g->out_h, g->out_w, (size_t)gpu_capacity) : 0;
     if (gpu_capacity < 0 || (gpu_capacity > 0 && (index != 0 || entry_bytes == 0))) {
-        PyErr_Format(PyExc_ValueError, "source[%zu]: a GPU staging capacity of %zd bytes is not possible here "
-                     "(field 0 only, > 0, not overflowing)", index, gpu_capacity);
+        fl_raisef(NULL, FL_EXC_VALUE, "source[%zu]: a GPU staging capacity of %zd bytes is not possible here "
+                  "(field 0 only, > 0, not overflowing)", index, gpu_capacity);
         return -1;
     }
     PyArrayObject *fi = index_array(file_index, NPY_INT32, -1, "file_index");
@@ -111,8 +107,8 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
     const int64_t *lens = PyArray_DATA((PyArrayObject *)lengths);
     for (Py_ssize_t i = 0; i < n; i++)
         if (files[i] < 0 || files[i] >= n_paths || offs[i] < 0 || lens[i] < -1) { /* -1: to the end of the file */
-            PyErr_Format(PyExc_ValueError, "_encoded_spec: sample %zd names file %d of %zd at offset %lld, %lld bytes",
-                         i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
+            fl_raisef(NULL, FL_EXC_VALUE, "_encoded_spec: sample %zd names file %d of %zd at offset %lld, %lld bytes",
+                      i, (int)files[i], n_paths, (long long)offs[i], (long long)lens[i]);
             return -1;
         }
     *field = (fl_field){.paths = list, .sample_bytes = g->out_h * g->out_w * 3, .geometry = g,
@@ -135,7 +131,7 @@ static int parse_encoded(LoaderObject *self, PyObject *spec, fl_field *field, si
 static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size_t index,
                        uint64_t *n_samples, PyObject *descrs, PyObject *shapes, PyObject *keep) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
-        PyErr_SetString(PyExc_TypeError, "a loader field is a (kind, ...) tuple");
+        fl_raisef(NULL, FL_EXC_TYPE, "a loader field is a (kind, ...) tuple");
         return -1;
     }
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
@@ -148,7 +144,7 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
             return -1;
         PyArrayObject *a = (PyArrayObject *)target;
         if (PyArray_NDIM(a) < 1) {
-            PyErr_Format(PyExc_ValueError, "'%s' must have a sample axis (got a 0-d array)", name);
+            fl_raisef(NULL, FL_EXC_VALUE, "'%s' must have a sample axis (got a 0-d array)", name);
             return -1;
         }
         field->base = PyArray_DATA(a);
@@ -176,8 +172,8 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
         Py_ssize_t checked = fl_sample_nbytes(descr, sample_shape); /* also refuses too many dimensions */
         if (checked != sample_bytes) {
             if (checked >= 0)
-                PyErr_Format(PyExc_ValueError, "source[%zu]: %zd bytes per sample, but its shape %R makes %zd",
-                             index, sample_bytes, sample_shape, checked);
+                fl_raisef(NULL, FL_EXC_VALUE, "source[%zu]: %zd bytes per sample, but its shape %R makes %zd",
+                          index, sample_bytes, sample_shape, checked);
             return -1;
         }
         PyObject *bytes_list = PySequence_List(paths);
@@ -217,7 +213,7 @@ static int parse_field(LoaderObject *self, PyObject *spec, fl_field *field, size
     }
     if (strcmp(kind, "encoded") == 0)
         return parse_encoded(self, spec, field, index, n_samples, descrs, shapes, keep);
-    PyErr_Format(PyExc_ValueError, "unknown field kind '%s'", kind);
+    fl_raisef(NULL, FL_EXC_VALUE, "unknown field kind '%s'", kind);
     return -1;
 }
 
@@ -269,19 +265,21 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     unsigned long long seed = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0, ahead = 0;
     if (fl_parse_args_dict(&loader_args, args, kwargs, FL_ARG("fields", OBJECT, &fields_obj),
-                           FL_ARG("batch_size", SSIZE, &batch_size), FL_ARG("|shuffle", BOOL, &shuffle),
-                           FL_ARG("seed", UINT64, &seed), FL_ARG("rank", INT, &rank),
-                           FL_ARG("world_size", INT, &world_size), FL_ARG("drop_last", BOOL, &drop_last),
-                           FL_ARG("workers", INT, &workers), FL_ARG("slots", INT, &slots),
-                           FL_ARG("pipeline", OBJECT, &pipeline_obj), FL_ARG("metrics", OBJECT, &metrics_obj),
-                           FL_ARG("skip_errors", BOOL, &skip_errors), FL_ARG("ahead", INT, &ahead)) < 0)
+                           FL_ARG("batch_size", SSIZE, &batch_size),
+                           FL_ARG("|shuffle", BOOL, &shuffle), FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("rank", INT, &rank), FL_ARG("world_size", INT, &world_size),
+                           FL_ARG("drop_last", BOOL, &drop_last), FL_ARG("workers", INT, &workers),
+                           FL_ARG("slots", INT, &slots), FL_ARG("pipeline", OBJECT, &pipeline_obj),
+                           FL_ARG("metrics", OBJECT, &metrics_obj),
+                           FL_ARG("skip_errors", BOOL, &skip_errors),
+                           FL_ARG("ahead", INT, &ahead)) < 0)
         return NULL;
     PyObject *fields = PySequence_Tuple(fields_obj);
     if (fields == NULL)
         return NULL;
     size_t n_fields = (size_t)PyTuple_GET_SIZE(fields);
     if (n_fields == 0 || n_fields > FL_SOURCE_MAX_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "a source has 1 to 64 fields");
+        fl_raisef(NULL, FL_EXC_VALUE, "a source has 1 to 64 fields");
         Py_DECREF(fields);
         return NULL;
     }
@@ -312,8 +310,8 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
                         self->base.keep_alive) < 0)
             goto fail;
         if (f > 0 && n != config.sampler.n) {
-            PyErr_Format(PyExc_ValueError, "source[%zu] has %llu samples but source[0] has %llu", f,
-                         (unsigned long long)n, (unsigned long long)config.sampler.n);
+            fl_raisef(NULL, FL_EXC_VALUE, "source[%zu] has %llu samples but source[0] has %llu", f,
+                      (unsigned long long)n, (unsigned long long)config.sampler.n);
             goto fail;
         }
         config.sampler.n = n;

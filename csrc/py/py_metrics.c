@@ -50,7 +50,7 @@ static PyObject *stats_to_python(fl_module_state *state, const fl_metric *m) {
 /* add(name, value=1.0): METH_FASTCALL, as it is called from hot loops. */
 static PyObject *metrics_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "add() takes a name and an optional value (%zd given)", nargs);
+        fl_raisef(NULL, FL_EXC_TYPE, "add() takes a name and an optional value (%zd given)", nargs);
         return NULL;
     }
     const char *name = PyUnicode_AsUTF8(args[0]);
@@ -120,7 +120,7 @@ static int metrics_contains(PyObject *self, PyObject *name_obj) {
 static PyObject *metrics_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTuple(args, ":Metrics") || (kwargs && PyDict_GET_SIZE(kwargs))) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "Metrics() takes no arguments");
+            fl_raisef(NULL, FL_EXC_TYPE, "Metrics() takes no arguments");
         return NULL;
     }
     MetricsObject *self = (MetricsObject *)type->tp_alloc(type, 0);
@@ -140,7 +140,7 @@ static void metrics_dealloc(PyObject *self) {
 
 fl_metrics *fl_metrics_from_python(PyObject *obj, fl_module_state *state) {
     if (!PyObject_TypeCheck(obj, state->metrics_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a fastloop.Metrics, not %.200s", Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "expected a fastloop.Metrics, not %.200s", Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return ((MetricsObject *)obj)->metrics;

@@ -24,7 +24,7 @@ static int raise_pending_error(PyObject *self) {
     char message[600];
     if (!fl_monitor_has_error(m) || !fl_monitor_take_error(m, message, sizeof message))
         return 0;
-    PyErr_SetString(monitor_state(self)->sink_error, message);
+    fl_raisef(&monitor_state(self)->exc, FL_EXC_SINK, "%s", message);
     return -1;
 }
 
@@ -44,15 +44,15 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
     if (step_obj == NULL || step_obj == Py_None)
         return 0;
     if (!PyIndex_Check(step_obj) || PyBool_Check(step_obj)) {
-        PyErr_Format(PyExc_TypeError, "'step' must be an int or None, not %.100s",
-                     Py_TYPE(step_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'step' must be an int or None, not %.100s",
+                  Py_TYPE(step_obj)->tp_name);
         return -1;
     }
     *step = PyLong_AsLongLong(step_obj);
     if (*step == -1 && PyErr_Occurred())
         return -1;
     if (*step < 0) {
-        PyErr_Format(PyExc_ValueError, "'step' must be >= 0, not %lld", (long long)*step);
+        fl_raisef(NULL, FL_EXC_VALUE, "'step' must be >= 0, not %lld", (long long)*step);
         return -1;
     }
     return 0;
@@ -66,7 +66,7 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (raise_pending_error(self) < 0)
         return NULL;
     if (!PyUnicode_Check(name_obj)) {
-        PyErr_Format(PyExc_TypeError, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
         return NULL;
     }
     Py_ssize_t len;
@@ -74,8 +74,8 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (name == NULL)
         return NULL;
     if (len == 0 || len >= FL_EVENT_NAME_MAX) {
-        PyErr_Format(PyExc_ValueError, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
-                     FL_EVENT_NAME_MAX - 1, len, name_obj);
+        fl_raisef(NULL, FL_EXC_VALUE, "'name' must be 1 to %d bytes of UTF-8, not %zd: %R",
+                  FL_EVENT_NAME_MAX - 1, len, name_obj);
         return NULL;
     }
     int64_t step;
@@ -88,7 +88,7 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        fl_raisef(&monitor_state(self)->exc, FL_EXC_CLOSED, "the monitor is closed");
         return NULL;
     }
     if (rc != FL_OK)
@@ -145,8 +145,8 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     if (tag == NULL || parse_step(step_obj, &step) < 0 || raise_pending_error(self) < 0)
         goto fail;
     if (tag_len == 0 || tag_len >= FL_SUMMARY_TAG_MAX) {
-        PyErr_Format(PyExc_ValueError, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
-                     FL_SUMMARY_TAG_MAX - 1, tag_len);
+        fl_raisef(NULL, FL_EXC_VALUE, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
+                  FL_SUMMARY_TAG_MAX - 1, tag_len);
         goto fail;
     }
     size_t pixels = 0, image_bytes = 0; /* the dimensions must describe the data: a wrapped product could not */
@@ -157,7 +157,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     fl_error_clear();
     if ((kind == FL_SUMMARY_IMAGE && !image_ok) || (kind == FL_SUMMARY_HISTOGRAM && (bins < 1 || data.len % 8)) ||
         kind < FL_SUMMARY_HISTOGRAM || kind > FL_SUMMARY_TEXT) {
-        PyErr_SetString(PyExc_ValueError, "summary: data does not match its kind and shape");
+        fl_raisef(NULL, FL_EXC_VALUE, "summary: data does not match its kind and shape");
         goto fail;
     }
     summary = fl_summary_new((fl_summary_kind)kind, (size_t)data.len);
@@ -184,7 +184,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *args) {
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(monitor_state(self)->closed, "the monitor is closed");
+        fl_raisef(&monitor_state(self)->exc, FL_EXC_CLOSED, "the monitor is closed");
         return NULL;
     }
     fl_monitor_count_dropped(mon->monitor);
@@ -237,7 +237,8 @@ static int attempt_wait_closed(void *ctx, double timeout_s) {
     return fl_monitor_wait_closed(ctx, timeout_s);
 }
 
-static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
     static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int wait = 1;
     if (fl_parse_args(&close_args, args, nargs, kwnames, FL_ARG("|wait", BOOL, &wait)) < 0)
@@ -344,7 +345,7 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
     }
     if (rc != FL_OK) /* a failed open raises SinkError with the detail, which names the path */
         return (fl_sink *)fl_raise_with(state, rc, &(fl_raise_opts){.what = rc == FL_ESYS ? NULL : "sink",
-                                                                    .overrides = {{FL_ESYS, FL_EXC_SINK}}});
+                                                                    .in = FL_IN_SINK});
     return sink;
 }
 
@@ -357,14 +358,17 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     int host = 1, gpu = 1;
     const char *nvml_library = NULL, *smi_command = NULL;
     if (fl_parse_args_dict(&monitor_args, args, kwargs, FL_ARG("sinks", OBJECT, &sinks_obj),
-                           FL_ARG("|interval", DOUBLE, &interval), FL_ARG("flush_interval", DOUBLE, &flush_interval),
+                           FL_ARG("|interval", DOUBLE, &interval),
+                           FL_ARG("flush_interval", DOUBLE, &flush_interval),
                            FL_ARG("queue_size", SSIZE, &queue_size), FL_ARG("host", BOOL, &host),
-                           FL_ARG("gpu", BOOL, &gpu), FL_ARG("nvml_library", STR_OR_NONE, &nvml_library),
+                           FL_ARG("gpu", BOOL, &gpu),
+                           FL_ARG("nvml_library", STR_OR_NONE, &nvml_library),
                            FL_ARG("smi_command", STR_OR_NONE, &smi_command),
-                           FL_ARG("record_wait", DOUBLE, &record_wait), FL_ARG("start_step", INT64, &start_step)) < 0)
+                           FL_ARG("record_wait", DOUBLE, &record_wait),
+                           FL_ARG("start_step", INT64, &start_step)) < 0)
         return NULL;
     if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
-        PyErr_SetString(PyExc_ValueError, "queue_size must be >= 1, record_wait >= 0, "
+        fl_raisef(NULL, FL_EXC_VALUE, "queue_size must be >= 1, record_wait >= 0, "
                                           "flush_interval > 0 and start_step >= 0");
         return NULL;
     }
@@ -375,7 +379,7 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_ssize_t n = PyTuple_GET_SIZE(sinks);
     if (n > FL_MONITOR_MAX_SINKS) {
         Py_DECREF(sinks);
-        PyErr_Format(PyExc_ValueError, "at most %d sinks", FL_MONITOR_MAX_SINKS);
+        fl_raisef(NULL, FL_EXC_VALUE, "at most %d sinks", FL_MONITOR_MAX_SINKS);
         return NULL;
     }
     fl_sink *opened[FL_MONITOR_MAX_SINKS];

@@ -23,10 +23,6 @@ typedef struct {
 
 static fl_module_state *nn_state(PyObject *self) { return fl_state_from_type(Py_TYPE(self)); }
 
-/* A model call's override of the error table: FL_ESYS from a device backend is a failed
- * CUDA or cuBLAS call, raised as fastloop.CudaError. */
-#define MODEL_CALL(call) (&(fl_raise_opts){.what = (call), .overrides = {{FL_ESYS, FL_EXC_CUDA}}})
-
 /* ---- arrays: NumPy (host) or __cuda_array_interface__ (device) ---- */
 
 /* Reads a CUDA array interface dict into pointer, typestr and shape. Returns 0 or -1. */
@@ -40,11 +36,11 @@ static int read_cuda_interface(PyObject *iface, const char *arg, void **data, co
         shape_obj == NULL || !PyTuple_Check(shape_obj) || PyTuple_GET_SIZE(shape_obj) > 2 ||
         type_obj == NULL || (*typestr = PyUnicode_AsUTF8(type_obj)) == NULL) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: malformed __cuda_array_interface__", arg);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s: malformed __cuda_array_interface__", arg);
         return -1;
     }
     if (strides != NULL && strides != Py_None) {
-        PyErr_Format(PyExc_ValueError, "%s: a CUDA array must be C-contiguous (strides None)", arg);
+        fl_raisef(NULL, FL_EXC_VALUE, "%s: a CUDA array must be C-contiguous (strides None)", arg);
         return -1;
     }
     *data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data_obj, 0));
@@ -68,15 +64,15 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
         if (array == NULL || fl_dtype_of(obj, arg, &got) < 0)
             return -1;
         if (got != dtype) {
-            PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected %s", arg, fl_dtype_name(got), fl_dtype_name(dtype));
+            fl_raisef(NULL, FL_EXC_TYPE, "%s has dtype %s, expected %s", arg, fl_dtype_name(got), fl_dtype_name(dtype));
             return -1;
         }
         if (PyArray_NDIM(array) != ndim || PyArray_DIM(array, 0) != rows || (ndim == 2 && PyArray_DIM(array, 1) != cols)) {
-            PyErr_Format(PyExc_ValueError, "%s has the wrong shape for this model", arg);
+            fl_raisef(NULL, FL_EXC_VALUE, "%s has the wrong shape for this model", arg);
             return -1;
         }
         if (writable && !PyArray_ISWRITEABLE(array)) {
-            PyErr_Format(PyExc_ValueError, "%s is read-only", arg);
+            fl_raisef(NULL, FL_EXC_VALUE, "%s is read-only", arg);
             return -1;
         }
         *out = (fl_nn_array){.data = PyArray_DATA(array), .on_device = 0};
@@ -85,12 +81,12 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
     PyObject *iface = PyObject_GetAttrString(obj, "__cuda_array_interface__");
     if (iface == NULL) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a NumPy array or a CUDA array, not %.200s", arg, Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s must be a NumPy array or a CUDA array, not %.200s", arg, Py_TYPE(obj)->tp_name);
         return -1;
     }
     if (fl_nn_on_host(self->model)) {
         Py_DECREF(iface);
-        PyErr_Format(PyExc_TypeError, "%s is a CUDA array but the model is on the CPU", arg);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s is a CUDA array but the model is on the CPU", arg);
         return -1;
     }
     void *data = NULL;
@@ -101,11 +97,11 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
     int rc = read_cuda_interface(iface, arg, &data, &typestr, shape, &got_ndim, &stream);
     const char *want_type = dtype == FL_FLOAT32 ? "f4" : dtype == FL_FLOAT64 ? "f8" : "i8";
     if (rc == 0 && (strlen(typestr) != 3 || strcmp(typestr + 1, want_type) != 0 || typestr[0] == '>')) {
-        PyErr_Format(PyExc_TypeError, "%s has typestr %s, expected <%s (%s)", arg, typestr, want_type, fl_dtype_name(dtype));
+        fl_raisef(NULL, FL_EXC_TYPE, "%s has typestr %s, expected <%s (%s)", arg, typestr, want_type, fl_dtype_name(dtype));
         rc = -1;
     }
     if (rc == 0 && (got_ndim != ndim || shape[0] != want[0] || (ndim == 2 && shape[1] != want[1]))) {
-        PyErr_Format(PyExc_ValueError, "%s has the wrong shape for this model", arg);
+        fl_raisef(NULL, FL_EXC_VALUE, "%s has the wrong shape for this model", arg);
         rc = -1;
     }
     uintptr_t handle = 0;
@@ -119,7 +115,7 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
             rc = fl_nn_wait_stream(self->model, handle);
         Py_END_ALLOW_THREADS
         if (rc != FL_OK) {
-            fl_raise_with(nn_state((PyObject *)self), rc, MODEL_CALL(arg));
+            fl_raise(nn_state((PyObject *)self), rc, arg);
             return -1;
         }
     }
@@ -149,7 +145,7 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (backend_obj != Py_None && (backend = PyCapsule_GetPointer(backend_obj, FL_NN_BACKEND_CAPSULE)) == NULL)
         return NULL;
     if (backend == fl_nn_cpu_backend() && !fl_blas_loaded()) {
-        PyErr_SetString(PyExc_RuntimeError, "no BLAS is loaded (fastloop.nn loads one on import)");
+        fl_raisef(NULL, FL_EXC_RUNTIME, "no BLAS is loaded (fastloop.nn loads one on import)");
         return NULL;
     }
     PyObject *listed = PySequence_Fast(layers_obj, "layers must be a sequence");
@@ -177,7 +173,7 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         } else if (strcmp(kind, "relu") == 0) {
             specs[i] = (fl_nn_layer_spec){.kind = FL_NN_RELU};
         } else {
-            PyErr_Format(PyExc_ValueError, "layer %zd: unknown kind %s", i, kind);
+            fl_raisef(NULL, FL_EXC_VALUE, "layer %zd: unknown kind %s", i, kind);
             failed = 1;
         }
     }
@@ -218,7 +214,7 @@ static int parse_index(ModelObject *self, PyObject *arg, fl_nn_param_info *info)
     int index = value < INT32_MIN || value > INT32_MAX ? -1 : (int)value;
     if (fl_nn_param_info_get(self->model, index, info) != FL_OK) {
         fl_error_clear();
-        PyErr_Format(PyExc_IndexError, "parameter index %d is outside [0, %d)", index, fl_nn_param_count(self->model));
+        fl_raisef(NULL, FL_EXC_INDEX, "parameter index %d is outside [0, %d)", index, fl_nn_param_count(self->model));
         return -1;
     }
     return index;
@@ -265,7 +261,7 @@ static PyObject *get_tensor(PyObject *self, PyObject *arg, param_get_fn get) {
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         Py_DECREF(array);
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("reading a parameter"));
+        return fl_raise(nn_state(self), rc, "reading a parameter");
     }
     return array;
 }
@@ -281,7 +277,7 @@ static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, co
         return NULL;
     fl_nn_array array;
     if (!PyArray_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a NumPy array", name);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s must be a NumPy array", name);
         return NULL;
     }
     if (resolve_array(m, value, name, fl_nn_dtype(m->model), (Py_ssize_t)info.rows, info.is_bias ? -1 : (Py_ssize_t)info.cols, 0, &array) < 0)
@@ -291,7 +287,7 @@ static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, co
         rc = set(m->model, index, array.data);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("writing a parameter"));
+        return fl_raise(nn_state(self), rc, "writing a parameter");
     Py_RETURN_NONE;
 }
 
@@ -322,7 +318,7 @@ static PyObject *model_get_all(PyObject *self, PyObject *arg) {
         Py_END_ALLOW_THREADS
         if (rc != FL_OK) {
             Py_CLEAR(result);
-            fl_raise_with(nn_state(self), rc, MODEL_CALL("reading the parameters"));
+            fl_raise(nn_state(self), rc, "reading the parameters");
         }
     } else if (dsts == NULL) {
         Py_CLEAR(result);
@@ -347,7 +343,7 @@ static PyObject *model_forward(PyObject *self, PyObject *args) {
     fl_dtype dtype = fl_nn_dtype(m->model);
     fl_nn_array x, out;
     if (rows < 0)
-        return PyErr_Format(PyExc_ValueError, "rows must be >= 0, not %zd", rows);
+        return fl_raisef(NULL, FL_EXC_VALUE, "rows must be >= 0, not %zd", rows);
     if (resolve_array(m, x_obj, "x", dtype, rows, (Py_ssize_t)fl_nn_in_features(m->model), 0, &x) < 0 ||
         resolve_array(m, out_obj, "out", dtype, rows, (Py_ssize_t)fl_nn_out_features(m->model), 1, &out) < 0)
         return NULL;
@@ -356,14 +352,14 @@ static PyObject *model_forward(PyObject *self, PyObject *args) {
         rc = fl_nn_forward(m->model, x, rows, out);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("forward"));
+        return fl_raise(nn_state(self), rc, "forward");
     return Py_NewRef(out_obj);
 }
 
 /* Resolves x and y for backward/train_step. */
 static int resolve_xy(ModelObject *m, PyObject *x_obj, PyObject *y_obj, Py_ssize_t rows, int kind, fl_nn_array *x, fl_nn_array *y) {
     if (kind != FL_NN_MSE && kind != FL_NN_CROSS_ENTROPY) {
-        PyErr_Format(PyExc_ValueError, "unknown loss %d", kind);
+        fl_raisef(NULL, FL_EXC_VALUE, "unknown loss %d", kind);
         return -1;
     }
     fl_dtype dtype = fl_nn_dtype(m->model);
@@ -391,7 +387,7 @@ static PyObject *model_backward(PyObject *self, PyObject *args) {
         rc = fl_nn_backward(m->model, x, y, rows, (fl_nn_loss)kind, &loss);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("backward"));
+        return fl_raise(nn_state(self), rc, "backward");
     return PyFloat_FromDouble(loss);
 }
 
@@ -404,12 +400,12 @@ static PyObject *model_train_step(PyObject *self, PyObject *args) {
     ModelObject *m = (ModelObject *)self;
     fl_module_state *state = nn_state(self);
     if (!PyObject_TypeCheck(opt_obj, state->optimizer_type)) {
-        PyErr_Format(PyExc_TypeError, "opt must be an optimizer, not %.200s", Py_TYPE(opt_obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "opt must be an optimizer, not %.200s", Py_TYPE(opt_obj)->tp_name);
         return NULL;
     }
     OptimizerObject *opt = (OptimizerObject *)opt_obj;
     if (opt->model != m) {
-        PyErr_SetString(PyExc_ValueError, "the optimizer was made for another model");
+        fl_raisef(NULL, FL_EXC_VALUE, "the optimizer was made for another model");
         return NULL;
     }
     fl_nn_array x, y;
@@ -421,7 +417,7 @@ static PyObject *model_train_step(PyObject *self, PyObject *args) {
         rc = fl_nn_train_step(m->model, opt->opt, x, y, rows, (fl_nn_loss)kind, &loss);
     Py_END_ALLOW_THREADS
     if (rc != FL_OK)
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("train_step"));
+        return fl_raise(nn_state(self), rc, "train_step");
     return PyFloat_FromDouble(loss);
 }
 
@@ -530,7 +526,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *unused) {
     Py_BEGIN_ALLOW_THREADS
         rc = fl_nn_optimizer_step(((OptimizerObject *)self)->opt);
     Py_END_ALLOW_THREADS
-    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise_with(nn_state(self), rc, MODEL_CALL("step"));
+    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise(nn_state(self), rc, "step");
 }
 
 /* The optimizer's hyper-parameters and step count sit under the model's lock, which a
@@ -552,7 +548,7 @@ static PyObject *optimizer_get_hyper(PyObject *self, PyObject *unused) {
 
 static PyObject *optimizer_set_hyper(PyObject *self, PyObject *dict) {
     if (!PyDict_Check(dict)) {
-        PyErr_SetString(PyExc_TypeError, "set_hyper takes a dict");
+        fl_raisef(NULL, FL_EXC_TYPE, "set_hyper takes a dict");
         return NULL;
     }
     fl_nn_hyper h;
@@ -580,7 +576,7 @@ static int optimizer_set_steps(PyObject *self, PyObject *value, void *unused) {
     long long steps = value ? PyLong_AsLongLong(value) : -1;
     if (steps < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "steps must be an int >= 0");
+            fl_raisef(NULL, FL_EXC_VALUE, "steps must be an int >= 0");
         return -1;
     }
     fl_nn_optimizer *opt = ((OptimizerObject *)self)->opt;
@@ -618,7 +614,7 @@ static PyObject *optimizer_get_state(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (rc != FL_OK) {
         Py_DECREF(array);
-        return fl_raise_with(nn_state(self), rc, MODEL_CALL("optimizer state"));
+        return fl_raise(nn_state(self), rc, "optimizer state");
     }
     return array;
 }
@@ -635,14 +631,14 @@ static PyObject *optimizer_set_state(PyObject *self, PyObject *args) {
     if (index < 0)
         return NULL;
     if (!PyArray_Check(value))
-        return PyErr_Format(PyExc_TypeError, "optimizer state must be a NumPy array");
+        return fl_raisef(NULL, FL_EXC_TYPE, "optimizer state must be a NumPy array");
     if (resolve_array(o->model, value, "state", fl_nn_dtype(o->model->model), (Py_ssize_t)info.rows, info.is_bias ? -1 : (Py_ssize_t)info.cols, 0, &array) < 0)
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
         rc = fl_nn_optimizer_set_state(o->opt, index, which, array.data);
     Py_END_ALLOW_THREADS
-    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise_with(nn_state(self), rc, MODEL_CALL("optimizer state"));
+    return rc == FL_OK ? Py_NewRef(Py_None) : fl_raise(nn_state(self), rc, "optimizer state");
 }
 
 static PyMethodDef optimizer_methods[] = {
@@ -689,7 +685,7 @@ static PyObject *blas_load(PyObject *module, PyObject *path_obj) {
     Py_END_ALLOW_THREADS
     Py_DECREF(bytes);
     if (rc != FL_OK)
-        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){.otherwise = FL_EXC_OS});
+        return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){.in = FL_IN_LIBRARY});
     return PyUnicode_FromString(fl_blas_describe());
 }
 
@@ -703,7 +699,7 @@ static PyObject *blas_set_threads(PyObject *module, PyObject *arg) {
     if (threads == -1 && PyErr_Occurred())
         return NULL;
     if (threads < 1 || threads > 4096)
-        return PyErr_Format(PyExc_ValueError, "threads must be in 1..4096, not %ld", threads);
+        return fl_raisef(NULL, FL_EXC_VALUE, "threads must be in 1..4096, not %ld", threads);
     if (fl_blas_set_threads((int)threads) != FL_OK)
         return fl_raise(fl_state_from_module(module), FL_EINVAL, "blas_set_threads");
     Py_RETURN_NONE;

@@ -35,9 +35,7 @@ static PyType_Spec mapping_spec = {
  * (with errno's class, e.g. FileNotFoundError) for a failed system call; the detail names
  * the file. */
 static PyObject *raise_npy(PyObject *module, int rc) {
-    return fl_raise_with(fl_state_from_module(module), rc,
-                         &(fl_raise_opts){.overrides = {{FL_ESYS, FL_EXC_OS}, {FL_ENOMEM, FL_EXC_MEMORY}},
-                                          .otherwise = FL_EXC_VALUE});
+    return fl_raise_with(fl_state_from_module(module), rc, &(fl_raise_opts){.in = FL_IN_DATA});
 }
 
 static PyObject *header_tuple(const fl_npy_header *h) {

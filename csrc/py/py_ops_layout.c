@@ -16,12 +16,12 @@ static int parse_crop_size(PyObject *size, size_t *out_h, size_t *out_w) {
     if (PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_OverflowError, "crop 'size' %R is too large", size);
+            fl_raisef(NULL, FL_EXC_OVERFLOW, "crop 'size' %R is too large", size);
         }
         return -1;
     }
     if (h <= 0 || w <= 0) {
-        PyErr_Format(PyExc_ValueError, "'size' must be positive, not (%zd, %zd)", h, w);
+        fl_raisef(NULL, FL_EXC_VALUE, "'size' must be positive, not (%zd, %zd)", h, w);
         return -1;
     }
     *out_h = (size_t)h;
@@ -44,10 +44,10 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
             fl_crop_offsets_center(dims.n, dims.h, dims.w, out_h, out_w, tops, lefts);
             return 0;
         }
-        PyErr_Format(PyExc_ValueError,
-                     "'offsets' must be 'random', 'center', (top, left) or an (N, 2) array, "
-                     "not %R",
-                     offsets);
+        fl_raisef(NULL, FL_EXC_VALUE,
+                  "'offsets' must be 'random', 'center', (top, left) or an (N, 2) array, "
+                  "not %R",
+                  offsets);
         return -1;
     }
     PyObject *array = PyArray_FROM_O(offsets);
@@ -59,10 +59,10 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
         ((PyArray_NDIM(a) == 1 && PyArray_DIM(a, 0) == 2) ||
          (PyArray_NDIM(a) == 2 && (size_t)PyArray_DIM(a, 0) == dims.n && PyArray_DIM(a, 1) == 2));
     if (!ok) {
-        PyErr_Format(PyExc_ValueError,
-                     "'offsets' must be integers shaped (2,) for (top, left) or (%zu, 2) for "
-                     "one pair per image",
-                     dims.n);
+        fl_raisef(NULL, FL_EXC_VALUE,
+                  "'offsets' must be integers shaped (2,) for (top, left) or (%zu, 2) for "
+                  "one pair per image",
+                  dims.n);
         Py_DECREF(array);
         return -1;
     }
@@ -70,7 +70,7 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
     Py_DECREF(array);
     if (pairs == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) { /* uint64 past int64's range */
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "'offsets' must be integers within int64's range");
+        fl_raisef(NULL, FL_EXC_VALUE, "'offsets' must be integers within int64's range");
     }
     if (pairs == NULL)
         return -1;
@@ -101,8 +101,8 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
         parse_crop_size(size, &out_h, &out_w) < 0 || fl_parse_seed(seed_obj, &seed) < 0)
         return NULL;
     if (out_h > dims.h || out_w > dims.w) {
-        PyErr_Format(PyExc_ValueError, "crop 'size' (%zu, %zu) is larger than the %zux%zu images",
-                     out_h, out_w, dims.h, dims.w);
+        fl_raisef(NULL, FL_EXC_VALUE, "crop 'size' (%zu, %zu) is larger than the %zux%zu images",
+                  out_h, out_w, dims.h, dims.w);
         return NULL;
     }
     int64_t *tops = PyMem_Malloc(2 * (dims.n ? dims.n : 1) * sizeof *tops);
@@ -139,8 +139,8 @@ static int explicit_flips(PyObject *flip_obj, size_t n, uint8_t *flip) {
         return -1;
     int rc = 0;
     if ((size_t)PyArray_SIZE((PyArrayObject *)flags) != n) {
-        PyErr_Format(PyExc_ValueError, "'flip' has %zd values but there are %zu images",
-                     (Py_ssize_t)PyArray_SIZE((PyArrayObject *)flags), n);
+        fl_raisef(NULL, FL_EXC_VALUE, "'flip' has %zd values but there are %zu images",
+                  (Py_ssize_t)PyArray_SIZE((PyArrayObject *)flags), n);
         rc = -1;
     } else {
         memcpy(flip, PyArray_DATA((PyArrayObject *)flags), n);
@@ -164,7 +164,7 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (!(p >= 0.0 && p <= 1.0)) {
         char message[80]; /* PyErr_Format has no %g: 3.12+ raise SystemError for it */
         snprintf(message, sizeof message, "'p' must be a probability in [0, 1], not %g", p);
-        PyErr_SetString(PyExc_ValueError, message);
+        fl_raisef(NULL, FL_EXC_VALUE, "%s", message);
         return NULL;
     }
     if (fl_check_threads(threads) < 0 || fl_parse_layout(layout_text, "layout", &layout) < 0 ||
@@ -205,15 +205,15 @@ static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first, 
         return -1;
     PyArrayObject *array = (PyArrayObject *)item;
     if (first != NULL && !PyArray_EquivTypes(PyArray_DESCR(array), PyArray_DESCR(first))) {
-        PyErr_Format(PyExc_TypeError, "'%s' has dtype %R but arrays[0] has %R", name,
-                     (PyObject *)PyArray_DESCR(array), (PyObject *)PyArray_DESCR(first));
+        fl_raisef(NULL, FL_EXC_TYPE, "'%s' has dtype %R but arrays[0] has %R", name,
+                  (PyObject *)PyArray_DESCR(array), (PyObject *)PyArray_DESCR(first));
         return -1;
     }
     if (first != NULL && !PyArray_SAMESHAPE(array, first)) {
         PyObject *got = fl_shape_repr(item), *want = fl_shape_repr((PyObject *)first);
         if (got != NULL && want != NULL)
-            PyErr_Format(PyExc_ValueError, "'%s' has shape %U but arrays[0] has %U", name, got,
-                         want);
+            fl_raisef(NULL, FL_EXC_VALUE, "'%s' has shape %U but arrays[0] has %U", name, got,
+                      want);
         Py_XDECREF(got);
         Py_XDECREF(want);
         return -1;
@@ -236,8 +236,8 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (arrays == NULL) {
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "'arrays' must be a sequence of arrays, not %.200s",
-                         Py_TYPE(arrays_obj)->tp_name);
+            fl_raisef(NULL, FL_EXC_TYPE, "'arrays' must be a sequence of arrays, not %.200s",
+                      Py_TYPE(arrays_obj)->tp_name);
         }
         return NULL;
     }
@@ -246,7 +246,7 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *out = NULL;
     const void **srcs = NULL;
     if (count == 0) {
-        PyErr_SetString(PyExc_ValueError, "'arrays' is empty: need at least one array");
+        fl_raisef(NULL, FL_EXC_VALUE, "'arrays' is empty: need at least one array");
         goto done;
     }
     srcs = PyMem_Malloc((size_t)count * sizeof *srcs);
@@ -261,7 +261,7 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_ssize_t shape[NPY_MAXDIMS + 1];
     int ndim = PyArray_NDIM(first) + 1;
     if (ndim > NPY_MAXDIMS) {
-        PyErr_SetString(PyExc_ValueError, "stacking would exceed NumPy's dimension limit");
+        fl_raisef(NULL, FL_EXC_VALUE, "stacking would exceed NumPy's dimension limit");
         goto done;
     }
     shape[0] = count;
@@ -271,7 +271,7 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     out = fl_output_array(out_obj, ndim, shape, (PyObject *)PyArray_DESCR(first), NULL, 0);
     for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
         if (fl_arrays_overlap(out, items[i])) {
-            PyErr_Format(PyExc_ValueError, "'out' overlaps arrays[%zd]", i);
+            fl_raisef(NULL, FL_EXC_VALUE, "'out' overlaps arrays[%zd]", i);
             Py_CLEAR(out);
         }
     }

@@ -10,7 +10,7 @@ int fl_parse_layout(const char *text, const char *arg, fl_layout *out) {
         *out = text[0] == 'H' ? FL_HWC : FL_CHW;
         return 0;
     }
-    PyErr_Format(PyExc_ValueError, "'%s' must be 'HWC' or 'CHW', not '%s'", arg, text);
+    fl_raisef(NULL, FL_EXC_VALUE, "'%s' must be 'HWC' or 'CHW', not '%s'", arg, text);
     return -1;
 }
 
@@ -29,8 +29,8 @@ static int parse_layout_pair(const char *text, fl_layout *src, fl_layout *dst) {
             return 0;
         }
     }
-    PyErr_Format(PyExc_ValueError,
-                 "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", text);
+    fl_raisef(NULL, FL_EXC_VALUE,
+              "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", text);
     return -1;
 }
 
@@ -40,9 +40,9 @@ int fl_image_dims(PyObject *x, fl_layout layout, fl_images *dims) {
     if (ndim != 3 && ndim != 4) {
         PyObject *shape = fl_shape_repr(x);
         if (shape != NULL)
-            PyErr_Format(PyExc_ValueError, "'x' must be one image %s or a batch %s, not shape %U",
-                         layout == FL_HWC ? "(H, W, C)" : "(C, H, W)",
-                         layout == FL_HWC ? "(N, H, W, C)" : "(N, C, H, W)", shape);
+            fl_raisef(NULL, FL_EXC_VALUE, "'x' must be one image %s or a batch %s, not shape %U",
+                      layout == FL_HWC ? "(H, W, C)" : "(C, H, W)",
+                      layout == FL_HWC ? "(N, H, W, C)" : "(N, C, H, W)", shape);
         Py_XDECREF(shape);
         return -1;
     }
@@ -69,8 +69,8 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
     PyObject *values =
         PyArray_FROMANY(obj, NPY_FLOAT32, 0, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
     if (values == NULL) {
-        PyErr_Format(PyExc_ValueError, "'%s' must be a number or a sequence of %zu numbers", arg,
-                     channels);
+        fl_raisef(NULL, FL_EXC_VALUE, "'%s' must be a number or a sequence of %zu numbers", arg,
+                  channels);
         return NULL;
     }
     npy_intp size = PyArray_SIZE((PyArrayObject *)values);
@@ -86,8 +86,8 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
         return repeated;
     }
     if ((size_t)size != channels) {
-        PyErr_Format(PyExc_ValueError, "'%s' has %zd values but the images have %zu channels", arg,
-                     (Py_ssize_t)size, channels);
+        fl_raisef(NULL, FL_EXC_VALUE, "'%s' has %zd values but the images have %zu channels", arg,
+                  (Py_ssize_t)size, channels);
         Py_DECREF(values);
         return NULL;
     }
@@ -111,8 +111,8 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
         fl_image_dims(x, src_layout, &dims) < 0)
         return NULL;
     if (dtype != FL_UINT8 && dtype != FL_FLOAT32 && dtype != FL_FLOAT64) {
-        PyErr_Format(PyExc_TypeError, "'x' must have dtype uint8, float32 or float64, not %s",
-                     fl_dtype_name(dtype));
+        fl_raisef(NULL, FL_EXC_TYPE, "'x' must have dtype uint8, float32 or float64, not %s",
+                  fl_dtype_name(dtype));
         return NULL;
     }
     PyObject *mean = channel_values(mean_obj, "mean", dims.c);
@@ -178,7 +178,7 @@ PyObject *fl_py_divide_by_max(PyObject *module, PyObject *args, PyObject *kwargs
         return NULL;
     PyArrayObject *input = (PyArrayObject *)x;
     if (PyArray_SIZE(input) == 0) {
-        PyErr_SetString(PyExc_ValueError, "'x' is empty: the max of no values is undefined");
+        fl_raisef(NULL, FL_EXC_VALUE, "'x' is empty: the max of no values is undefined");
         return NULL;
     }
     int out_type = fl_dtype_to_numpy(fl_divide_by_max_dtype(dtype));

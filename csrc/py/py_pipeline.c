@@ -17,7 +17,7 @@ typedef struct {
  * / ("cast", dtype) step. */
 static int add_step(fl_module_state *state, fl_pipeline *p, PyObject *spec) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0))) {
-        PyErr_SetString(PyExc_TypeError, "pipeline steps are (name, ...) tuples");
+        fl_raisef(NULL, FL_EXC_TYPE, "pipeline steps are (name, ...) tuples");
         return -1;
     }
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
@@ -45,7 +45,7 @@ static int add_step(fl_module_state *state, fl_pipeline *p, PyObject *spec) {
         PyObject *std = mean ? PyArray_FROMANY(std_obj, NPY_FLOAT32, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST) : NULL;
         if (std == NULL || PyArray_SIZE((PyArrayObject *)mean) != PyArray_SIZE((PyArrayObject *)std)) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "Normalize: mean and std need one value per channel");
+                fl_raisef(NULL, FL_EXC_VALUE, "Normalize: mean and std need one value per channel");
             Py_XDECREF(mean);
             Py_XDECREF(std);
             return -1;
@@ -62,11 +62,11 @@ static int add_step(fl_module_state *state, fl_pipeline *p, PyObject *spec) {
             return -1;
         rc = fl_pipeline_cast(p, dtype);
     } else {
-        PyErr_Format(PyExc_ValueError, "unknown pipeline step '%s'", kind);
+        fl_raisef(NULL, FL_EXC_VALUE, "unknown pipeline step '%s'", kind);
         return -1;
     }
     if (rc != FL_OK) {
-        fl_raise_with(state, rc, &(fl_raise_opts){.overrides = {{FL_ENOMEM, FL_EXC_MEMORY}}, .otherwise = FL_EXC_VALUE});
+        fl_raise_with(state, rc, &(fl_raise_opts){.in = FL_IN_DATA});
         return -1;
     }
     return 0;
@@ -110,7 +110,7 @@ static PyObject *planned_output(PipelineObject *self, PyObject *x, fl_images *di
     int rc = fl_pipeline_plan(self->pipeline, *dims, *dtype, &out, &out_dtype, &out_layout, scratch_per_image);
     if (rc != FL_OK)
         return fl_raise_with(fl_state_from_type(Py_TYPE(self)), rc,
-                             &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
+                             &(fl_raise_opts){.what = "Pipeline", .in = FL_IN_DATA});
     out.n = dims->n;
     Py_ssize_t shape[4];
     fl_image_shape(x, out_layout, out, shape);
@@ -135,7 +135,7 @@ static PyObject *pipeline_run(PyObject *self_obj, PyObject *args, PyObject *kwar
         ids = PyArray_FROMANY(ids_obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY);
         if (ids == NULL || (size_t)PyArray_SIZE((PyArrayObject *)ids) != dims.n) {
             if (ids != NULL)
-                PyErr_Format(PyExc_ValueError, "'ids' needs one index per image (%zu)", dims.n);
+                fl_raisef(NULL, FL_EXC_VALUE, "'ids' needs one index per image (%zu)", dims.n);
             Py_XDECREF(ids);
             return NULL;
         }
@@ -169,7 +169,7 @@ static void pipeline_dealloc(PyObject *self) {
 
 fl_pipeline *fl_pipeline_from_python(PyObject *obj, fl_module_state *state) {
     if (!PyObject_TypeCheck(obj, state->pipeline_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a fastloop.ops.Pipeline, not %.200s", Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "expected a fastloop.ops.Pipeline, not %.200s", Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return ((PipelineObject *)obj)->pipeline;
@@ -180,7 +180,7 @@ fl_layout fl_pipeline_layout_of(PyObject *obj) { return ((PipelineObject *)obj)-
 int fl_pipeline_input_of(PyObject *obj, PyObject *descr, PyObject *shape, const char *name, fl_images *image,
                          fl_dtype *dtype) {
     if (PyTuple_GET_SIZE(shape) != 3) {
-        PyErr_Format(PyExc_ValueError, "a Pipeline needs image samples (3 dimensions), not shape %R", shape);
+        fl_raisef(NULL, FL_EXC_VALUE, "a Pipeline needs image samples (3 dimensions), not shape %R", shape);
         return -1;
     }
     if (fl_dtype_from_descr(descr, name, dtype) < 0)

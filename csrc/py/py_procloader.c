@@ -67,8 +67,8 @@ static PyObject *proc_batch_extra(fl_source_object *base, int slot) {
     } else if (len <= self->child.objects_capacity) {
         return PyByteArray_FromStringAndSize((const char *)area + sizeof len, (Py_ssize_t)len);
     }
-    return PyErr_Format(PyExc_RuntimeError, "a worker's sample data is corrupt (object area length %llu)",
-                        (unsigned long long)len);
+    return fl_raisef(NULL, FL_EXC_RUNTIME, "a worker's sample data is corrupt (object area length %llu)",
+                     (unsigned long long)len);
 }
 
 /* batch_ends = an array of where each batch ends in the epoch's order (a batch sampler's
@@ -76,7 +76,7 @@ static PyObject *proc_batch_extra(fl_source_object *base, int slot) {
 static int proc_set_batch_ends(PyObject *self, PyObject *value, void *closure) {
     (void)closure;
     if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "batch_ends cannot be deleted; set None");
+        fl_raisef(NULL, FL_EXC_ATTRIBUTE, "batch_ends cannot be deleted; set None");
         return -1;
     }
     PyArrayObject *ends = NULL;
@@ -120,7 +120,7 @@ static int plan_pipeline(fl_fork_child *child, PyObject *pipeline_obj, PyObject 
     fl_layout layout;
     if (fl_pipeline_plan(child->pipeline, child->image, child->image_dtype, &out, &dtype, &layout,
                          &child->scratch_per_image) != FL_OK) {
-        fl_raise_with(child->state, FL_EINVAL, &(fl_raise_opts){.what = "Pipeline", .otherwise = FL_EXC_VALUE});
+        fl_raise_with(child->state, FL_EINVAL, &(fl_raise_opts){.what = "Pipeline", .in = FL_IN_DATA});
         return -1;
     }
     return fl_pipeline_set_output(out, dtype, layout, out_descrs, out_shapes);
@@ -132,7 +132,7 @@ static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *desc
     fl_fork_child *child = &self->child;
     child->n_fields = self->base.n_fields = (size_t)PyTuple_GET_SIZE(fields);
     if ((child->n_fields == 0 && child->finish == NULL) || child->n_fields > FL_SOURCE_MAX_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "a sample has 1 to 64 fields (0 with finish)");
+        fl_raisef(NULL, FL_EXC_VALUE, "a sample has 1 to 64 fields (0 with finish)");
         return -1;
     }
     for (size_t f = 0; f < child->n_fields; f++) {
@@ -173,8 +173,8 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
         child->objects_offset = config->slot_bytes;
         child->objects_capacity = objects_bytes;
         if (__builtin_add_overflow(config->slot_bytes, sizeof(uint64_t) + objects_bytes, &config->slot_bytes)) {
-            PyErr_Format(PyExc_OverflowError, "a batch slot of %zu bytes and %zu of sample data is too large",
-                         config->slot_bytes, objects_bytes);
+            fl_raisef(NULL, FL_EXC_OVERFLOW, "a batch slot of %zu bytes and %zu of sample data is too large",
+                      config->slot_bytes, objects_bytes);
             return -1;
         }
     }
@@ -200,17 +200,21 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_ssize_t batch_size, objects_bytes = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 1, prefetch = 2;
     if (fl_parse_args_dict(&proc_args, args, kwargs, FL_ARG("fields", OBJECT, &fields_obj),
-                           FL_ARG("fetch", OBJECT, &fetch), FL_ARG("on_failure", OBJECT, &on_failure),
-                           FL_ARG("n", UINT64, &n), FL_ARG("batch_size", SSIZE, &batch_size),
+                           FL_ARG("fetch", OBJECT, &fetch),
+                           FL_ARG("on_failure", OBJECT, &on_failure), FL_ARG("n", UINT64, &n),
+                           FL_ARG("batch_size", SSIZE, &batch_size),
                            FL_ARG("|shuffle", BOOL, &shuffle), FL_ARG("seed", UINT64, &seed),
                            FL_ARG("rank", INT, &rank), FL_ARG("world_size", INT, &world_size),
                            FL_ARG("drop_last", BOOL, &drop_last), FL_ARG("workers", INT, &workers),
-                           FL_ARG("prefetch", INT, &prefetch), FL_ARG("pipeline", OBJECT, &pipeline_obj),
-                           FL_ARG("worker_setup", OBJECT, &setup), FL_ARG("metrics", OBJECT, &metrics_obj),
-                           FL_ARG("finish", OBJECT, &finish), FL_ARG("objects_bytes", SSIZE, &objects_bytes)) < 0)
+                           FL_ARG("prefetch", INT, &prefetch),
+                           FL_ARG("pipeline", OBJECT, &pipeline_obj),
+                           FL_ARG("worker_setup", OBJECT, &setup),
+                           FL_ARG("metrics", OBJECT, &metrics_obj),
+                           FL_ARG("finish", OBJECT, &finish),
+                           FL_ARG("objects_bytes", SSIZE, &objects_bytes)) < 0)
         return NULL;
     if (objects_bytes < 0)
-        return PyErr_Format(PyExc_ValueError, "'objects_bytes' must be >= 0, not %zd", objects_bytes);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'objects_bytes' must be >= 0, not %zd", objects_bytes);
     fl_module_state *state = fl_state_from_type(type);
     ProcLoaderObject *self = (ProcLoaderObject *)type->tp_alloc(type, 0);
     if (self == NULL)

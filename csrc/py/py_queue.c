@@ -123,12 +123,12 @@ static PyObject *do_put(QueueObject *self, PyObject *item, int block, PyObject *
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        PyErr_SetString(state->full,
-                        timeout > 0 ? "queue still full after the timeout" : "queue is full");
+        fl_raisef(&state->exc, FL_EXC_FULL,
+                  "%s", timeout > 0 ? "queue still full after the timeout" : "queue is full");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(state->closed, "put() on a closed queue");
+        fl_raisef(&state->exc, FL_EXC_CLOSED, "put() on a closed queue");
         return NULL;
     }
     return fl_raise(state, rc, "put");
@@ -146,18 +146,19 @@ static PyObject *do_get(QueueObject *self, int block, PyObject *timeout_obj) {
     if (rc == FL_EINTR)
         return NULL;
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
-        PyErr_SetString(state->empty,
-                        timeout > 0 ? "queue still empty after the timeout" : "queue is empty");
+        fl_raisef(&state->exc, FL_EXC_EMPTY,
+                  "%s", timeout > 0 ? "queue still empty after the timeout" : "queue is empty");
         return NULL;
     }
     if (rc == FL_ECLOSED) {
-        PyErr_SetString(state->closed, "get() on a closed, empty queue");
+        fl_raisef(&state->exc, FL_EXC_CLOSED, "get() on a closed, empty queue");
         return NULL;
     }
     return fl_raise(state, rc, "get");
 }
 
-static PyObject *queue_put(QueueObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+static PyObject *queue_put(QueueObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
     static fl_arg_cache put_args = FL_ARG_CACHE("put");
     PyObject *item, *timeout = Py_None;
     int block = 1;
@@ -171,7 +172,8 @@ static PyObject *queue_put_nowait(QueueObject *self, PyObject *item) {
     return do_put(self, item, 0, NULL);
 }
 
-static PyObject *queue_get(QueueObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+static PyObject *queue_get(QueueObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
     static fl_arg_cache get_args = FL_ARG_CACHE("get");
     PyObject *timeout = Py_None;
     int block = 1;
@@ -208,7 +210,7 @@ static PyObject *queue_get_many(QueueObject *self, PyObject *args, PyObject *kwa
                                      &timeout_obj))
         return NULL;
     if (max_items < 1 || max_items > 1 << 20) {
-        PyErr_Format(PyExc_ValueError, "'max_items' must be in 1..%d, not %zd", 1 << 20, max_items);
+        fl_raisef(NULL, FL_EXC_VALUE, "'max_items' must be in 1..%d, not %zd", 1 << 20, max_items);
         return NULL;
     }
     if (fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
@@ -234,7 +236,7 @@ static PyObject *queue_get_many(QueueObject *self, PyObject *args, PyObject *kwa
     } else if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
         result = PyList_New(0); /* nothing arrived in time: an empty batch, not an error */
     } else if (rc == FL_ECLOSED) {
-        PyErr_SetString(state->closed, "get_many() on a closed, empty queue");
+        fl_raisef(&state->exc, FL_EXC_CLOSED, "get_many() on a closed, empty queue");
     } else if (rc != FL_EINTR) {
         fl_raise(state, rc, "get_many");
     }
@@ -261,7 +263,7 @@ static PyObject *queue_full(QueueObject *self, PyObject *unused) {
 static PyObject *queue_task_done(QueueObject *self, PyObject *unused) {
     (void)unused;
     if (fl_queue_task_done(self->queue) != FL_OK) {
-        PyErr_SetString(PyExc_ValueError, "task_done() called too many times");
+        fl_raisef(NULL, FL_EXC_VALUE, "task_done() called too many times");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -306,7 +308,7 @@ static PyObject *queue_exit(QueueObject *self, PyObject *args) {
 /* Iterating gets items until the queue is closed and empty. */
 static PyObject *queue_iternext(QueueObject *self) {
     PyObject *item = do_get(self, 1, NULL);
-    if (item == NULL && PyErr_ExceptionMatches(queue_state(self)->closed))
+    if (item == NULL && PyErr_ExceptionMatches(queue_state(self)->exc.cls[FL_EXC_CLOSED]))
         PyErr_Clear(); /* NULL without an exception ends the iteration */
     return item;
 }
@@ -382,8 +384,8 @@ static void queue_dealloc(QueueObject *self) {
 
 fl_queue *fl_queue_from_python(PyObject *obj, fl_module_state *state) {
     if (!PyObject_TypeCheck(obj, state->queue_type)) {
-        PyErr_Format(PyExc_TypeError, "expected a fastloop.Queue, not %.200s",
-                     Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "expected a fastloop.Queue, not %.200s",
+                  Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return ((QueueObject *)obj)->queue;

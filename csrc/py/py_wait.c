@@ -44,7 +44,7 @@ int fl_parse_timeout(PyObject *timeout, int block, double *seconds) {
     if (value == -1.0 && PyErr_Occurred())
         return -1;
     if (value < 0 || isnan(value)) {
-        PyErr_SetString(PyExc_ValueError, "'timeout' must be a non-negative number");
+        fl_raisef(NULL, FL_EXC_VALUE, "'timeout' must be a non-negative number");
         return -1;
     }
     *seconds = value;

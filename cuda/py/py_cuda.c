@@ -1,7 +1,7 @@
 /* py_cuda.c - fastloop._cuda: the module (device queries, the self-test, cuBLAS loading,
  * the nn backend capsule, the copy benchmark), loaded lazily by fastloop.cuda; the types
  * live in py_device_array.c, py_stream.c, py_pinned.c, py_nn_testing.c. CUDA failures
- * raise fastloop.CudaError with the cudaError_t code. */
+ * raise fastloop.CudaError with the cudaError_t code (`.cuda_code`). */
 #define FL_PY_NUMPY_IMPORT
 #include "py_cuda.h"
 
@@ -12,14 +12,8 @@
 PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what) {
     PyObject *message = PyUnicode_FromFormat(
         "%s: %s (%s, code %d)", what, fl_cuda_error_string(code), fl_cuda_error_name(code), code);
-    if (message == NULL)
-        return NULL;
-    PyObject *error = PyObject_CallFunction(state->cuda_error, "Oi", message, code);
-    Py_DECREF(message);
-    if (error != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
-        Py_DECREF(error);
-    }
+    fl_exc_raise(&state->exc, FL_EXC_CUDA, message, (fl_exc_codes){.code = FL_ECUDA, .cuda_code = code});
+    Py_XDECREF(message);
     return NULL;
 }
 
@@ -29,17 +23,17 @@ int fl_py_require_device(cuda_state *state, int device) {
         rc = fl_cuda_device_count(&count);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
-        PyErr_Format(state->cuda_unavailable, "CUDA is not available: cudaGetDeviceCount: %s (%s)",
-                     fl_cuda_error_string(rc), fl_cuda_error_name(rc));
+        fl_raisef(&state->exc, FL_EXC_CUDA_UNAVAILABLE, "CUDA is not available: cudaGetDeviceCount: %s (%s)",
+                  fl_cuda_error_string(rc), fl_cuda_error_name(rc));
         return -1;
     }
     if (count == 0) {
-        PyErr_SetString(state->cuda_unavailable, "CUDA is not available: no CUDA device");
+        fl_raisef(&state->exc, FL_EXC_CUDA_UNAVAILABLE, "CUDA is not available: no CUDA device");
         return -1;
     }
     if (device < 0 || device >= count) {
-        PyErr_Format(PyExc_ValueError, "'device' %d does not exist: %d CUDA device(s)", device,
-                     count);
+        fl_raisef(NULL, FL_EXC_VALUE, "'device' %d does not exist: %d CUDA device(s)", device,
+                  count);
         return -1;
     }
     return 0;
@@ -80,7 +74,7 @@ static PyObject *device_info(PyObject *module, PyObject *arg) {
     if (value == -1 && PyErr_Occurred())
         return NULL;
     if (value < 0 || value > 1 << 16) {
-        PyErr_Format(PyExc_ValueError, "device index must be >= 0, not %ld", value);
+        fl_raisef(NULL, FL_EXC_VALUE, "device index must be >= 0, not %ld", value);
         return NULL;
     }
     int index = (int)value;
@@ -104,7 +98,7 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|in:selftest", keywords, &index, &n))
         return NULL;
     if (n <= 0 || n > (1 << 24)) {
-        PyErr_Format(PyExc_ValueError, "'n' must be in 1..%d, not %zd", 1 << 24, n);
+        fl_raisef(NULL, FL_EXC_VALUE, "'n' must be in 1..%d, not %zd", 1 << 24, n);
         return NULL;
     }
     double kernel_ms;
@@ -130,16 +124,16 @@ static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs)
         rc = fl_cublas_load(path, why, sizeof why);
     Py_END_ALLOW_THREADS
     if (rc != 0)
-        return PyErr_Format(fl_py_state(module)->cuda_unavailable,
-                            "CUDA is not available: cuBLAS could not be loaded: %s", why);
+        return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
+                         "CUDA is not available: cuBLAS could not be loaded: %s", why);
     return PyUnicode_DecodeFSDefault(fl_cublas_path());
 }
 
 static PyObject *nn_backend(PyObject *module, PyObject *unused) {
     (void)unused;
     if (fl_cublas() == NULL)
-        return PyErr_Format(fl_py_state(module)->cuda_unavailable,
-                            "CUDA is not available: cuBLAS is not loaded (call cublas_load first)");
+        return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
+                         "CUDA is not available: cuBLAS is not loaded (call cublas_load first)");
     return PyCapsule_New((void *)fl_cuda_nn_backend(), FL_NN_BACKEND_CAPSULE, NULL);
 }
 
@@ -151,9 +145,9 @@ static PyObject *memcpy_benchmark(PyObject *module, PyObject *args, PyObject *kw
                                      &pinned, &repeats, &device))
         return NULL;
     if (nbytes <= 0)
-        return PyErr_Format(PyExc_ValueError, "'nbytes' must be > 0, not %zd", nbytes);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'nbytes' must be > 0, not %zd", nbytes);
     if (repeats <= 0)
-        return PyErr_Format(PyExc_ValueError, "'repeats' must be > 0, not %d", repeats);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'repeats' must be > 0, not %d", repeats);
     if (fl_py_require_device(fl_py_state(module), device) < 0)
         return NULL;
     double gbps;
@@ -197,13 +191,7 @@ static int cuda_exec(PyObject *module) {
     cuda_state *state = fl_py_state(module);
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
-    PyObject *errors = PyImport_ImportModule("fastloop.errors");
-    if (errors == NULL)
-        return -1;
-    state->cuda_error = PyObject_GetAttrString(errors, "CudaError");
-    state->cuda_unavailable = PyObject_GetAttrString(errors, "CudaUnavailable");
-    Py_DECREF(errors);
-    if (state->cuda_error == NULL || state->cuda_unavailable == NULL)
+    if (fl_exc_load(&state->exc) < 0)
         return -1;
     if (fl_py_device_array_init(module, state) < 0 || fl_py_stream_init(module, state) < 0 ||
         fl_py_pinned_init(module, state) < 0 || fl_py_preprocess_init(module) < 0 ||
@@ -214,8 +202,7 @@ static int cuda_exec(PyObject *module) {
 
 static int cuda_traverse(PyObject *module, visitproc visit, void *arg) {
     cuda_state *state = fl_py_state(module);
-    Py_VISIT(state->cuda_error);
-    Py_VISIT(state->cuda_unavailable);
+    fl_exc_traverse(&state->exc, visit, arg);
     Py_VISIT(state->device_array_type);
     Py_VISIT(state->stream_type);
     Py_VISIT(state->pinned_type);
@@ -226,8 +213,7 @@ static int cuda_traverse(PyObject *module, visitproc visit, void *arg) {
 
 static int cuda_clear(PyObject *module) {
     cuda_state *state = fl_py_state(module);
-    Py_CLEAR(state->cuda_error);
-    Py_CLEAR(state->cuda_unavailable);
+    fl_exc_clear(&state->exc);
     Py_CLEAR(state->device_array_type);
     Py_CLEAR(state->stream_type);
     Py_CLEAR(state->pinned_type);

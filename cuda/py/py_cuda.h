@@ -12,14 +12,15 @@
 #include <Python.h>
 
 #include "py/fl_compat.h"
+#include "base/fl_error.h"
+#include "py/fl_exc.h"
 #include <stdint.h>
 
 #include "py_numpy.h"
 
 /* Per-module state (no C globals). */
 typedef struct cuda_state {
-    PyObject *cuda_error;       /* fastloop.errors.CudaError */
-    PyObject *cuda_unavailable; /* fastloop.errors.CudaUnavailable */
+    fl_exc_classes exc; /* the exception table's classes (py/fl_exc.h), shared with _core */
     PyTypeObject *device_array_type;
     PyTypeObject *stream_type;
     PyTypeObject *pinned_type;
@@ -35,7 +36,8 @@ static inline cuda_state *fl_py_state(PyObject *module) {
     return (cuda_state *)PyModule_GetState(module);
 }
 
-/* Raises fastloop.CudaError("<what>: <string> (<name>, code N)", code). Returns NULL. */
+/* Raises fastloop.CudaError("<what>: <string> (<name>, code N)") with .code FL_ECUDA and
+ * .cuda_code N. Returns NULL. */
 PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what);
 
 /* Checks that CUDA can run and `device` exists, before anything touches the GPU: returns 0,

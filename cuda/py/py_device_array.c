@@ -67,9 +67,9 @@ static DeviceArray *array_wrap(cuda_state *state, int device, int ndim, const Py
 static int descr_supported(PyArray_Descr *descr, const char *arg) {
     if (strchr("biufc", descr->kind) == NULL || !PyDataType_ISNOTSWAPPED(descr) ||
         PyDataType_ELSIZE(descr) == 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "'%s' must be a native bool, integer, float or complex dtype, not %R", arg,
-                     (PyObject *)descr);
+        fl_raisef(NULL, FL_EXC_TYPE,
+                  "'%s' must be a native bool, integer, float or complex dtype, not %R", arg,
+                  (PyObject *)descr);
         return -1;
     }
     return 0;
@@ -101,8 +101,8 @@ static int parse_shape(PyObject *obj, Py_ssize_t *shape, int *ndim) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
         if (n > FL_PY_MAX_NDIM) {
             Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "'shape' has %zd dimensions, more than %d", n,
-                         FL_PY_MAX_NDIM);
+            fl_raisef(NULL, FL_EXC_VALUE, "'shape' has %zd dimensions, more than %d", n,
+                      FL_PY_MAX_NDIM);
             return -1;
         }
         *ndim = (int)n;
@@ -114,7 +114,7 @@ static int parse_shape(PyObject *obj, Py_ssize_t *shape, int *ndim) {
         if (shape[i] == -1 && PyErr_Occurred())
             return -1;
         if (shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "'shape' must hold sizes >= 0, not %zd", shape[i]);
+            fl_raisef(NULL, FL_EXC_VALUE, "'shape' must hold sizes >= 0, not %zd", shape[i]);
             return -1;
         }
     }
@@ -126,7 +126,7 @@ static int shape_bytes(int ndim, const Py_ssize_t *shape, size_t itemsize, size_
     size_t total = itemsize;
     for (int i = 0; i < ndim; i++)
         if (__builtin_mul_overflow(total, (size_t)shape[i], &total) || total > PY_SSIZE_T_MAX) {
-            PyErr_SetString(PyExc_ValueError, "'shape' is too large");
+            fl_raisef(NULL, FL_EXC_VALUE, "'shape' is too large");
             return -1;
         }
     *nbytes = total;
@@ -195,7 +195,7 @@ DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
 
 DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const char *arg) {
     if (!PyObject_TypeCheck(obj, state->device_array_type)) {
-        PyErr_Format(PyExc_TypeError, "'%s' must be a fastloop.cuda.DeviceArray, not %.200s", arg, Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'%s' must be a fastloop.cuda.DeviceArray, not %.200s", arg, Py_TYPE(obj)->tp_name);
         return NULL;
     }
     return (DeviceArray *)obj;
@@ -319,7 +319,7 @@ static PyObject *array_copy_from_numpy(DeviceArray *self, PyObject *arr) {
         return NULL;
     if (!same_shape(self, host)) {
         PyObject *want = shape_tuple(self->ndim, self->shape);
-        PyErr_Format(PyExc_ValueError, "'arr' must have the array's shape %R", want);
+        fl_raisef(NULL, FL_EXC_VALUE, "'arr' must have the array's shape %R", want);
         Py_XDECREF(want);
         Py_DECREF(host);
         return NULL;
@@ -473,8 +473,8 @@ static DeviceArray *output_for(cuda_state *state, PyObject *out_obj, PyArrayObje
         return NULL;
     if (!same_shape(out, host) || !PyArray_EquivTypes(out->descr, PyArray_DESCR(host)) ||
         out->device != device) {
-        PyErr_Format(PyExc_ValueError, "'out' must match 'array' in shape and dtype and be on device %d, not %R",
-                     device, out_obj);
+        fl_raisef(NULL, FL_EXC_VALUE, "'out' must match 'array' in shape and dtype and be on device %d, not %R",
+                  device, out_obj);
         return NULL;
     }
     return (DeviceArray *)Py_NewRef(out_obj);
@@ -539,7 +539,7 @@ static PyObject *from_pointer(PyObject *module, PyObject *args, PyObject *kwargs
     if (ptr == NULL && PyErr_Occurred())
         return NULL;
     if (owner == Py_None || device < 0)
-        return PyErr_Format(PyExc_ValueError, "'owner' must not be None and 'device' must be >= 0");
+        return fl_raisef(NULL, FL_EXC_VALUE, "'owner' must not be None and 'device' must be >= 0");
     cuda_state *state = fl_py_state(module);
     PyArray_Descr *descr = parse_dtype(dtype_obj);
     size_t nbytes;

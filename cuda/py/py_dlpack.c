@@ -111,7 +111,7 @@ static int consumer_stream(PyObject *obj, uintptr_t *stream, int *sync) {
         return 0;
     }
     if (value <= 0) {
-        PyErr_Format(PyExc_ValueError, "'stream' %lld is not a CUDA stream (0 is ambiguous: pass 1 for the legacy default stream)", value);
+        fl_raisef(NULL, FL_EXC_VALUE, "'stream' %lld is not a CUDA stream (0 is ambiguous: pass 1 for the legacy default stream)", value);
         return -1;
     }
     *stream = (uintptr_t)value;
@@ -123,14 +123,14 @@ static int check_export(DeviceArray *self, PyObject *dl_device, PyObject *copy) 
     if (dl_device != Py_None) {
         int type, id;
         if (!PyTuple_Check(dl_device) || !PyArg_ParseTuple(dl_device, "ii", &type, &id)) {
-            PyErr_Format(PyExc_TypeError, "'dl_device' must be a (device_type, device_id) tuple, not %R", dl_device);
+            fl_raisef(NULL, FL_EXC_TYPE, "'dl_device' must be a (device_type, device_id) tuple, not %R", dl_device);
             return -1;
         }
         if (type != FL_DL_CUDA || id != self->device) {
-            PyErr_Format(PyExc_BufferError,
-                         "this DeviceArray lives on CUDA device %d and cannot be exported to "
-                         "DLPack device (%d, %d) without a copy; use to_numpy() for the host",
-                         self->device, type, id);
+            fl_raisef(NULL, FL_EXC_BUFFER,
+                      "this DeviceArray lives on CUDA device %d and cannot be exported to "
+                      "DLPack device (%d, %d) without a copy; use to_numpy() for the host",
+                      self->device, type, id);
             return -1;
         }
     }
@@ -138,7 +138,7 @@ static int check_export(DeviceArray *self, PyObject *dl_device, PyObject *copy) 
     if (copy_asked < 0)
         return -1;
     if (copy_asked) {
-        PyErr_SetString(PyExc_BufferError, "DeviceArray.__dlpack__ exports without a copy (copy=True is not supported)");
+        fl_raisef(NULL, FL_EXC_BUFFER, "DeviceArray.__dlpack__ exports without a copy (copy=True is not supported)");
         return -1;
     }
     return 0;
@@ -155,7 +155,7 @@ PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs) {
     if (consumer_stream(stream_obj, &stream, &sync) < 0 || check_export(self, dl_device, copy) < 0)
         return NULL;
     if (max_version != Py_None && (!PyTuple_Check(max_version) || !PyArg_ParseTuple(max_version, "ii", &major, &minor)))
-        return PyErr_Format(PyExc_TypeError, "'max_version' must be a (major, minor) tuple, not %R", max_version);
+        return fl_raisef(NULL, FL_EXC_TYPE, "'max_version' must be a (major, minor) tuple, not %R", max_version);
     if (sync && self->stream != 0 && self->stream != stream) {
         int rc = fl_cuda_stream_wait(self->device, stream, self->stream);
         if (rc != 0)

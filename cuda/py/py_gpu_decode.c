@@ -29,8 +29,8 @@ static PyObject *nvjpeg_load(PyObject *module, PyObject *args, PyObject *kwargs)
         rc = fl_nvjpeg_load(path, why, sizeof why);
     Py_END_ALLOW_THREADS
     if (rc != 0)
-        return PyErr_Format(fl_py_state(module)->cuda_unavailable,
-                            "nvJPEG could not be loaded: %s", why);
+        return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
+                         "nvJPEG could not be loaded: %s", why);
     return PyUnicode_DecodeFSDefault(fl_nvjpeg_path());
 }
 
@@ -41,12 +41,8 @@ static PyObject *raise_decode(cuda_state *state, int code, const char *what) {
     int status = code - FL_GPU_NVJPEG_ERROR;
     PyObject *message = PyUnicode_FromFormat("%s: nvJPEG failed with %s (status %d)", what,
                                              fl_nvjpeg_status_name(status), status);
-    PyObject *error = message ? PyObject_CallFunction(state->cuda_error, "Oi", message, code) : NULL;
+    fl_exc_raise(&state->exc, FL_EXC_CUDA, message, (fl_exc_codes){.code = FL_ECUDA, .cuda_code = code});
     Py_XDECREF(message);
-    if (error != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
-        Py_DECREF(error);
-    }
     return NULL;
 }
 
@@ -57,7 +53,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         return NULL;
     cuda_state *state = fl_py_state_of(type);
     if (fl_nvjpeg() == NULL)
-        return PyErr_Format(state->cuda_unavailable, "nvJPEG is not loaded (fastloop.cuda.load_nvjpeg() loads it)");
+        return fl_raisef(&state->exc, FL_EXC_CUDA_UNAVAILABLE, "nvJPEG is not loaded (fastloop.cuda.load_nvjpeg() loads it)");
     if (fl_py_require_device(state, device) < 0)
         return NULL;
     JpegDecoder *self = (JpegDecoder *)type->tp_alloc(type, 0);
@@ -117,8 +113,8 @@ static int check_entry(const uint8_t *entry, size_t entry_bytes, size_t out_h, s
         if (ok)
             return 0;
     }
-    PyErr_Format(PyExc_ValueError, "staged entry %zd is inconsistent (route %d): not made by a fastloop loader "
-                 "for this output size?", i, (int)r->route);
+    fl_raisef(NULL, FL_EXC_VALUE, "staged entry %zd is inconsistent (route %d): not made by a fastloop loader "
+              "for this output size?", i, (int)r->route);
     return -1;
 }
 
@@ -126,12 +122,12 @@ static int check_entry(const uint8_t *entry, size_t entry_bytes, size_t out_h, s
 static PyArrayObject *check_entries(PyObject *obj, size_t out_h, size_t out_w) {
     size_t pixels;
     if (__builtin_mul_overflow(out_h, out_w, &pixels) || pixels > ((size_t)1 << 40)) {
-        PyErr_Format(PyExc_ValueError, "an output of %zu x %zu pixels is too large", out_h, out_w);
+        fl_raisef(NULL, FL_EXC_VALUE, "an output of %zu x %zu pixels is too large", out_h, out_w);
         return NULL;
     }
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_UINT8 || PyArray_NDIM((PyArrayObject *)obj) != 2 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || PyArray_DIM((PyArrayObject *)obj, 1) <= FL_GPU_RECORD_BYTES) {
-        PyErr_SetString(PyExc_TypeError, "'entries' must be a C-contiguous (n, entry_bytes) uint8 array of staged images");
+        fl_raisef(NULL, FL_EXC_TYPE, "'entries' must be a C-contiguous (n, entry_bytes) uint8 array of staged images");
         return NULL;
     }
     PyArrayObject *entries = (PyArrayObject *)obj;
@@ -159,13 +155,13 @@ static int parse_normalize(PyObject *mean_obj, PyObject *std_obj, float a[3], fl
             dst[v][ch] = data[size == 1 ? 0 : ch];
         Py_DECREF(values);
         if (size != 1 && size != 3) {
-            PyErr_Format(PyExc_ValueError, "'%s' must hold 1 or 3 values (one per channel), not %zd", names[v], (Py_ssize_t)size);
+            fl_raisef(NULL, FL_EXC_VALUE, "'%s' must hold 1 or 3 values (one per channel), not %zd", names[v], (Py_ssize_t)size);
             return -1;
         }
     }
     for (int ch = 0; ch < 3; ch++)
         if (std[ch] == 0.0f) {
-            PyErr_Format(PyExc_ValueError, "'std[%d]' is 0", ch);
+            fl_raisef(NULL, FL_EXC_VALUE, "'std[%d]' is 0", ch);
             return -1;
         }
     fl_cuda_preprocess_coefficients(mean, std, 3, a, b);
@@ -179,7 +175,7 @@ static int parse_dtype(const char *name, fl_cuda_out_dtype *dtype) {
             *dtype = (fl_cuda_out_dtype)i;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "'dtype' must be 'float32', 'float16' or 'bfloat16', not '%s'", name);
+    fl_raisef(NULL, FL_EXC_VALUE, "'dtype' must be 'float32', 'float16' or 'bfloat16', not '%s'", name);
     return -1;
 }
 
@@ -199,7 +195,7 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     fl_gpu_decode_job job;
     memset(&job, 0, sizeof job);
     if (out_h < 1 || out_w < 1)
-        return PyErr_Format(PyExc_ValueError, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
     PyArrayObject *entries = check_entries(entries_obj, (size_t)out_h, (size_t)out_w);
     if (entries == NULL || parse_normalize(mean, std, job.a, job.b) < 0 || parse_dtype(dtype_name, &job.dtype) < 0 ||
         fl_py_parse_stream(state, stream_obj, self->device, &job.stream, &stream_ref) < 0)
@@ -212,8 +208,8 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     job.dst = (void *)(uintptr_t)out_ptr;
     size_t want = 3 * fl_cuda_out_dtype_size(job.dtype) * job.out_h * job.out_w; /* < 2^45: checked above */
     if (__builtin_mul_overflow(want, job.n, &want) || out_ptr == 0 || out_nbytes < 0 || (size_t)out_nbytes != want)
-        return PyErr_Format(PyExc_ValueError, "'out_ptr' must be non-zero, with 'out_nbytes' %zu (the output's size), "
-                            "not %zd", want, out_nbytes);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'out_ptr' must be non-zero, with 'out_nbytes' %zu (the output's size), "
+                         "not %zd", want, out_nbytes);
     npy_intp n = (npy_intp)job.n;
     PyObject *failed = PyArray_ZEROS(1, &n, NPY_BOOL, 0);
     if (failed == NULL)
@@ -292,7 +288,7 @@ static PyObject *check_staged(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Onn:_check_staged", &entries, &out_h, &out_w))
         return NULL;
     if (out_h < 1 || out_w < 1)
-        return PyErr_Format(PyExc_ValueError, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
     return check_entries(entries, (size_t)out_h, (size_t)out_w) ? Py_NewRef(Py_None) : NULL;
 }
 

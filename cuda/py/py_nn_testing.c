@@ -18,15 +18,14 @@ typedef struct NNContext {
 
 static cuda_state *state_of(NNContext *self) { return fl_py_state_of(Py_TYPE(self)); }
 
-/* Raises for an op's error code: FL_EINVAL ValueError, FL_ENOMEM MemoryError, else
- * CudaError, each with the backend's message. Returns NULL. */
+/* Raises for an op's error code through the table (FL_EINVAL ValueError, FL_ENOMEM MemoryError,
+ * FL_ECUDA CudaError), with the backend's message. Returns NULL. */
 static PyObject *raise_op(NNContext *self, int err) {
     const char *message = self->backend->error(self->ctx);
-    if (err == FL_EINVAL)
-        return PyErr_Format(PyExc_ValueError, "%s", message);
-    if (err == FL_ENOMEM)
-        return PyErr_Format(PyExc_MemoryError, "%s", message);
-    return PyErr_Format(state_of(self)->cuda_error, "%s", message);
+    PyObject *text = PyUnicode_FromString(message);
+    fl_exc_raise(&state_of(self)->exc, fl_exc_for_code(err, FL_IN_CORE), text, (fl_exc_codes){.code = err});
+    Py_XDECREF(text);
+    return NULL;
 }
 
 /* The op's result: on success, waits for the stream and returns None. */
@@ -57,7 +56,7 @@ static PyObject *nn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
         err = backend->open(device, &ctx, &why);
     Py_END_ALLOW_THREADS
     if (err != 0)
-        return PyErr_Format(state->cuda_unavailable, "CUDA is not available: %s", why);
+        return fl_raisef(&state->exc, FL_EXC_CUDA_UNAVAILABLE, "CUDA is not available: %s", why);
     NNContext *self = (NNContext *)type->tp_alloc(type, 0);
     if (self == NULL) {
         backend->close(ctx);
@@ -88,7 +87,7 @@ static int float_arrays(NNContext *self, int count, PyObject **objs, const char 
         int type = arrays[i]->descr->type_num;
         if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) ||
             (i > 0 && type != arrays[0]->descr->type_num)) {
-            PyErr_Format(PyExc_TypeError, "'%s' must be float32 or float64 like '%s'", names[i], names[0]);
+            fl_raisef(NULL, FL_EXC_TYPE, "'%s' must be float32 or float64 like '%s'", names[i], names[0]);
             return -1;
         }
     }
@@ -104,7 +103,7 @@ static int64_t size_of(DeviceArray *a) {
 }
 
 static PyObject *shape_error(const char *what) {
-    return PyErr_Format(PyExc_ValueError, "shapes do not fit: %s", what);
+    return fl_raisef(NULL, FL_EXC_VALUE, "shapes do not fit: %s", what);
 }
 
 static PyObject *nn_gemm(NNContext *self, PyObject *args) {
@@ -208,7 +207,7 @@ static PyObject *nn_loss(NNContext *self, PyObject *args) {
         return NULL;
     const int ce = strcmp(kind_name, "cross_entropy") == 0;
     if (!ce && strcmp(kind_name, "mse") != 0)
-        return PyErr_Format(PyExc_ValueError, "'kind' must be 'mse' or 'cross_entropy', not '%s'", kind_name);
+        return fl_raisef(NULL, FL_EXC_VALUE, "'kind' must be 'mse' or 'cross_entropy', not '%s'", kind_name);
     objs[1] = grad_obj == Py_None ? objs[0] : grad_obj;
     DeviceArray *target = fl_py_device_array_check(state_of(self), target_obj, "target");
     if (target == NULL || float_arrays(self, 2, objs, names, m, &dtype) < 0)
@@ -235,7 +234,7 @@ static PyObject *nn_loss(NNContext *self, PyObject *args) {
  * Python (3.9 wants '|' before '$'), so it defaults to NaN and is checked here. */
 static int require_lr(double lr, const char *function) {
     if (isnan(lr)) {
-        PyErr_Format(PyExc_TypeError, "%s() missing required keyword-only argument 'lr'", function);
+        fl_raisef(NULL, FL_EXC_TYPE, "%s() missing required keyword-only argument 'lr'", function);
         return -1;
     }
     return 0;
@@ -296,7 +295,7 @@ static PyObject *nn_adam(NNContext *self, PyObject *args, PyObject *kwargs) {
 static PyObject *nn_alloc(NNContext *self, PyObject *arg) {
     Py_ssize_t bytes = PyLong_AsSsize_t(arg);
     if (bytes <= 0)
-        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "'nbytes' must be > 0");
+        return PyErr_Occurred() ? NULL : fl_raisef(NULL, FL_EXC_VALUE, "'nbytes' must be > 0");
     void *ptr;
     Py_BEGIN_ALLOW_THREADS
         ptr = self->backend->alloc(self->ctx, (size_t)bytes);

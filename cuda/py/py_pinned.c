@@ -114,8 +114,8 @@ static PyType_Spec region_spec = {
 static PyObject *pin(PyObject *module, PyObject *array) {
     cuda_state *state = fl_py_state(module);
     if (!PyArray_Check(array) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array))
-        return PyErr_Format(PyExc_TypeError, "'array' must be a C-contiguous NumPy array, not %.200s",
-                            Py_TYPE(array)->tp_name);
+        return fl_raisef(NULL, FL_EXC_TYPE, "'array' must be a C-contiguous NumPy array, not %.200s",
+                         Py_TYPE(array)->tp_name);
     if (fl_py_require_device(state, 0) < 0)
         return NULL;
     PinnedRegion *self = PyObject_GC_New(PinnedRegion, state->pinned_type);

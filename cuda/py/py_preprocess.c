@@ -38,20 +38,20 @@ static int parse_layout(const char *layout, int *src_chw, int *dst_chw) {
             *dst_chw = layouts[i].dst_chw;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", layout);
+    fl_raisef(NULL, FL_EXC_VALUE, "'layout' must be 'HWC->CHW', 'CHW', 'HWC' or 'CHW->HWC', not '%s'", layout);
     return -1;
 }
 
 static int parse_batch(preprocess_args *a, PyObject *obj) {
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_UINT8) {
-        PyErr_Format(PyExc_TypeError, "'batch' must be a uint8 NumPy array, not %R",
-                     PyArray_Check(obj) ? (PyObject *)PyArray_DESCR((PyArrayObject *)obj) : (PyObject *)Py_TYPE(obj));
+        fl_raisef(NULL, FL_EXC_TYPE, "'batch' must be a uint8 NumPy array, not %R",
+                  PyArray_Check(obj) ? (PyObject *)PyArray_DESCR((PyArrayObject *)obj) : (PyObject *)Py_TYPE(obj));
         return -1;
     }
     PyArrayObject *batch = (PyArrayObject *)obj;
     if (PyArray_NDIM(batch) != 4 || !PyArray_IS_C_CONTIGUOUS(batch)) {
-        PyErr_Format(PyExc_ValueError, "'batch' must be a C-contiguous 4-D array (N, H, W, C) or (N, C, H, W), not %d-D%s",
-                     PyArray_NDIM(batch), PyArray_IS_C_CONTIGUOUS(batch) ? "" : " non-contiguous");
+        fl_raisef(NULL, FL_EXC_VALUE, "'batch' must be a C-contiguous 4-D array (N, H, W, C) or (N, C, H, W), not %d-D%s",
+                  PyArray_NDIM(batch), PyArray_IS_C_CONTIGUOUS(batch) ? "" : " non-contiguous");
         return -1;
     }
     fl_cuda_preprocess_job *j = &a->job;
@@ -60,7 +60,7 @@ static int parse_batch(preprocess_args *a, PyObject *obj) {
     j->h = (size_t)PyArray_DIM(batch, j->src_chw ? 2 : 1);
     j->w = (size_t)PyArray_DIM(batch, j->src_chw ? 3 : 2);
     if (j->c == 0) {
-        PyErr_SetString(PyExc_ValueError, "'batch' images have no channels");
+        fl_raisef(NULL, FL_EXC_VALUE, "'batch' images have no channels");
         return -1;
     }
     a->batch = (PyArrayObject *)Py_NewRef(obj);
@@ -75,7 +75,7 @@ static int parse_channels(PyObject *obj, const char *arg, size_t c, PyArrayObjec
         return -1;
     npy_intp size = PyArray_SIZE(values);
     if (size != 1 && (size_t)size != c) {
-        PyErr_Format(PyExc_ValueError, "'%s' must hold 1 or %zu values (one per channel), not %zd", arg, c, (Py_ssize_t)size);
+        fl_raisef(NULL, FL_EXC_VALUE, "'%s' must hold 1 or %zu values (one per channel), not %zd", arg, c, (Py_ssize_t)size);
         Py_DECREF(values);
         return -1;
     }
@@ -99,7 +99,7 @@ static int make_coefficients(preprocess_args *a) {
         m[ch] = mean[mean_step * ch];
         s[ch] = std[std_step * ch];
         if (s[ch] == 0.0f) {
-            PyErr_Format(PyExc_ValueError, "'std[%zu]' is 0", ch);
+            fl_raisef(NULL, FL_EXC_VALUE, "'std[%zu]' is 0", ch);
             return -1;
         }
     }
@@ -120,11 +120,11 @@ static int parse_crop(preprocess_args *a, PyObject *obj) {
         if (h == -1 && PyErr_Occurred())
             return -1;
     } else if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "nn", &h, &w)) {
-        PyErr_Format(PyExc_TypeError, "'crop' must be None, an int or an (h, w) tuple of ints, not %R", obj);
+        fl_raisef(NULL, FL_EXC_TYPE, "'crop' must be None, an int or an (h, w) tuple of ints, not %R", obj);
         return -1;
     }
     if (h < 1 || w < 1 || (size_t)h > j->h || (size_t)w > j->w) {
-        PyErr_Format(PyExc_ValueError, "'crop' (%zd, %zd) must fit the %zux%zu images", h, w, j->h, j->w);
+        fl_raisef(NULL, FL_EXC_VALUE, "'crop' (%zd, %zd) must fit the %zux%zu images", h, w, j->h, j->w);
         return -1;
     }
     j->out_h = (size_t)h, j->out_w = (size_t)w;
@@ -139,7 +139,7 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
     if (obj == Py_None)
         return 0;
     if (!PyArray_Check(obj) || !PyArray_ISINTEGER((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_TypeError, "'offsets' must be an integer NumPy array (N, 2), not %.200s", Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'offsets' must be an integer NumPy array (N, 2), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     PyArrayObject *values = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 2, 2, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
@@ -147,7 +147,7 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
         return -1;
     int rc = -1;
     if (PyArray_DIM(values, 0) != (npy_intp)j->n || PyArray_DIM(values, 1) != 2) {
-        PyErr_Format(PyExc_ValueError, "'offsets' must have shape (%zu, 2)", j->n);
+        fl_raisef(NULL, FL_EXC_VALUE, "'offsets' must have shape (%zu, 2)", j->n);
     } else if ((a->offsets = malloc(2 * j->n * sizeof(int32_t) + 1)) == NULL) {
         PyErr_NoMemory();
     } else {
@@ -156,8 +156,8 @@ static int parse_offsets(preprocess_args *a, PyObject *obj) {
         for (size_t i = 0; rc == 0 && i < j->n; i++) {
             if (v[2 * i] < 0 || v[2 * i + 1] < 0 || (size_t)v[2 * i] > j->h - j->out_h ||
                 (size_t)v[2 * i + 1] > j->w - j->out_w) {
-                PyErr_Format(PyExc_ValueError, "'offsets' row %zu (top %lld, left %lld) puts the %zux%zu crop outside the %zux%zu image",
-                             i, (long long)v[2 * i], (long long)v[2 * i + 1], j->out_h, j->out_w, j->h, j->w);
+                fl_raisef(NULL, FL_EXC_VALUE, "'offsets' row %zu (top %lld, left %lld) puts the %zux%zu crop outside the %zux%zu image",
+                          i, (long long)v[2 * i], (long long)v[2 * i + 1], j->out_h, j->out_w, j->h, j->w);
                 rc = -1;
             }
             a->offsets[2 * i] = (int32_t)v[2 * i];
@@ -174,11 +174,11 @@ static int parse_flips(preprocess_args *a, PyObject *obj) {
         return 0;
     PyArrayObject *flips = (PyArrayObject *)obj;
     if (!PyArray_Check(obj) || (PyArray_TYPE(flips) != NPY_BOOL && PyArray_TYPE(flips) != NPY_UINT8)) {
-        PyErr_Format(PyExc_TypeError, "'flips' must be a bool or uint8 NumPy array (N,), not %.200s", Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE, "'flips' must be a bool or uint8 NumPy array (N,), not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     if (PyArray_NDIM(flips) != 1 || PyArray_DIM(flips, 0) != (npy_intp)a->job.n) {
-        PyErr_Format(PyExc_ValueError, "'flips' must have shape (%zu,)", a->job.n);
+        fl_raisef(NULL, FL_EXC_VALUE, "'flips' must have shape (%zu,)", a->job.n);
         return -1;
     }
     a->flips = (PyArrayObject *)PyArray_FROMANY(obj, PyArray_TYPE(flips), 1, 1, NPY_ARRAY_IN_ARRAY);
@@ -205,7 +205,7 @@ static int parse_out_dtype(const char *name, fl_cuda_out_dtype *dtype, int *nump
             *numpy_type = out_dtypes[i].numpy_type;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "'dtype' must be 'float32', 'float16' or 'bfloat16', not '%s'", name);
+    fl_raisef(NULL, FL_EXC_VALUE, "'dtype' must be 'float32', 'float16' or 'bfloat16', not '%s'", name);
     return -1;
 }
 
@@ -223,7 +223,7 @@ static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_prepr
     Py_ssize_t shape[4];
     output_shape(j, shape);
     if (obj == Py_None && numpy_type < 0) {
-        PyErr_SetString(PyExc_ValueError, "dtype='bfloat16' has no NumPy dtype for a DeviceArray: pass a torch "
+        fl_raisef(NULL, FL_EXC_VALUE, "dtype='bfloat16' has no NumPy dtype for a DeviceArray: pass a torch "
                                           "bfloat16 CUDA tensor as 'out' (fastloop.cuda.preprocess)");
         return NULL;
     }
@@ -237,8 +237,8 @@ static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_prepr
     for (int i = 0; fits && i < 4; i++)
         fits = out->shape[i] == shape[i];
     if (!fits) {
-        PyErr_Format(PyExc_ValueError, "'out' must be a %s DeviceArray of shape (%zd, %zd, %zd, %zd) on device %d",
-                     numpy_type == NPY_HALF ? "float16" : "float32", shape[0], shape[1], shape[2], shape[3], j->device);
+        fl_raisef(NULL, FL_EXC_VALUE, "'out' must be a %s DeviceArray of shape (%zd, %zd, %zd, %zd) on device %d",
+                  numpy_type == NPY_HALF ? "float16" : "float32", shape[0], shape[1], shape[2], shape[3], j->device);
         return NULL;
     }
     return (DeviceArray *)Py_NewRef(obj);
@@ -249,19 +249,19 @@ static DeviceArray *output(cuda_state *state, PyObject *obj, const fl_cuda_prepr
 static int check_out_pointer(const fl_cuda_preprocess_job *j, unsigned long long ptr, Py_ssize_t nbytes,
                              PyObject *out) {
     if (out != Py_None) {
-        PyErr_SetString(PyExc_TypeError, "pass 'out' or '_out_ptr', not both");
+        fl_raisef(NULL, FL_EXC_TYPE, "pass 'out' or '_out_ptr', not both");
         return -1;
     }
     size_t want = fl_cuda_out_dtype_size(j->dst_dtype);
     const size_t dims[4] = {j->n, j->c, j->out_h, j->out_w};
     for (int i = 0; i < 4; i++)
         if (__builtin_mul_overflow(want, dims[i], &want)) {
-            PyErr_SetString(PyExc_ValueError, "the output is too large");
+            fl_raisef(NULL, FL_EXC_VALUE, "the output is too large");
             return -1;
         }
     if (ptr == 0 || nbytes < 0 || (size_t)nbytes != want) {
-        PyErr_Format(PyExc_ValueError, "'_out_ptr' must be non-zero, with '_out_nbytes' %zu (the output's size), "
-                     "not %zd", want, nbytes);
+        fl_raisef(NULL, FL_EXC_VALUE, "'_out_ptr' must be non-zero, with '_out_nbytes' %zu (the output's size), "
+                  "not %zd", want, nbytes);
         return -1;
     }
     return 0;
@@ -271,11 +271,11 @@ static int check_out_pointer(const fl_cuda_preprocess_job *j, unsigned long long
 static int parse(preprocess_args *a, PyObject *batch, PyObject *mean, PyObject *std, const char *layout,
                  PyObject *crop, PyObject *offsets, PyObject *flips) {
     if (mean == NULL || std == NULL) {
-        PyErr_Format(PyExc_TypeError, "preprocess() missing required keyword argument '%s'", mean ? "std" : "mean");
+        fl_raisef(NULL, FL_EXC_TYPE, "preprocess() missing required keyword argument '%s'", mean ? "std" : "mean");
         return -1;
     }
     if (a->job.device < 0) {
-        PyErr_Format(PyExc_ValueError, "'device' must be >= 0, not %d", a->job.device);
+        fl_raisef(NULL, FL_EXC_VALUE, "'device' must be >= 0, not %d", a->job.device);
         return -1;
     }
     if (parse_layout(layout, &a->job.src_chw, &a->job.dst_chw) < 0 || parse_batch(a, batch) < 0 ||

@@ -144,7 +144,7 @@ static int int_handle(PyObject *obj, uintptr_t *handle) {
     if (value == -1 && PyErr_Occurred())
         return -1;
     if (value < 0) {
-        PyErr_Format(PyExc_ValueError, "'stream' must be a CUDA stream handle >= 0, not %lld", value);
+        fl_raisef(NULL, FL_EXC_VALUE, "'stream' must be a CUDA stream handle >= 0, not %lld", value);
         return -1;
     }
     *handle = value == 0 ? FL_CUDA_LEGACY_STREAM : (uintptr_t)value;
@@ -160,7 +160,7 @@ int fl_py_parse_stream(cuda_state *state, PyObject *obj, int device, uintptr_t *
     if (PyObject_TypeCheck(obj, state->stream_type)) {
         Stream *stream = (Stream *)obj;
         if (stream->device != device) {
-            PyErr_Format(PyExc_ValueError, "'stream' is on device %d, not %d", stream->device, device);
+            fl_raisef(NULL, FL_EXC_VALUE, "'stream' is on device %d, not %d", stream->device, device);
             return -1;
         }
         *handle = stream->handle;
@@ -173,9 +173,9 @@ int fl_py_parse_stream(cuda_state *state, PyObject *obj, int device, uintptr_t *
     if (attr == NULL || !PyLong_Check(attr)) {
         Py_XDECREF(attr);
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError,
-                     "'stream' must be None, a fastloop.cuda.Stream, an int handle or an object "
-                     "with an int 'cuda_stream', not %.200s", Py_TYPE(obj)->tp_name);
+        fl_raisef(NULL, FL_EXC_TYPE,
+                  "'stream' must be None, a fastloop.cuda.Stream, an int handle or an object "
+                  "with an int 'cuda_stream', not %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     int rc = int_handle(attr, handle);

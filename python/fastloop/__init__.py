@@ -10,30 +10,23 @@ computes or waits.
 
 from __future__ import annotations
 
+import sys
+
 from . import errors
 from ._core import Event, MetricStats, Metrics, Queue
-from .errors import (
-    CheckpointError,
-    Closed,
-    CodecUnavailable,
-    CudaError,
-    CudaUnavailable,
-    Empty,
-    Error,
-    QueueFull,
-    SinkError,
-    WorkerError,
-)
-from . import ops
-from . import cuda
-from . import nn
-from . import images
+from .errors import *  # noqa: F403 - every exception, listed once in errors.__all__
+from . import cuda, data, nn
+from ._version import __version__
 from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
+from .data import datasets, images, loader, ops
+from .data import Folder, ImageFolder, Images, Loader, TarShards, WorkerInfo, get_worker_info, load_npy
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
-from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
-from .datasets import ImageFolder, Images, TarShards
 
-__version__ = "0.1.0"
+# The module paths from before data/ existed stay importable as the same module objects:
+# `import fastloop.ops`, `from fastloop.images import decode`, `fastloop.loader`, `fastloop.datasets`.
+for _module in (datasets, images, loader, ops):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module
 
 __all__ = [
     "Queue",
@@ -60,15 +53,6 @@ __all__ = [
     "Checkpointer",
     "read_checkpoint",
     "Checkpoint",
-    "Error",
-    "Closed",
-    "Empty",
-    "QueueFull",
-    "SinkError",
-    "WorkerError",
-    "CheckpointError",
-    "CudaError",
-    "CudaUnavailable",
-    "CodecUnavailable",
+    *errors.__all__,
     "__version__",
 ]

@@ -24,3 +24,14 @@ def int_arg(name: str, value: Any, low: int, high: int) -> int:
         bounds = f"positive and at most {high}" if low == 1 else f"in [{low}, {high}]"
         raise ValueError(f"'{name}' must be {bounds}, not {number}")
     return number
+
+
+def one_of(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """value if it is one of `choices`, else ValueError naming `name` and the choices.
+
+    >>> one_of("mode", "thread", ("threads", "processes"))  # ValueError: 'mode' must be 'threads' or 'processes', not 'thread'
+    """
+    if value not in choices:
+        *most, last = [repr(choice) for choice in choices]
+        raise ValueError(f"'{name}' must be {', '.join(most)} or {last}, not {value!r}")
+    return value

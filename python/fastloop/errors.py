@@ -23,11 +23,15 @@ __all__ = [
 
 
 class Error(Exception):
-    """Base class of every fastloop exception.
+    """Base class of every fastloop exception. ``code`` is the C core's error code behind it
+    (a negative number, 0 when none); ``cuda_code`` the CUDA error number, where there is one.
 
     >>> try: fastloop.Queue().get_nowait()
     ... except fastloop.Error as e: print(type(e).__name__)
     """
+
+    code: int = 0
+    cuda_code: int | None = None
 
 
 class Closed(Error, RuntimeError):
@@ -85,15 +89,18 @@ class CheckpointError(Error, OSError):
 
 
 class CudaError(Error, RuntimeError):
-    """A CUDA runtime call failed; ``code`` holds the cudaError_t number.
+    """A CUDA runtime, cuBLAS or nvJPEG call failed; ``cuda_code`` holds the cudaError_t
+    number (nvJPEG: its status plus 100000) when the raising side knows it (``fastloop.cuda``
+    calls do; a Model's backend names the error in the message only), and ``code`` the
+    library code (``FL_ECUDA``), the same from either extension.
 
     >>> try: fastloop.cuda.devices()
-    ... except fastloop.CudaError as e: print(e.code, e)
+    ... except fastloop.CudaError as e: print(e.cuda_code, e)
     """
 
-    def __init__(self, message: str, code: int = 0) -> None:
+    def __init__(self, message: str, code: int = 0, cuda_code: int | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.code, self.cuda_code = code, cuda_code
 
 
 class CudaUnavailable(Error, RuntimeError):

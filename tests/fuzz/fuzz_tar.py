@@ -1,4 +1,4 @@
-"""A fuzz target for the tar header index (python/fastloop/_tar_index.py, what TarShards reads).
+"""A fuzz target for the tar header index (python/fastloop/data/_tar_index.py, what TarShards reads).
 
 check(data) holds for every input or raises AssertionError:
 - the index either lists members or raises TarError (a ValueError) whose message names the
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("_tar_index", ROOT / "python" / "fastloop" / "_tar_index.py")
+_spec = importlib.util.spec_from_file_location("_tar_index", ROOT / "python" / "fastloop" / "data" / "_tar_index.py")
 tar_index = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tar_index)  # type: ignore[union-attr]
 

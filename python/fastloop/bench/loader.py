@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 import fastloop
-from fastloop.ops import Normalize, Pipeline, RandomCrop, RandomHFlip
+from fastloop.data.ops import Normalize, Pipeline, RandomCrop, RandomHFlip
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]

@@ -19,13 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import cuda, images, nn
+from .. import cuda, nn
+from ..data import images
 from ..checkpoint import Checkpointer
-from ..datasets import ImageFolder
+from ..data.datasets import ImageFolder
 from ..errors import CodecUnavailable
-from ..loader import Loader
+from ..data.loader import Loader
 from ..monitor import CSVSink, Monitor, TensorBoardSink
-from ..ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop, Resize
+from ..data.ops import CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop, Resize
 from .data import CLASSES, IMAGE_SHAPE, image_folder, make_images, make_regression
 from .plot import write_plot
 from .progress import Progress

@@ -42,14 +42,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _lifecycle
+from .. import _files, _lifecycle
 from .jobs import EXPIRED, FINISHED, QUEUED, RUNNING, JobRecord, StoreError
 from .stores import Store
 
 __all__ = ["FileStore"]
 
 RECORD, INPUT, RESULT = "record.json", "input.npy", "result.npy"
-_TEMP_PREFIXES = (".new-", ".tmp-", ".trash-")
+_TEMP_PREFIXES = (".new-", _files.TEMP_PREFIX, ".trash-")
 
 
 class FileStore(Store):
@@ -126,24 +126,13 @@ class FileStore(Store):
 
     def _sync_dir(self, path: str) -> None:
         if self.durable:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _files.sync_dir(path)
 
     def _write_file(self, path: str, write: Callable[[Any], None], sync_dir: bool = True) -> None:
         """Writes path atomically: a temporary file beside the jobs, fsync, rename."""
-        tmp = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
         try:
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                if self.durable:
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
+            _files.write_atomically(path, write, durable=self.durable, temp_dir=self.directory)
         except OSError as error:
-            _remove(tmp)
             raise StoreError(f"FileStore: cannot write {path}: {error}") from error
         if sync_dir:
             self._sync_dir(os.path.dirname(path))

@@ -13,7 +13,6 @@ body goes through json.loads, as before.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
+from . import npy_codec
 
 __all__ = ["BadInput", "TooLarge", "NPY_TYPE", "parse_body", "parse_npy", "npy_bytes", "load_npy_under",
            "check_numbers", "check_npy_header"]
@@ -145,52 +145,24 @@ def _too_large(what: str) -> str:
     return f"{what} holds a number too large for any float (past 1.8e308: it would be read as infinity)"
 
 
-_HEADER_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
-
-
 def check_npy_header(stream: Any, available: int) -> None:
-    """Reads a .npy header from `stream` and puts the stream back where it was; BadInput when
-    its array needs more bytes than the `available` ones (a header claiming terabytes must be
-    refused before anything is allocated) or holds objects."""
-    start = stream.tell()
+    """npy_codec.check_header (the stream put back where it was), raising BadInput."""
     try:
-        version = np.lib.format.read_magic(stream)
-        if version not in _HEADER_READERS:
-            raise ValueError(f".npy format version {version} is not supported (1.0 and 2.0 are)")
-        shape, _, dtype = getattr(np.lib.format, _HEADER_READERS[version])(stream)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as error:
-        raise BadInput(f"not a .npy array of numbers: {error}") from None
-    if dtype.hasobject:
-        raise BadInput("not a .npy array of numbers: it holds Python objects (pickles are refused)")
-    need = dtype.itemsize
-    for n in shape:
-        need *= n
-    left = available - (stream.tell() - start)
-    stream.seek(start)
-    if need > left:
-        raise BadInput(f"not a .npy array it can hold: its header claims shape {tuple(shape)} of {dtype} ({need} bytes) "
-                       f"but only {max(left, 0)} bytes follow it")
+        npy_codec.check_header(stream, available)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
 
 
 def parse_npy(body: bytes) -> np.ndarray:
     """The array of a .npy body; BadInput for anything else: another format, a pickled or
     object array, a truncated one, or bytes after the array."""
-    stream = io.BytesIO(body)
-    check_npy_header(stream, len(body))
     try:
-        array = np.lib.format.read_array(stream, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise BadInput(f"the body is not a .npy array of numbers: {error}") from None
-    if stream.tell() != len(body):
-        raise BadInput(f"the body has {len(body) - stream.tell()} bytes after its .npy array")
-    return array
+        return npy_codec.decode_checked(body)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    """`array` in the .npy format (the body of a result asked for as application/x-npy)."""
-    stream = io.BytesIO()
-    np.lib.format.write_array(stream, np.asarray(array), allow_pickle=False)
-    return stream.getvalue()
+npy_bytes = npy_codec.encode  # the body of a result asked for as application/x-npy
 
 
 MAX_PATH_CHARS = 1024  # longer 'path' inputs are refused before any lookup

@@ -16,7 +16,7 @@ from typing import Annotated, Any, List, Literal, Optional, Union
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .http_model import ModelFront, describe_inputs
 
 __all__ = ["openapi_schema"]

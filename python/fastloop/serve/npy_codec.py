@@ -1,5 +1,9 @@
-"""Arrays as ``.npy`` bytes (a Redis store's inputs and results), with the header of each
-(dtype, shape) built or parsed once: a job's input and result cross Redis as .npy, and
+"""Arrays as ``.npy`` bytes: the serving side's one home for the format (the C core's is
+fl_npy.c). encode/decode carry a Redis store's inputs and results and the HTTP front's
+``application/x-npy`` bodies; check_header/decode_checked read bytes from outside (a request
+body, a file named by a client), refusing pickles and headers that claim more than is there.
+
+encode/decode build or parse the header of each (dtype, shape) once: a job's input and result cross Redis as .npy, and
 np.save/np.load on a BytesIO cost 30-90 us per small array, mostly in the header (np.load
 parses it with ast.literal_eval every time). The bytes are exactly np.save's, and anything
 the fast path does not know (Fortran order, object dtypes, a header not seen before, a size
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode", "decode"]
+__all__ = ["encode", "decode", "check_header", "decode_checked"]
 
 _MAGIC = b"\x93NUMPY"
 _CACHE_MAX = 1024  # distinct (dtype, shape) pairs remembered; a service sees a handful
@@ -26,8 +30,9 @@ _headers: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -
 _layouts: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}  # header -> dtype, shape, items
 
 
-def encode(array: np.ndarray) -> bytes:
+def encode(array: Any) -> bytes:
     """np.save(array, allow_pickle=False)'s bytes."""
+    array = np.asarray(array)
     if not array.flags.c_contiguous or array.dtype.hasobject:
         return _save(array)
     key = (array.dtype, array.shape)
@@ -51,6 +56,47 @@ def decode(data: bytes) -> np.ndarray:
     array = np.load(io.BytesIO(data), allow_pickle=False)
     if end and array.flags.c_contiguous and not array.dtype.hasobject and not _fortran(data):
         _remember(_layouts, bytes(data[:end]), (array.dtype, array.shape, array.size))
+    return array
+
+
+_HEADER_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
+
+
+def check_header(stream: Any, available: int) -> None:
+    """Reads a .npy header from `stream` and puts the stream back where it was; ValueError when
+    its array needs more bytes than the `available` ones (a header claiming terabytes must be
+    refused before anything is allocated) or holds objects."""
+    start = stream.tell()
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version not in _HEADER_READERS:
+            raise ValueError(f".npy format version {version} is not supported (1.0 and 2.0 are)")
+        shape, _, dtype = getattr(np.lib.format, _HEADER_READERS[version])(stream)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as error:
+        raise ValueError(f"not a .npy array of numbers: {error}") from None
+    if dtype.hasobject:
+        raise ValueError("not a .npy array of numbers: it holds Python objects (pickles are refused)")
+    need = dtype.itemsize
+    for n in shape:
+        need *= n
+    left = available - (stream.tell() - start)
+    stream.seek(start)
+    if need > left:
+        raise ValueError(f"not a .npy array it can hold: its header claims shape {tuple(shape)} of {dtype} "
+                         f"({need} bytes) but only {max(left, 0)} bytes follow it")
+
+
+def decode_checked(body: bytes) -> np.ndarray:
+    """The array of .npy bytes from outside; ValueError for anything else: another format, a
+    pickled or object array, a truncated one, or bytes after the array."""
+    stream = io.BytesIO(body)
+    check_header(stream, len(body))
+    try:
+        array = np.lib.format.read_array(stream, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueError(f"the body is not a .npy array of numbers: {error}") from None
+    if stream.tell() != len(body):
+        raise ValueError(f"the body has {len(body) - stream.tell()} bytes after its .npy array")
     return array
 
 

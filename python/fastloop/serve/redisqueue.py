@@ -58,7 +58,7 @@ import numpy as np
 
 from .jobs import JobRecord
 from .redisconn import as_str, npy_bytes, read_array, read_record, record_bytes, seconds
-from .redisstore import FINISH_SCRIPT, RedisStore
+from .redisstore import CREATE_SCRIPT, FINISH_SCRIPT, RedisStore
 
 __all__ = ["RedisQueue", "LEVELS", "check_level", "Entry"]
 
@@ -66,31 +66,6 @@ LEVELS = ("high", "normal", "low")  # job priorities, served in this order
 GROUP = "workers"
 RECLAIMED_RUNNING = ("a worker process stopped while the job was running (no heartbeat for {v:g} s); "
                      "not retried: its input may be what stopped it")
-
-# KEYS: job, pending, its stream, deadlines, then every stream. ARGV: id, record, input,
-# submitted, ttl, index_ttl, max_queue, deadline ('' for none). 1: created and queued; 0: the
-# id exists; -1: max_queue jobs wait.
-_ENQUEUE = """
-local cur = redis.call('HGET', KEYS[1], 'record')
-if cur then
-  if cur == ARGV[2] then return 1 end
-  return 0
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local depth = 0
-for i = 5, #KEYS do depth = depth + redis.call('XLEN', KEYS[i]) end
-if depth >= tonumber(ARGV[7]) then return -1 end
-local entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[1])
-redis.call('HSET', KEYS[1], 'record', ARGV[2], 'input', ARGV[3], 'qkey', KEYS[3], 'qentry', entry)
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[6])
-if ARGV[8] ~= '' then
-  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
-  redis.call('EXPIRE', KEYS[4], ARGV[6])
-end
-return 1
-"""
 
 # RedisStore's finish, only while the job has status ARGV[8] (0 otherwise); a job Redis lost
 # is written, as RedisStore.finish does. ARGV[9] == '1' also deletes its queue entry (cancel).
@@ -288,7 +263,7 @@ class RedisQueue:
         self.channel = self.keys.events
         self.deadlines = self.keys.deadlines
         client = self.redis.client
-        self._enqueue = client.register_script(_ENQUEUE)
+        self._enqueue = client.register_script(CREATE_SCRIPT)
         self._take_start = client.register_script(_TAKE_START)
         self._finish_if = client.register_script(_FINISH_IF)
         self._finish_batch = client.register_script(_FINISH_BATCH)

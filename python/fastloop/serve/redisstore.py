@@ -49,24 +49,38 @@ _MARGIN_S = 60  # Redis keeps a finished or expired job this long after the jani
 _CHUNK = 1000  # ids per pipeline in recover() and expire()
 
 
-# KEYS: job, pending. ARGV: id, record, input, has_input, submitted, ttl, index_ttl.
-# Returns 1 when created, 0 when the id exists. The same record again (a retried call whose
-# first try went through) also answers 1.
-_CREATE = """
+# Creates a job, the one script that does (RedisQueue.push runs it too, to queue the job in
+# the same step). KEYS: job, pending; when queued also its stream, deadlines, then every
+# stream. ARGV: id, record, input ('' for none), submitted, ttl, index_ttl, max_queue ('' when
+# not queued), deadline ('' for none). 1: created (the same record again, a retried call whose
+# first try went through, also answers 1); 0: the id exists; -1: max_queue jobs wait.
+CREATE_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'record')
 if cur then
   if cur == ARGV[2] then return 1 end
   return 0
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'record', ARGV[2], 'input', ARGV[3])
-else
-  redis.call('HSET', KEYS[1], 'record', ARGV[2])
+local fields = {'record', ARGV[2]}
+if ARGV[3] ~= '' then
+  table.insert(fields, 'input'); table.insert(fields, ARGV[3])
 end
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[7])
+if ARGV[7] ~= '' then
+  local depth = 0
+  for i = 5, #KEYS do depth = depth + redis.call('XLEN', KEYS[i]) end
+  if depth >= tonumber(ARGV[7]) then return -1 end
+  local entry = redis.call('XADD', KEYS[3], '*', 'id', ARGV[1])
+  table.insert(fields, 'qkey'); table.insert(fields, KEYS[3])
+  table.insert(fields, 'qentry'); table.insert(fields, entry)
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+if ARGV[8] ~= '' then
+  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
+  redis.call('EXPIRE', KEYS[4], ARGV[6])
+end
 return 1
 """
 
@@ -149,7 +163,7 @@ class RedisStore(Store):
         self.redis = RedisConnection(url, socket_timeout)  # RedisQueue shares it (and its outage state)
         self.keys = RedisKeys(prefix)
         self._client = self.redis.client
-        self._create = self._client.register_script(_CREATE)
+        self._create = self._client.register_script(CREATE_SCRIPT)
         self._update = self._client.register_script(_UPDATE)
         self._finish = self._client.register_script(FINISH_SCRIPT)
         self._expire = self._client.register_script(_EXPIRE)
@@ -182,8 +196,7 @@ class RedisStore(Store):
     def create(self, record: JobRecord, inputs: np.ndarray | None) -> bool:
         data = record_bytes(record)
         array = npy_bytes(inputs) if inputs is not None else b""
-        args = [record.id, data, array, "1" if inputs is not None else "0", repr(float(record.submitted)),
-                seconds(self.ttl_s), self.index_ttl()]
+        args = [record.id, data, array, repr(float(record.submitted)), seconds(self.ttl_s), self.index_ttl(), "", ""]
         with self.redis.call(f"create job {record.id!r}"):
             return bool(self._create(keys=[self.key(record.id), self.keys.pending], args=args))
 

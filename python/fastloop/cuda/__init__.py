@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .errors import CudaError, CudaUnavailable
+from ..errors import CudaError, CudaUnavailable
+from ._dtypes import dtype_name
 
 if TYPE_CHECKING:
-    from ._cuda import DeviceArray, PinnedRegion, Stream
+    from .._cuda import DeviceArray, PinnedRegion, Stream
 
 __all__ = [
     "Answer",
@@ -88,13 +89,13 @@ class Device:
 def _load() -> tuple[ModuleType | None, str]:
     """Imports fastloop._cuda once; returns (module or None, how it was built or why not)."""
     try:
-        from . import _build_info
+        from .. import _build_info
     except ImportError:
         return None, "fastloop's build information is missing (was it built with setup.py?)"
     if not _build_info.CUDA_BUILT:
         return None, _build_info.CUDA_NOTE
     try:
-        from . import _cuda
+        from .. import _cuda
     except ImportError as error:
         return None, f"the CUDA extension was built but failed to load: {error}"
     return _cuda, _build_info.CUDA_NOTE
@@ -240,7 +241,6 @@ def preprocess(batch: np.ndarray, *, mean: float | Sequence[float], std: float |
     >>> x = fastloop.cuda.preprocess(batch_u8, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop=224, stream=s)
     >>> loss = train(torch.from_dlpack(x))
     """
-    from ._device_feed import dtype_name
 
     module = _module()
     if out is not None and _is_torch_tensor(out):
@@ -261,7 +261,6 @@ def _preprocess_into_tensor(module: ModuleType, batch: np.ndarray, out: Any, *, 
     kernel's output type and order (channels_last is the kernel's HWC order under (N, C, h, w))."""
     import torch
 
-    from ._device_feed import dtype_name
 
     if out.device.type != "cuda" or out.device.index != device:
         raise ValueError(f"'out' must be a tensor on cuda:{device}, not on {out.device}")

@@ -23,8 +23,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from . import _core
-from .errors import CodecUnavailable
+from .. import _core
+from ..errors import CodecUnavailable
 
 __all__ = ["decode", "size", "info", "MAX_PIXELS", "set_max_pixels", "CodecUnavailable"]
 

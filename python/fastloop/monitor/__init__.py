@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable, Mapping, Union
 
 import numpy as np
 
-from . import _lifecycle
-from ._core import Event, Metrics, Queue, _Monitor
-from .errors import SinkError
+from .. import _lifecycle
+from .._core import Event, Metrics, Queue, _Monitor
+from ..errors import SinkError
 
 __all__ = ["Monitor", "CSVSink", "JSONLSink", "TensorBoardSink", "CallbackSink"]
 

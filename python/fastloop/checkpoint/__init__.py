@@ -28,10 +28,11 @@ from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 
-from . import _lifecycle, _safetensors
-from ._core import _Checkpointer
+from .. import _lifecycle
+from . import _safetensors
+from .._core import _Checkpointer
 from ._state import MANIFEST, flatten, unflatten
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["Checkpointer", "Checkpoint", "read_checkpoint"]
 

@@ -18,14 +18,14 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zipfile
 from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
 
 from . import _tar_index
-from ._cache import cache_root
+from .._cache import cache_root
+from .._files import write_atomically
 
 __all__ = ["ImageFolder", "Images", "TarShards", "IMG_EXTENSIONS"]
 
@@ -331,13 +331,11 @@ def _shard_index(path: str, labels: bool, use_cache: bool) -> list[tuple[str, in
     samples = _index_shard(path, labels)
     try:  # the cache only saves time: a read-only or full cache folder is no error
         os.makedirs(os.path.dirname(file), exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=os.path.dirname(file), suffix=".partial")
-        with os.fdopen(fd, "wb") as out:
-            np.savez(out, names=np.array([n for n, _, _, _ in samples], dtype=str),
-                     offsets=np.array([o for _, o, _, _ in samples], np.int64),
-                     sizes=np.array([z for _, _, z, _ in samples], np.int64),
-                     labels=np.array([label for _, _, _, label in samples], np.int64))
-        os.replace(partial, file)
+        write_atomically(file, lambda out: np.savez(
+            out, names=np.array([n for n, _, _, _ in samples], dtype=str),
+            offsets=np.array([o for _, o, _, _ in samples], np.int64),
+            sizes=np.array([z for _, _, z, _ in samples], np.int64),
+            labels=np.array([label for _, _, _, label in samples], np.int64)), durable=False)
     except OSError:
         pass
     return samples

@@ -22,9 +22,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import _blas, _core
-from ._args import SSIZE_MAX
-from ._device import parse_device as _parse_device
+from .. import _core
+from . import _blas
+from .._args import SSIZE_MAX
+from .._device import parse_device as _parse_device
 
 __all__ = [
     "Module",
@@ -266,7 +267,7 @@ class Sequential(Module):
         specs = [spec for layer in self._layers for spec in layer._specs()]
         backend = None
         if kind == "cuda":
-            from . import cuda
+            from .. import cuda
 
             cuda.require()  # raises CudaUnavailable saying why
             backend = cuda.nn_backend()
@@ -376,7 +377,7 @@ class Sequential(Module):
         if self.device == "cpu":
             out = np.empty((rows, self.out_features), self.dtype)
         else:
-            from . import cuda
+            from .. import cuda
 
             out = cuda.empty((rows, self.out_features), self.dtype, device=self._device_index)
         self._model.forward(x2, out, rows)

@@ -27,7 +27,7 @@ from ._pinning import SlotPinner
 
 def require_torch_cuda(device: int) -> Any:
     """torch, after checking it sees CUDA device `device` (CudaUnavailable saying why not)."""
-    from .errors import CudaUnavailable
+    from ..errors import CudaUnavailable
     from ._torch_interop import import_torch_for_output
 
     torch = import_torch_for_output()
@@ -44,7 +44,7 @@ class TorchFeed(DeviceFeed):
 
     def __init__(self, device: int, finish: GpuFinish | None, pin: bool, batch_size: int,
                  memory_format: str) -> None:
-        from . import cuda
+        from .. import cuda
 
         self.torch = require_torch_cuda(device)
         self.kernel = cuda.is_available()  # fastloop's kernel; else the same math in torch ops
@@ -71,7 +71,7 @@ class TorchFeed(DeviceFeed):
                            device=f"cuda:{self.device}", memory_format=memory)
 
     def _finish_image(self, field: np.ndarray) -> Any:
-        from . import cuda
+        from .. import cuda
 
         out = self._image_out(field)
         if self.kernel:

@@ -13,7 +13,7 @@ import glob
 import os
 import threading
 
-from . import _core
+from .. import _core
 
 _lock = threading.Lock()
 _failures: list[str] = []

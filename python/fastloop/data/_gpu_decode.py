@@ -58,7 +58,7 @@ def unavailable_reason(device: int | None, pipeline: Any, finish: Any, encoded: 
         return f"decode='gpu' runs RandomHFlip and Normalize after the resize on the GPU, not {', '.join(others)}"
     if finish is None:
         return "decode='gpu' needs the Pipeline to end in Normalize (the GPU normalizes what it decodes)"
-    from . import cuda
+    from .. import cuda
 
     answer = cuda.is_available()
     if not answer:
@@ -79,7 +79,7 @@ def choose(decode: str, device: int | None, pipeline: Any, finish: Any, encoded:
         return False
     why = unavailable_reason(device, pipeline, finish, encoded)
     if why is not None and decode == "gpu":
-        from .errors import CudaUnavailable
+        from ..errors import CudaUnavailable
 
         error = CudaUnavailable if "nvJPEG" in why or "CUDA" in why else ValueError
         raise error(why)
@@ -91,7 +91,7 @@ class GpuJpeg:
     the CPU path for the images nvJPEG refused there."""
 
     def __init__(self, device: int, pipeline: Any, finish: Any, seed: int, on_error: str) -> None:
-        from . import cuda
+        from .. import cuda
 
         self.module = cuda.require()
         self.decoder = self.module.JpegDecoder(device)
@@ -103,7 +103,7 @@ class GpuJpeg:
         self.epoch_seed = 0
 
     def start_epoch(self, epoch: int) -> None:
-        from ._core import _epoch_seed
+        from .._core import _epoch_seed
 
         self.epoch_seed = _epoch_seed(self.seed, epoch)
 
@@ -125,7 +125,7 @@ class GpuJpeg:
                        channels_first: bool, stream: Any) -> bool:
         """The CPU path for image i (its decode, crop/resize, flips), normalized into its row;
         False when on_error="skip" drops it."""
-        from ._core import _image_decode, _image_transform
+        from .._core import _image_decode, _image_transform
 
         record = records(entries[i:i + 1])[0]
         data = payload(entries, i)[:int(record["length"])].tobytes()

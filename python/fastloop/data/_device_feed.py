@@ -20,10 +20,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..cuda._dtypes import DTYPES, dtype_name
 from ._pinning import SlotPinner
 from .ops import Cast, Normalize, Pipeline
 
-DTYPES = ("float32", "float16", "bfloat16")
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
@@ -45,21 +45,6 @@ class GpuFinish:
     def channels_first(self) -> bool:
         """The batch comes out (N, C, H, W)."""
         return self.layout.endswith("CHW")
-
-
-def dtype_name(value: Any, arg: str = "dtype") -> str | None:
-    """'float32', 'float16' or 'bfloat16' from a name, a NumPy dtype or a torch dtype; None
-    for None. Anything else raises ValueError naming `arg`."""
-    if value is None:
-        return None
-    if isinstance(value, type) and issubclass(value, np.generic):  # numpy.float16 and the like
-        value = np.dtype(value)
-    text = str(value).replace("torch.", "")
-    aliases = {"float": "float32", "half": "float16"}
-    text = aliases.get(text, text)
-    if text not in DTYPES:
-        raise ValueError(f"'{arg}' must be float32, float16 or bfloat16 (a name, NumPy or torch dtype), not {value!r}")
-    return text
 
 
 def memory_format_name(value: Any) -> str:
@@ -196,7 +181,7 @@ class DeviceArrayFeed(DeviceFeed):
     keeping its slot lent until its copy is done."""
 
     def __init__(self, device: int, finish: GpuFinish | None, pin: bool, batch_size: int) -> None:
-        from . import cuda
+        from .. import cuda
 
         self.cuda = cuda
         cuda.require()

@@ -24,18 +24,18 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._args import INT_MAX, SSIZE_MAX, int_arg
+from .._args import INT_MAX, SSIZE_MAX, int_arg, one_of
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
-from ._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
-from ._device import parse_device
+from .._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
+from .._device import parse_device
 from ._device_feed import dtype_name, memory_format_name
 from ._sample_codec import describe
 from ._samples import Fetcher, SampleLayout, SharedOrder
 from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
                              seed_generators, setup_worker_torch, torch_single_threaded)
-from .errors import WorkerError
+from ..errors import WorkerError
 from .ops import _GEOMETRY_HINT, Pipeline
 
 _log = logging.getLogger("fastloop")
@@ -313,6 +313,41 @@ class Loader:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
         order = _sampler_order(sampler, batch_sampler, shuffle)
+        batch_size, drop_last = self._init_batching(batch_size, drop_last, order, batch_sampler)
+        self._init_output(output, collate_fn, target_transform, order)
+        source = _normalize_source(source)
+        batch_size = int_arg("batch_size", batch_size, 1, SSIZE_MAX)
+        workers, prefetch = _worker_counts(workers, prefetch)
+        one_of("mode", mode, ("auto", "threads", "processes"))
+        self.on_error = one_of("on_error", on_error, ("raise", "skip"))
+        self._skips_logged = False
+        self._init_device(device, dtype, memory_format, decode, pin_memory, batch_size)
+        self._source = self._init_sharding(source, rank, world_size, split_by, order, drop_last)
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.timeout, self.persistent_workers = timeout, persistent_workers
+        self.metrics = Metrics()
+        self._single = False
+        self._layout = SampleLayout.of_fields(0, False)
+        self._from_worker = False  # the core's batches end with their object bytes (processes mode)
+        self._epoch = 0
+        self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
+        fields, dataset = self._classify(self._source)
+        pipeline, python_transform = _split_transform(transform)
+        needs_python = (dataset is not None or python_transform is not None or target_transform is not None
+                        or order is not None)
+        self.mode, self.workers = _choose_mode(mode, workers, needs_python), workers
+        dataset = self._python_dataset(fields, dataset, needs_python)
+        if dataset is None:
+            self._start_threads(fields, pipeline, workers, prefetch)
+        else:
+            fetch = Fetcher(dataset, python_transform, target_transform, order)
+            self._start_python(fetch, pipeline, workers, prefetch, worker_init_fn)
+
+    # ---- arguments, one group each ----
+
+    def _init_batching(self, batch_size: Any, drop_last: bool, order: SharedOrder | None,
+                       batch_sampler: Any) -> tuple[Any, bool]:
+        """batch_size and drop_last as the sampler arguments leave them (checked for type)."""
         self._unbatched = batch_size is None and batch_sampler is None  # samples one by one
         if self._unbatched:
             if drop_last:
@@ -323,9 +358,11 @@ class Loader:
             batch_size, drop_last = order.batch_size, False
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise TypeError(f"'batch_size' must be an int >= 1 or None, not {type(batch_size).__name__}")
-        batch_size = int(batch_size)
-        if output not in ("numpy", "torch"):
-            raise ValueError(f"'output' must be 'numpy' or 'torch', not {output!r}")
+        return int(batch_size), drop_last
+
+    def _init_output(self, output: str, collate_fn: Any, target_transform: Any, order: SharedOrder | None) -> None:
+        """What a batch is handed out as: output, collate_fn, target_transform."""
+        one_of("output", output, ("numpy", "torch"))
         if target_transform is not None and not callable(target_transform):
             raise TypeError(f"'target_transform' must be a callable, not {type(target_transform).__name__}")
         if collate_fn is not None and not callable(collate_fn):
@@ -335,96 +372,81 @@ class Loader:
         self.output, self.collate_fn, self._order = output, collate_fn, order
         self._resume_at = 0
         self._progress: tuple[int, int] | None = None  # (epoch, batches handed out) of an unfinished pass
-        source = _normalize_source(source)
-        batch_size = int_arg("batch_size", batch_size, 1, SSIZE_MAX)
-        workers, prefetch = _worker_counts(workers, prefetch)
-        if mode not in ("auto", "threads", "processes"):
-            raise ValueError(f"'mode' must be 'auto', 'threads' or 'processes', not {mode!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"'on_error' must be 'raise' or 'skip', not {on_error!r}")
-        self.on_error = on_error
-        self._skips_logged = False
+
+    def _init_device(self, device: Any, dtype: Any, memory_format: Any, decode: str | None, pin_memory: bool | None,
+                     batch_size: int) -> None:
+        """Where batches go: device, dtype, memory_format, decode, pin_memory."""
         kind, index = parse_device(device)
         self.device = index if kind == "cuda" else None
         self._device_dtype, self._memory_format = dtype_name(dtype), memory_format_name(memory_format)
         if self.device is None and (dtype is not None or memory_format is not None):
             raise ValueError("'dtype' and 'memory_format' shape the batches on a GPU: pass device='cuda' too")
-        if decode not in (None, "cpu", "gpu", "auto"):
-            raise ValueError(f"'decode' must be 'cpu', 'gpu' or 'auto', not {decode!r}")
+        if decode is not None:
+            one_of("decode", decode, ("cpu", "gpu", "auto"))
         if decode == "gpu" and self.device is None:
             raise ValueError("decode='gpu' decodes JPEGs on a CUDA device: pass device='cuda' too")
         self.decode = decode or ("auto" if self.device is not None else "cpu")
         self._jpeg: Any = None  # the nvJPEG decoder when decode="gpu" (or "auto") decodes on the GPU
-        if self.device is not None and collate_fn is not None:
+        if self.device is not None and self.collate_fn is not None:
             raise ValueError("device='cuda' copies the batch's fields as the workers made them, which a collate_fn "
                              "would change: use device=None and move the collated batch yourself")
+        if self.device is not None and self._unbatched:
+            raise ValueError("device='cuda' copies batches: give a batch_size (batch_size=None hands out samples)")
         self.pin_memory = self.device is not None if pin_memory is None else bool(pin_memory)
         self._pinned: PinnedBatches | None = None  # pin_memory=True, output="torch", no device
-        if self.device is None and pins_tensors(self.pin_memory, output):
+        if self.device is None and pins_tensors(self.pin_memory, self.output):
             self._pinned = PinnedBatches(batch_size)
         self._feed: Any = None  # the DeviceFeed of a CUDA loader (_start_feed)
+
+    def _init_sharding(self, source: Any, rank: int | None, world_size: int | None, split_by: str,
+                       order: SharedOrder | None, drop_last: bool) -> Any:
+        """rank, world_size (torchrun's environment by default) and split_by; the source this
+        rank reads (its own shards with split_by="shard")."""
         self.world_size = int_arg("world_size", _env_int("WORLD_SIZE", 1) if world_size is None else world_size,
                                   1, INT_MAX)
         self.rank = int_arg("rank", _env_int("RANK", 0) if rank is None else rank, 0, self.world_size - 1)
         if order is not None:  # the sampler decides which indices, and shards if it is distributed
             self.rank, self.world_size = 0, 1
-        if split_by not in ("sample", "shard"):
-            raise ValueError(f"'split_by' must be 'sample' or 'shard', not {split_by!r}")
-        if split_by == "shard":  # this rank reads its own shards whole; samples are not split again
+        if one_of("split_by", split_by, ("sample", "shard")) == "shard":
+            # this rank reads its own shards whole; samples are not split again
             from .datasets import TarShards
 
             if not isinstance(source, TarShards):
                 raise TypeError(f"split_by='shard' splits fastloop.TarShards, not {type(source).__name__}")
             source = source.shard(self.rank, self.world_size, drop_last)
             self.rank, self.world_size = 0, 1
-        self._source = source
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.timeout, self.persistent_workers = timeout, persistent_workers
-        self.metrics = Metrics()
-        self._single = False
-        self._layout = SampleLayout.of_fields(0, False)
-        self._from_worker = False  # the core's batches end with their object bytes (processes mode)
-        self._epoch = 0
-        self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
-        fields, dataset = self._classify(source)
-        pipeline = transform if isinstance(transform, Pipeline) else None
-        if transform is not None and pipeline is None and not callable(transform):
-            raise TypeError(f"'transform' must be a fastloop.ops.Pipeline or a callable, not {type(transform).__name__}")
-        python_transform = None if pipeline is not None else transform
-        needs_python = (dataset is not None or python_transform is not None or target_transform is not None
-                        or order is not None)
-        if mode == "auto":
-            mode = "processes" if needs_python and workers > 0 else "threads"
-        if mode == "threads" and needs_python and workers > 0:
-            raise ValueError("a Python dataset or transform runs in worker processes: use mode='processes' "
-                             "(or workers=0 to run it in this process)")
-        self.mode, self.workers = mode, workers
-        if mode == "processes" and workers == 0:
-            raise ValueError("mode='processes' needs workers >= 1")
-        if dataset is None and (needs_python or mode == "processes"):
+        return source
+
+    def _python_dataset(self, fields: list, dataset: Any, needs_python: bool) -> Any:
+        """The map-style dataset Python code reads samples from, or None when C threads read the
+        fields; raises for what the chosen mode cannot read."""
+        if dataset is None and (needs_python or self.mode == "processes"):
             if any(isinstance(f, Folder) for f in fields):
                 raise ValueError("Folder sources are read by C threads: use mode='threads'")
             # an image source alone is decoded in Python by its __getitem__ (images, label)
-            dataset = source if _is_encoded(source) else _ArraysDataset(fields)
-            if any(_is_encoded(f) for f in fields) and not _is_encoded(source):
+            dataset = self._source if _is_encoded(self._source) else _ArraysDataset(fields)
+            if any(_is_encoded(f) for f in fields) and not _is_encoded(self._source):
                 raise ValueError("an image source inside a tuple is read by C threads: use mode='threads'")
-        if on_error == "skip" and dataset is not None:
+        if self.on_error == "skip" and dataset is not None:
             raise ValueError("on_error='skip' drops samples in C threads: use mode='threads' with arrays, "
                              "Folders or image sources")
-        if self.device is not None and self._unbatched:
-            raise ValueError("device='cuda' copies batches: give a batch_size (batch_size=None hands out samples)")
-        if dataset is None:
-            self._layout = SampleLayout.of_fields(len(fields), self._single)
-            pipeline = self._start_feed(pipeline, _field_dtype(fields[0]), _is_encoded(fields[0]))
-            self._core = self._threads(fields, pipeline, workers, prefetch)
-            self._assemble = Assembler(self._layout, output, collate_fn, self._unbatched, self._pinned)
-            return
-        fetch = Fetcher(dataset, python_transform, target_transform, order)
+        return dataset
+
+    def _start_threads(self, fields: list, pipeline: Pipeline | None, workers: int, prefetch: int) -> None:
+        """C threads read the fields (arrays, Folders, image sources) into the slots."""
+        self._layout = SampleLayout.of_fields(len(fields), self._single)
+        pipeline = self._start_feed(pipeline, _field_dtype(fields[0]), _is_encoded(fields[0]))
+        self._core = self._threads(fields, pipeline, workers, prefetch)
+        self._assemble = Assembler(self._layout, self.output, self.collate_fn, self._unbatched, self._pinned)
+
+    def _start_python(self, fetch: Fetcher, pipeline: Pipeline | None, workers: int, prefetch: int,
+                      worker_init_fn: Callable[[int], Any] | None) -> None:
+        """Python code fetches the samples: in forked worker processes, or in this process."""
         with torch_single_threaded():  # not start torch's thread pool here before forking
             first = fetch.probe()
         assert fetch.layout is not None
         self._layout, self._single = fetch.layout, fetch.layout.single
-        self._assemble = Assembler(self._layout, output, collate_fn, self._unbatched, self._pinned)
+        self._assemble = Assembler(self._layout, self.output, self.collate_fn, self._unbatched, self._pinned)
         if self.device is not None and not self._layout.flat:
             raise ValueError(f"device='cuda' takes samples of arrays, tensors and numbers (one, a tuple or a flat "
                              f"dict of them); these have {_first_non_array(self._layout)}: use output='torch' and "
@@ -434,13 +456,13 @@ class Loader:
         if self.device is not None:  # the first field as the workers' pipeline gets it
             geometry = pipeline is not None and pipeline.geometry is not None
             pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype, False)
-        if mode == "processes":
+        if self.mode == "processes":
             self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
             self._from_worker = True
         else:
             self._core = _InProcess(self, fetch, pipeline)
-        if order is not None and order.ends is not None and mode == "processes":
-            self._core.batch_ends = order.ends
+        if self._order is not None and self._order.ends is not None and self.mode == "processes":
+            self._core.batch_ends = self._order.ends
 
     # ---- construction ----
 
@@ -854,6 +876,28 @@ def _naming_member(source: Any, error: BaseException) -> BaseException | None:
 
 
 _MAX_WORKERS = 1024  # threads; fl_procpool takes at most 256 processes
+
+
+def _split_transform(transform: Any) -> tuple[Pipeline | None, Any]:
+    """(the C Pipeline, the Python transform): one of them is None."""
+    if isinstance(transform, Pipeline):
+        return transform, None
+    if transform is not None and not callable(transform):
+        raise TypeError(f"'transform' must be a fastloop.ops.Pipeline or a callable, not {type(transform).__name__}")
+    return None, transform
+
+
+def _choose_mode(mode: str, workers: int, needs_python: bool) -> str:
+    """"threads" or "processes" for `mode` ("auto" picks), checked against the workers and
+    whether Python code reads the samples."""
+    if mode == "auto":
+        mode = "processes" if needs_python and workers > 0 else "threads"
+    if mode == "threads" and needs_python and workers > 0:
+        raise ValueError("a Python dataset or transform runs in worker processes: use mode='processes' "
+                         "(or workers=0 to run it in this process)")
+    if mode == "processes" and workers == 0:
+        raise ValueError("mode='processes' needs workers >= 1")
+    return mode
 
 
 def _worker_counts(workers: Any, prefetch: Any) -> tuple[int, int]:

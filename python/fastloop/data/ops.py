@@ -28,9 +28,9 @@ from typing import Any, Callable, Sequence, TypeVar, Union
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from ._args import INT_MAX, int_arg
-from ._core import _Pipeline, _image_transform, _resize, _resized_crop_params
+from .. import _core
+from .._args import INT_MAX, int_arg
+from .._core import _Pipeline, _image_transform, _resize, _resized_crop_params
 from ._torch_interop import as_array_if_tensor
 
 _F = TypeVar("_F", bound=Callable[..., Any])

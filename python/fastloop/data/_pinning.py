@@ -17,13 +17,13 @@ import numpy as np
 
 def _is_slot_view(array: Any) -> bool:
     """A batch field that views a loader slot (not a copy made when every slot was held)."""
-    from ._core import _SlotLease
+    from .._core import _SlotLease
 
     return isinstance(array, np.ndarray) and isinstance(array.base, _SlotLease)
 
 
 def _fastloop_register(address: int, nbytes: int) -> Callable[[], None]:
-    from . import cuda
+    from .. import cuda
 
     memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
     region = cuda.pin(memory)
@@ -42,10 +42,10 @@ def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
     if error == _HOST_MEMORY_ALREADY_REGISTERED:
         return lambda: None  # someone else's registration: theirs to undo
     if error != 0:
-        from .errors import CudaError
+        from ..errors import CudaError
 
         raise CudaError(f"cudaHostRegister({nbytes} bytes) failed with cudaError {error} (through torch's "
-                        f"CUDA runtime)", error)
+                        f"CUDA runtime)", cuda_code=error)
 
     def unregister() -> None:
         cudart.cudaHostUnregister(address)
@@ -55,7 +55,7 @@ def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
 
 def registrar() -> Callable[[int, int], Callable[[], None]]:
     """The pinning call to use here: fastloop's CUDA extension where it runs, else torch's."""
-    from . import cuda
+    from .. import cuda
 
     return _fastloop_register if cuda.is_available() else _torch_register
 
