@@ -213,10 +213,11 @@ static int attempt_request(void *ctx, double timeout_s) {
 }
 
 static PyObject *monitor_flush(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"timeout", NULL};
+    static fl_arg_cache flush_args = FL_ARG_CACHE("flush");
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:flush", keywords, &timeout_obj) ||
+    if (fl_parse_args_dict(&flush_args, args, kwargs,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     flush_call request = {((MonitorObject *)self)->monitor, 0};

@@ -128,10 +128,13 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
 /* _Model(layers, dtype, backend=None, device=0): layers is a sequence of
  * ("linear", in, out, bias) or ("relu",) tuples; backend a capsule (None: the CPU). */
 static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"layers", "dtype", "backend", "device", NULL};
+    static fl_arg_cache model_args = FL_ARG_CACHE("_Model");
     PyObject *layers_obj, *dtype_obj, *backend_obj = Py_None;
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Oi:_Model", keywords, &layers_obj, &dtype_obj, &backend_obj, &device))
+    if (fl_parse_args_dict(&model_args, args, kwargs, FL_ARG("layers", OBJECT, &layers_obj),
+                           FL_ARG("dtype", OBJECT, &dtype_obj),
+                           FL_ARG("|backend", OBJECT, &backend_obj),
+                           FL_ARG("device", INT, &device)) < 0)
         return NULL;
     fl_dtype dtype;
     PyArray_Descr *descr = NULL;

@@ -202,12 +202,12 @@ static int attempt_get_many(void *ctx, double timeout_s) {
 }
 
 static PyObject *queue_get_many(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"max_items", "timeout", NULL};
+    static fl_arg_cache get_many_args = FL_ARG_CACHE("get_many");
     Py_ssize_t max_items;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O:get_many", keywords, &max_items,
-                                     &timeout_obj))
+    if (fl_parse_args_dict(&get_many_args, args, kwargs, FL_ARG("max_items", SSIZE, &max_items),
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0)
         return NULL;
     if (max_items < 1 || max_items > 1 << 20) {
         fl_raisef(NULL, FL_EXC_VALUE, "'max_items' must be in 1..%d, not %zd", 1 << 20, max_items);
@@ -270,10 +270,11 @@ static PyObject *queue_task_done(QueueObject *self, PyObject *unused) {
 }
 
 static PyObject *queue_join(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"timeout", NULL};
+    static fl_arg_cache join_args = FL_ARG_CACHE("join");
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:join", keywords, &timeout_obj) ||
+    if (fl_parse_args_dict(&join_args, args, kwargs,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     item_call call = {self->queue, {0}};
@@ -284,9 +285,10 @@ static PyObject *queue_join(QueueObject *self, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *queue_close(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"immediate", NULL};
+    static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int immediate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &immediate))
+    if (fl_parse_args_dict(&close_args, args, kwargs,
+                           FL_ARG("|immediate", BOOL, &immediate)) < 0)
         return NULL;
     fl_queue_close(self->queue);
     if (immediate)
@@ -333,9 +335,9 @@ static PyObject *queue_get_closed(QueueObject *self, void *closure) {
 /* ---- lifetime ---- */
 
 static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"maxsize", NULL};
+    static fl_arg_cache queue_args = FL_ARG_CACHE("Queue");
     Py_ssize_t maxsize = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n:Queue", keywords, &maxsize))
+    if (fl_parse_args_dict(&queue_args, args, kwargs, FL_ARG("|maxsize", SSIZE, &maxsize)) < 0)
         return NULL;
     QueueObject *self = (QueueObject *)type->tp_alloc(type, 0);
     if (self == NULL)
