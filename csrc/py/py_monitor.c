@@ -254,9 +254,11 @@ static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 static PyObject *monitor_wait_closed(PyObject *self, PyObject *args) {
+    static fl_arg_cache wait_closed_args = FL_ARG_CACHE("wait_closed"); /* positional only */
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:wait_closed", &timeout_obj) ||
+    if (fl_parse_args_dict(&wait_closed_args, args, NULL,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     int rc = fl_wait_interruptibly(attempt_wait_closed, ((MonitorObject *)self)->monitor, timeout);
