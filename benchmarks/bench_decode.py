@@ -170,6 +170,17 @@ def test_quick_run_fills_the_table(tmp_path: Path) -> None:
     assert fused["first_batch_s"] > 0 and fused["rss_first"] > 0
 
 
+def decoders() -> str:
+    """Which libjpeg each side decodes with: fastloop's (linked in or loaded) and Pillow's bundled one."""
+    import PIL
+    from PIL import features
+
+    jpeg = fastloop.images.info()["jpeg"]
+    return (f"fastloop: {jpeg['decoder']}, from {jpeg['path']}; "
+            f"Pillow {PIL.__version__}: libjpeg-turbo {features.version('libjpeg_turbo')}")
+
+
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
+    print(decoders())
     print_table(*run(count=64 if quick else 400, rounds=2 if quick else 3))

@@ -9,10 +9,18 @@
 # With $OUT set, the report goes to $OUT/gpu_check.md, the feed benchmark's table to
 # $OUT/gpu_feed.md and each step's output to $OUT/<step>.log (8 files in all).
 #   bash benchmarks/gpu_check.sh
+# --wheel proves the wheel instead of a source build: the cp312 manylinux wheel from dist/
+# (make wheel; carry dist/ to the GPU machine) goes into a fresh venv that sees the system's
+# numpy, pytest and torch (no network there), with no nvcc on PATH and no CUDA_HOME, and the
+# tests run against it (the checkout's python/ is not on the path; the tests' C hooks are
+# absent from a wheel, so the tests needing them skip). Needs a python3.12.
+#   bash benchmarks/gpu_check.sh --wheel
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 PY=${PYTHON:-python3}
+WHEEL_MODE=0
+if [ "${1:-}" = --wheel ]; then WHEEL_MODE=1; fi
 BUDGET=${CHECK_BUDGET_S:-570}
 LOGS=${OUT:-$(mktemp -d)}
 REPORT=${OUT:+$OUT/gpu_check.md}
@@ -59,11 +67,53 @@ if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | indent | report
 fi
 
-echo "### build" | report
-if ! step build 240 env FASTLOOP_CUDA=1 FASTLOOP_CUDA_ARCHS="${FASTLOOP_CUDA_ARCHS:-90}" \
-    "$PY" setup.py -q build_ext --inplace; then
-    tail -40 "$LOGS/build.log" | indent | report
-    exit 1
+# without_nvcc: PATH with every folder holding an nvcc left out, and no CUDA_HOME/CUDA_PATH
+without_nvcc() {
+    local kept="" dir
+    local IFS=:
+    for dir in $PATH; do
+        if [ -n "$dir" ] && [ ! -x "$dir/nvcc" ]; then kept=${kept:+$kept:}$dir; fi
+    done
+    PATH=$kept
+    unset CUDA_HOME CUDA_PATH IFS
+}
+
+# install_wheel: the cp312 wheel into a fresh venv over the system's packages; PY becomes its python
+install_wheel() {
+    local wheel venv
+    wheel=$(find dist -maxdepth 1 -name 'fastloop-*-cp312-cp312-*manylinux*.whl' | sort | tail -1)
+    if [ -z "$wheel" ]; then
+        echo "no cp312 manylinux wheel in dist/ (make wheel builds it; carry dist/ here)"
+        return 1
+    fi
+    venv=$(mktemp -d)/venv
+    "$PY" -m venv --system-site-packages "$venv" &&
+        "$venv/bin/python" -m pip install -q --no-deps --no-index --force-reinstall "$wheel" || return 1
+    PY=$venv/bin/python
+    echo "installed $wheel into $venv"
+}
+
+if [ "$WHEEL_MODE" = 1 ]; then
+    echo "### the cp312 wheel, no nvcc on PATH" | report
+    without_nvcc
+    unset PYTHONPATH  # the wheel's fastloop, not the checkout's python/
+    # in this shell, not through step: it sets PY
+    if ! install_wheel >>"$LOGS/build.log" 2>&1 ||
+        ! "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' >>"$LOGS/build.log" 2>&1; then
+        tail -20 "$LOGS/build.log" | indent | report
+        exit 1
+    fi
+    tail -1 "$LOGS/build.log" | indent | report
+    export FASTLOOP_EXPECT_CORE  # tests/conftest.py fails unless the tests import this _core
+    FASTLOOP_EXPECT_CORE=$("$PY" -c 'from fastloop import _core; print(_core.__file__)')
+    if command -v nvcc >/dev/null; then echo "    nvcc is still on PATH: $(command -v nvcc)" | report; status=1; fi
+else
+    echo "### build" | report
+    if ! step build 240 env FASTLOOP_CUDA=1 FASTLOOP_TESTING=1 FASTLOOP_CUDA_ARCHS="${FASTLOOP_CUDA_ARCHS:-90}" \
+        "$PY" setup.py -q build_ext --inplace; then
+        tail -40 "$LOGS/build.log" | indent | report
+        exit 1
+    fi
 fi
 "$PY" -c "import fastloop; print(fastloop.cuda.is_available().reason)" 2>&1 | indent | report
 

@@ -64,8 +64,10 @@ def sigint_raises():
     signal.signal(signal.SIGINT, previous)
 
 
-def pytest_report_header(config):
-    """Under `make pytest-asan`, proves the sanitized extension is the one imported."""
+def _expected_core():
+    """Under `make pytest-asan` (and gpu_check.sh --wheel), proves the extension named by
+    FASTLOOP_EXPECT_CORE (the sanitized one; the wheel's) is the one imported: its path, or
+    None when the variable is unset."""
     import os
 
     expected = os.environ.get("FASTLOOP_EXPECT_CORE")
@@ -74,8 +76,17 @@ def pytest_report_header(config):
     from fastloop import _core
 
     if os.path.realpath(_core.__file__) != os.path.realpath(expected):
-        raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not the sanitized {expected}")
-    return f"fastloop._core: {_core.__file__} (ASan+UBSan)"
+        raise pytest.UsageError(f"fastloop._core came from {_core.__file__}, not {expected} (FASTLOOP_EXPECT_CORE)")
+    return _core.__file__
+
+
+def pytest_sessionstart(session):
+    _expected_core()  # also under -q, which prints no header
+
+
+def pytest_report_header(config):
+    core = _expected_core()
+    return None if core is None else f"fastloop._core: {core} (FASTLOOP_EXPECT_CORE)"
 
 
 # Tests that cannot run as several copies at once in one process (`make test-threads`:

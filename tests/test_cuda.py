@@ -14,6 +14,7 @@ import pytest
 
 import fastloop
 from fastloop import cuda
+from hooks import WHY_ABSENT
 
 
 def test_is_built_answers_with_a_reason():
@@ -227,6 +228,8 @@ def _context():
         pytest.skip(str(error))
     from fastloop import _cuda
 
+    if not hasattr(_cuda, "_NNContext"):
+        pytest.skip(WHY_ABSENT)
     return _cuda._NNContext(0)
 
 
@@ -502,3 +505,67 @@ def test_fastloop_nn_on_cuda_trains_like_the_cpu_model(loss, optimizer):
         np.testing.assert_allclose(models[1].state_dict()[name], value, rtol=1e-4, atol=1e-5)
     out = models[1](cuda.to_device(x))
     np.testing.assert_allclose(out.to_numpy(), models[0](x), rtol=1e-4, atol=1e-5)
+
+
+class FakeCudaExtension:
+    """fastloop._cuda's answers on a machine is_available() cannot be tried on here."""
+
+    def __init__(self, driver, runtime=13000, devices=("NVIDIA H200",)):
+        self.driver, self.runtime, self.devices = driver, runtime, devices
+
+    def driver_version(self):
+        return self.driver
+
+    def runtime_version(self):
+        return self.runtime
+
+    def device_count(self):
+        return len(self.devices)
+
+    def device_info(self, index):
+        return {"name": self.devices[index]}
+
+
+def _missing(what):
+    def load():
+        raise fastloop.CudaUnavailable(f"CUDA is not available: {what} could not be loaded: tried lib{what}.so.13")
+    return load
+
+
+LIBRARIES = {"libcublas": lambda: "/opt/lib/libcublas.so.13", "libnvjpeg": lambda: "/opt/lib/libnvjpeg.so.13"}
+
+
+def test_is_available_says_there_is_no_driver_and_the_driver_needed():
+    answer = cuda._availability(FakeCudaExtension(driver=0), LIBRARIES)
+    assert not answer
+    assert answer.reason == ("no NVIDIA driver: libcuda.so.1 could not be loaded (this fastloop needs "
+                             "NVIDIA driver >= 580.65.06 (for the CUDA 13.0 runtime linked in))")
+
+
+def test_is_available_says_the_driver_is_too_old_and_which_one_is_needed():
+    answer = cuda._availability(FakeCudaExtension(driver=12080, runtime=13000), LIBRARIES)
+    assert not answer
+    assert answer.reason.startswith("the NVIDIA driver is too old: it supports CUDA 12.8; ")
+    assert "NVIDIA driver >= 580.65.06" in answer.reason
+    # a newer minor version of the runtime runs on the major version's driver
+    assert cuda._availability(FakeCudaExtension(driver=13000, runtime=13020), LIBRARIES)
+    old = cuda._availability(FakeCudaExtension(driver=11080, runtime=12040), LIBRARIES)
+    assert "NVIDIA driver >= 525.60.13 (for the CUDA 12.4 runtime linked in)" in old.reason
+
+
+def test_is_available_names_each_library_found_or_missing():
+    answer = cuda._availability(FakeCudaExtension(driver=13000), LIBRARIES)
+    assert answer
+    assert answer.reason == ("1 CUDA device(s): NVIDIA H200; driver supports CUDA 13.0; "
+                             "libcublas: /opt/lib/libcublas.so.13; libnvjpeg: /opt/lib/libnvjpeg.so.13")
+    missing = cuda._availability(FakeCudaExtension(driver=13000, devices=("A", "B")),
+                                 {"libcublas": _missing("cuBLAS"), "libnvjpeg": _missing("nvJPEG")})
+    assert missing  # the GPU works; fastloop.nn on it and decode="gpu" need the missing ones
+    assert missing.reason == ("2 CUDA device(s): A, B; driver supports CUDA 13.0; "
+                              "no libcublas (cuBLAS could not be loaded: tried libcuBLAS.so.13); "
+                              "no libnvjpeg (nvJPEG could not be loaded: tried libnvJPEG.so.13)")
+
+
+def test_is_available_says_when_no_device_is_visible():
+    answer = cuda._availability(FakeCudaExtension(driver=13000, devices=()), LIBRARIES)
+    assert not answer and "sees no device" in answer.reason

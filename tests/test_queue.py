@@ -14,6 +14,7 @@ import pytest
 
 import fastloop
 from fastloop import _core
+from hooks import needs_core_hooks
 
 
 class Payload:
@@ -197,6 +198,7 @@ def test_a_queue_that_holds_itself_is_collected():
     assert ref() is None
 
 
+@needs_core_hooks
 def test_event_records_put_by_c_threads_arrive_as_events():
     q = fastloop.Queue(maxsize=16)  # smaller than the count: producers must block and resume
     received = []
@@ -217,6 +219,7 @@ def test_event_records_put_by_c_threads_arrive_as_events():
     assert all(steps == list(range(100)) for steps in by_source.values())  # FIFO per producer
 
 
+@needs_core_hooks
 def test_python_objects_and_c_events_share_one_queue():
     q = fastloop.Queue()
     q.put("from python")
@@ -227,6 +230,7 @@ def test_python_objects_and_c_events_share_one_queue():
     assert [e.name for e in items[1:3]] == ["from C", "from C"]
 
 
+@needs_core_hooks
 def test_event_producers_stop_when_the_queue_closes():
     q = fastloop.Queue(maxsize=4)
     threading.Timer(0.1, q.close).start()
@@ -261,6 +265,7 @@ def test_python_threads_4_producers_4_consumers_lose_nothing():
     assert sorted(seen) == [(p, i) for p in range(producers) for i in range(n)]
 
 
+@needs_core_hooks
 def test_c_threads_4x4_with_close_during_traffic_lose_nothing():
     result = _core._queue_load(4, 4, 50_000, maxsize=256, close_early=True)
     assert result["duplicates"] == result["missing"] == result["reordered"] == 0
@@ -269,7 +274,7 @@ def test_c_threads_4x4_with_close_during_traffic_lose_nothing():
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
-@pytest.mark.parametrize("blocking_call", ["get", "put", "join", "emit"])
+@pytest.mark.parametrize("blocking_call", ["get", "put", "join", pytest.param("emit", marks=needs_core_hooks)])
 def test_ctrl_c_interrupts_a_blocked_call_promptly(blocking_call, sigint_raises):
     q = fastloop.Queue(maxsize=1)
     if blocking_call in ("put", "join", "emit"):
@@ -307,6 +312,10 @@ def test_bad_arguments_raise_clear_errors():
         q.get(timeout="soon")
     with pytest.raises(ValueError, match="max_items"):
         q.get_many(0)
+
+
+@needs_core_hooks
+def test_the_c_event_hook_refuses_a_queue_that_is_not_fastloops():
     with pytest.raises(TypeError, match="fastloop.Queue"):
         _core._emit_events(queue.Queue(), 1)
 

@@ -4,23 +4,31 @@ the one imported:
 
     venv/bin/python tools/smoke_test.py
 
+    venv/bin/python tools/smoke_test.py --wheel    # also: codecs linked in, CUDA built in
+
 Checks: the import and how the copy was built; a Loader epoch in C threads (every sample
 once, labels kept with their rows); a Monitor writing a TensorBoard event file (read back by
 TensorBoard's EventAccumulator when tensorboard is installed, else by its record framing);
 a Checkpointer round trip of nested state; an InferenceService job served in-process by a
-fastloop.nn model; JPEG decoding when Pillow is installed. Exits non-zero on the first
-failure, with the reason.
+fastloop.nn model; a JPEG (tools/smoke_data/) and a PNG (written here) decoded, and an
+ImageFolder epoch of both through the Loader's C threads, with no Pillow needed. With
+--wheel: the codecs must be the ones linked into fastloop and fastloop.cuda.is_built() true;
+with --no-system-codecs, the system's libjpeg/libpng must fail to load (tools/wheels.py hides
+them). Exits non-zero on the first failure, with the reason.
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
 import glob
-import io
 import os
+import shutil
 import struct
 import sys
 import tempfile
 import warnings
+import zlib
 
 import numpy as np
 
@@ -125,32 +133,113 @@ def check_serve(tmp: str) -> None:
     print(f"  serve: {len(ids)} jobs served in-process by a fastloop.nn MLP, results equal to model(x)")
 
 
-def check_images() -> None:
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUADRANTS = [((0, 0), (220, 30, 30)), ((0, 32), (30, 200, 40)), ((24, 0), (20, 40, 210)), ((24, 32), (240, 240, 240))]
+
+
+def quadrants() -> np.ndarray:
+    """The 48x64 picture tools/smoke_data/quadrants.jpg holds (JPEG quality 95)."""
+    pixels = np.zeros((48, 64, 3), np.uint8)
+    for (top, left), colour in QUADRANTS:
+        pixels[top:top + 24, left:left + 32] = colour
+    return pixels
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """An 8-bit RGB PNG written with zlib alone (no Pillow)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    h, w, _ = pixels.shape
+    rows = b"".join(b"\x00" + row.tobytes() for row in pixels)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def check_system_codecs_hidden() -> None:
+    for name in ("libjpeg.so.62", "libpng16.so.16"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        raise AssertionError(f"the system's {name} still loads: the check was to run without it")
+    print("  images: the system's libjpeg.so.62 and libpng16.so.16 do not load here")
+
+
+def check_images(tmp: str, wheel: bool) -> None:
     import fastloop
 
-    try:
-        from PIL import Image
-    except ImportError:
-        print("  images: skipped (Pillow, which brings libjpeg-turbo, is not installed)")
-        return
-    pixels = np.zeros((24, 32, 3), np.uint8)
-    pixels[:, 16:] = (200, 40, 10)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "JPEG", quality=95)
-    decoded = fastloop.images.decode(buf.getvalue())
-    assert decoded.shape == (24, 32, 3) and decoded.dtype == np.uint8, (decoded.shape, decoded.dtype)
-    assert np.abs(decoded.astype(int) - pixels).mean() < 8, "the JPEG decoded to other colours"
-    print("  images: a JPEG decoded by the libjpeg-turbo Pillow ships")
+    assert "PIL" not in sys.modules, "Pillow was imported"
+    info = fastloop.images.info()
+    for fmt in ("jpeg", "png"):
+        assert info[fmt] is not None, f"no {fmt} decoder: {info.get(fmt + '_missing')}"
+        assert not wheel or info[fmt]["origin"] == "linked into fastloop._core", info[fmt]
+    expected = quadrants()
+    jpeg_path = os.path.join(HERE, "smoke_data", "quadrants.jpg")
+    decoded = fastloop.images.decode(jpeg_path)
+    assert decoded.shape == (48, 64, 3) and decoded.dtype == np.uint8, (decoded.shape, decoded.dtype)
+    assert np.abs(decoded.astype(int) - expected).mean() < 4, "the JPEG decoded to other colours"
+    png = png_bytes(expected)
+    np.testing.assert_array_equal(fastloop.images.decode(png), expected)
+    print(f"  images: a JPEG ({info['jpeg']['decoder']}) and a PNG ({info['png']['decoder']}) decoded")
+    root = os.path.join(tmp, "folder")
+    for label, name in enumerate(("jpeg", "png")):
+        os.makedirs(os.path.join(root, name))
+        for i in range(6):
+            target = os.path.join(root, name, f"{i}.{'jpg' if name == 'jpeg' else 'png'}")
+            if name == "jpeg":
+                shutil.copy(jpeg_path, target)
+            else:
+                with open(target, "wb") as f:
+                    f.write(png)
+    pipeline = fastloop.ops.Pipeline([fastloop.ops.Resize(32), fastloop.ops.CenterCrop(32),
+                                      fastloop.ops.Normalize([0.5] * 3, [0.25] * 3, layout="HWC->CHW")])
+    labels = []
+    with fastloop.Loader(fastloop.ImageFolder(root), batch_size=4, shuffle=True, seed=0, workers=2,
+                         transform=pipeline) as loader:
+        for x, y in loader:
+            assert x.shape[1:] == (3, 32, 32) and x.dtype == np.float32, (x.shape, x.dtype)
+            labels.extend(np.asarray(y).tolist())
+    assert sorted(labels) == [0] * 6 + [1] * 6, labels
+    print(f"  images: an ImageFolder epoch of {len(labels)} JPEG and PNG files through the Loader's C threads")
+
+
+def check_cuda_built() -> None:
+    import fastloop
+
+    answer = fastloop.cuda.is_built()
+    assert answer, f"the wheel carries no CUDA extension: {answer.reason}"
+    print(f"  CUDA: built in ({answer.reason}); here: {fastloop.cuda.is_available().reason}")
+
+
+def check_no_test_hooks() -> None:
+    """A wheel carries none of the tests' private hooks (FASTLOOP_TESTING=1 builds only)."""
+    import fastloop
+    from fastloop import _build_info, _core, _cuda
+
+    assert not _build_info.TESTING_HOOKS, "built with FASTLOOP_TESTING=1"
+    hooks = [f"{m.__name__}.{name}" for m in (_core, _cuda) for name in dir(m) if "testing" in name.lower()
+             or name in ("_emit_events", "_queue_load", "_pool_workers", "_NNContext")]
+    assert not hooks, f"the tests' hooks are in the wheel: {hooks}"
+    print(f"  no test hooks in fastloop {fastloop.__version__}'s extensions")
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="Smoke test of an installed fastloop")
+    parser.add_argument("--wheel", action="store_true", help="codecs linked in and CUDA built in, required")
+    parser.add_argument("--no-system-codecs", action="store_true", help="the system's codecs must not load")
+    args = parser.parse_args()
     check_import()
     with tempfile.TemporaryDirectory() as tmp:
         check_loader()
         check_monitor(tmp)
         check_checkpointer(tmp)
         check_serve(tmp)
-        check_images()
+        if args.no_system_codecs:
+            check_system_codecs_hidden()
+        check_images(tmp, args.wheel)
+    if args.wheel:
+        check_cuda_built()
+        check_no_test_hooks()
     print("smoke test passed")
     return 0
 

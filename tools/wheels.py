@@ -9,8 +9,13 @@ and `make test-pythons`; run with any Python 3.9+ that has auditwheel (the dev v
 
 Interpreters: $FASTLOOP_PYTHONS (space-separated paths) when set, else python3.9 ... python3.13
 under pyenv's versions folder and on PATH. The wheels are built from the sdist (as pip would
-from PyPI), in PEP 517 isolation, without the CUDA extension (FASTLOOP_CUDA=0: the README's
-install section says why); auditwheel then gives each the manylinux tag this glibc allows.
+from PyPI), in PEP 517 isolation, by zig's C compiler for glibc 2.28 (the ziglang wheel), with
+the image codecs linked in (FASTLOOP_CODECS=linked) and, where nvcc is, the CUDA extension:
+kernels for every arch in FASTLOOP_CUDA_ARCHS, compiled once into build/cuda-kernels/ and
+linked into each Python's extension. auditwheel repairs each wheel, and `build` fails unless
+`auditwheel show` finds every one manylinux_2_28 or older. `check` installs each into a venv
+without a compiler or Pillow and runs the smoke test with the system's libjpeg/libpng hidden
+(a mount namespace with /dev/null over them: root and unshare needed, else it says so).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +32,13 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPPORTED = [(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)]
 # Needed at run time by what the smoke test touches; a compiler is deliberately not among them.
-RUNTIME_TOOLS = ["sh", "env", "timeout", "uname", "ldconfig", "nvidia-smi"]
+RUNTIME_TOOLS = ["sh", "env", "timeout", "uname", "ldconfig", "nvidia-smi", "mount", "unshare"]
+# nvcc's objects, compiled once and linked into every interpreter's extension (setup.py)
+KERNEL_CACHE = os.path.join(ROOT, "build", "cuda-kernels")
+GLIBC_TARGET = (2, 28)  # the oldest glibc the wheels run on: zig compiles and links against it
+# The system codecs the check hides (each file a /dev/null bind mount over it, in a mount namespace).
+SYSTEM_CODECS = ["libjpeg.so*", "libpng16.so*", "libpng.so*", "libturbojpeg.so*"]
+LIB_DIRS = ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
 COMPILERS = ["gcc", "cc", "c++", "g++", "clang", "nvcc", "ld"]
 # The fast subset `test` runs on every interpreter but the dev venv's (which runs them all):
 # the thread-heavy C paths, the Python layer's version-sensitive parts, torch interop.
@@ -103,13 +115,58 @@ def tag(version: tuple[int, int]) -> str:
     return f"cp{version[0]}{version[1]}"
 
 
-def venv(python: str, path: str, *packages: str) -> str:
+def venv(python: str, path: str, *packages: str, env: dict[str, str] | None = None) -> str:
     """A fresh venv at `path` from `python` with `packages` installed; returns its python."""
     shutil.rmtree(path, ignore_errors=True)
     run([python, "-m", "venv", path], quiet=True)
     exe = os.path.join(path, "bin", "python")
-    run([exe, "-m", "pip", "install", "-q", "--upgrade", "pip", *packages], quiet=True)
+    run([exe, "-m", "pip", "install", "-q", "--upgrade", "pip", *packages], quiet=True, env=env)
     return exe
+
+
+def zig_compiler() -> list[str]:
+    """CC and LDSHARED for glibc 2.28: zig from the ziglang wheel (make wheel installs it)."""
+    try:
+        import ziglang
+    except ImportError:
+        sys.exit("tools/wheels.py build needs the ziglang wheel (pip install ziglang): it compiles for glibc 2.28")
+    zig = os.path.join(os.path.dirname(ziglang.__file__), "zig")
+    cc = f"{zig} cc -target x86_64-linux-gnu.{GLIBC_TARGET[0]}.{GLIBC_TARGET[1]}"
+    return [cc, f"{cc} -shared"]
+
+
+def build_env() -> dict[str, str]:
+    cc, ldshared = zig_compiler()
+    env = dict(os.environ, CC=cc, LDSHARED=ldshared, FASTLOOP_CODECS="linked",
+               FASTLOOP_CUDA_CACHE=KERNEL_CACHE)
+    env.pop("FASTLOOP_TESTING", None)  # the tests' hooks never go into a wheel
+    if shutil.which("nvcc") or os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        env["FASTLOOP_CUDA"] = "1"
+    else:
+        env["FASTLOOP_CUDA"] = "0"
+        print("NOTE: no nvcc here: these wheels carry no CUDA extension (CPU only)", flush=True)
+    return env
+
+
+def manylinux_tag(wheel: str) -> str:
+    """The platform tag `auditwheel show` finds the wheel consistent with."""
+    out = subprocess.run([sys.executable, "-m", "auditwheel", "show", wheel], capture_output=True, text=True,
+                         check=True).stdout
+    match = re.search(r'platform tag:\s*"(manylinux_(\d+)_(\d+)_x86_64)"', " ".join(out.split()))
+    if match is None:
+        raise RuntimeError(f"auditwheel show gave no manylinux tag for {wheel}:\n{out}")
+    return match.group(1)
+
+
+def check_tags(out: str) -> None:
+    """Fails unless every wheel in out is manylinux_2_28 or older; prints tag and size."""
+    for wheel in sorted(glob.glob(os.path.join(out, "fastloop-*.whl"))):
+        tag_name = manylinux_tag(wheel)
+        glibc = tuple(int(x) for x in tag_name.split("_")[1:3])
+        size = os.path.getsize(wheel) / 1e6
+        print(f"auditwheel show: {os.path.basename(wheel)}: {tag_name}, {size:.1f} MB", flush=True)
+        if glibc > GLIBC_TARGET:
+            raise SystemExit(f"{wheel} needs glibc {glibc[0]}.{glibc[1]} (> {GLIBC_TARGET[0]}.{GLIBC_TARGET[1]})")
 
 
 def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
@@ -117,7 +174,10 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
     os.makedirs(out, exist_ok=True)
     for old in glob.glob(os.path.join(out, "fastloop-*")):
         os.remove(old)
-    env = dict(os.environ, FASTLOOP_CUDA="0")
+    env = build_env()
+    # the codecs linked in: the same packages, versions and checksums csrc/third_party/*/README.md record?
+    if subprocess.run([sys.executable, os.path.join(ROOT, "tools", "codec_sources.py"), "--check"]).returncode:
+        print("NOTE: the codecs linked into these wheels differ from csrc/third_party's record", flush=True)
     with tempfile.TemporaryDirectory(prefix="fastloop-wheels-") as tmp:
         raw = os.path.join(tmp, "raw")
         first = True
@@ -134,8 +194,23 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
         tools_path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
         run([sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out, *sorted(glob.glob(f"{raw}/*.whl"))],
             quiet=True, env=dict(os.environ, PATH=tools_path))
+    check_tags(out)
     for name in sorted(os.listdir(out)):
         print(f"built {os.path.join(out, name)}")
+
+
+def test_symbols(wheel: str) -> list[str]:
+    """The dynamic symbols of the wheel's shared objects (nm -D) that name the tests' hooks."""
+    import zipfile
+
+    found = []
+    with tempfile.TemporaryDirectory(prefix="fastloop-nm-") as tmp, zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if ".so" in os.path.basename(name):
+                symbols = subprocess.run(["nm", "-D", archive.extract(name, tmp)], capture_output=True,
+                                         text=True, check=True).stdout
+                found += [f"{name}: {line.split()[-1]}" for line in symbols.splitlines() if "testing" in line.lower()]
+    return found
 
 
 def no_compiler_path(tmp: str) -> str:
@@ -149,9 +224,29 @@ def no_compiler_path(tmp: str) -> str:
     return shim
 
 
+def system_codec_files() -> list[str]:
+    """The real files of the system's libjpeg/libpng (links resolved), to hide."""
+    found = {os.path.realpath(p) for d in LIB_DIRS for pattern in SYSTEM_CODECS
+             for p in glob.glob(os.path.join(d, pattern))}
+    return sorted(p for p in found if os.path.isfile(p))
+
+
+def without_system_codecs(smoke: list[str]) -> list[str]:
+    """The smoke test's command run in a private mount namespace where /dev/null is bind-mounted
+    over each system libjpeg/libpng file, told to check that they do not load; unchanged where
+    that cannot be done (not root, no unshare), saying so."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        print("NOTE: the system's libjpeg/libpng stay visible: hiding them needs root and unshare", flush=True)
+        return smoke
+    mounts = "".join(f"mount --bind /dev/null '{path}' && " for path in system_codec_files())
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts}exec "$@"', "sh",
+            *smoke, "--no-system-codecs"]
+
+
 def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
-    """Installs each wheel into a fresh venv with no compiler on PATH (only binary packages,
-    so nothing can be compiled) and runs tools/smoke_test.py there. Returns the failures."""
+    """Installs each wheel into a fresh venv with no compiler on PATH and no Pillow (only
+    binary packages, so nothing can be compiled) and runs tools/smoke_test.py --wheel there
+    with the system's libjpeg/libpng hidden. Returns the failures."""
     failures = []
     smoke = os.path.join(ROOT, "tools", "smoke_test.py")
     for version, python in pythons.items():
@@ -168,11 +263,19 @@ def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
             run([python, "-m", "venv", os.path.join(tmp, "venv")], quiet=True, env=env)
             exe = os.path.join(tmp, "venv", "bin", "python")
             probe = "import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; sys.exit(f'compiler on PATH: {found}' if found else 0)"
+            no_pillow = "import importlib.util, sys; sys.exit('Pillow is installed' if importlib.util.find_spec('PIL') else 0)"
             try:
+                hooks = test_symbols(wheels[0])
+                if hooks:
+                    raise RuntimeError(f"the tests' hooks are in the wheel (nm -D): {hooks}")
+                print(f"nm -D {os.path.basename(wheels[0])}: no testing symbol", flush=True)
                 run([exe, "-c", probe, *COMPILERS], env=env)
-                run([exe, "-m", "pip", "install", "-q", f"{wheels[0]}[images]", "tensorboard"], quiet=True, env=env)
-                run([exe, smoke], env=env, cwd=tmp)
-            except subprocess.CalledProcessError as error:
+                run([exe, "-m", "pip", "install", "-q", wheels[0], "tensorboard"], quiet=True, env=env)
+                # tensorboard (the smoke test reads events back with it) requires Pillow: out it goes
+                run([exe, "-m", "pip", "uninstall", "-y", "-q", "pillow"], quiet=True, env=env)
+                run([exe, "-c", no_pillow], env=env)
+                run(without_system_codecs([exe, smoke, "--wheel"]), env=env, cwd=tmp)
+            except (subprocess.CalledProcessError, RuntimeError) as error:
                 failures.append(f"{os.path.basename(wheels[0])}: {error}")
     return failures
 
@@ -185,7 +288,8 @@ def check_sdist(out: str, python: str) -> list[str]:
         return [f"no sdist in {out} (run make wheel)"]
     with tempfile.TemporaryDirectory(prefix="fastloop-sdist-") as tmp:
         try:
-            exe = venv(python, os.path.join(tmp, "venv"), sdists[0])
+            env = dict(os.environ, FASTLOOP_CUDA_CACHE=KERNEL_CACHE)
+            exe = venv(python, os.path.join(tmp, "venv"), sdists[0], env=env)
             run([exe, os.path.join(ROOT, "tools", "smoke_test.py")], cwd=tmp)
         except subprocess.CalledProcessError as error:
             return [f"{os.path.basename(sdists[0])}: {error}"]
@@ -215,7 +319,8 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")
             # with the CUDA extension where nvcc is (one arch: its argument checks run without a GPU)
             run([exe, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall", ROOT],
-                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_CUDA_ARCHS="75"))
+                env=dict(os.environ, FASTLOOP_WERROR="1", FASTLOOP_TESTING="1", FASTLOOP_CUDA_ARCHS="75",
+                         FASTLOOP_CUDA_CACHE=KERNEL_CACHE))
             run([exe, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_SUBSET, *pytest_args], cwd=ROOT)
         except subprocess.CalledProcessError as error:
             failures.append(f"Python {name}: {error}")

@@ -95,9 +95,8 @@ static int usable_format(const void *data, size_t len, fl_image_format *format) 
                             len, b[0], len > 1 ? b[1] : 0, len > 2 ? b[2] : 0, len > 3 ? b[3] : 0);
     }
     if (fl_image_codec(*format) == NULL)
-        return fl_error_set(FL_EUNAVAILABLE, "no %s decoder is loaded: pip install pillow (it "
-                            "bundles libjpeg-turbo and libpng), or apt-get install "
-                            "libjpeg62-turbo libpng16-16", *format == FL_IMAGE_JPEG ? "JPEG" : "PNG");
+        return fl_error_set(FL_EUNAVAILABLE, "no %s decoder is loaded (fastloop.images.info() says "
+                            "what was tried)", *format == FL_IMAGE_JPEG ? "JPEG" : "PNG");
     return FL_OK;
 }
 

@@ -1,8 +1,11 @@
-/* fl_image.h - JPEG and PNG decoding to 8-bit RGB with codec libraries loaded at run time.
+/* fl_image.h - JPEG and PNG decoding to 8-bit RGB through libjpeg-turbo and libpng16.
  *
- * The codecs are libjpeg-turbo (the libjpeg.so.62 ABI) and libpng16, dlopened by path
- * (fl_image_load_jpeg/png) the first time Python asks for them: fastloop builds and imports
- * without either. Every image becomes RGB as PIL's Image.convert("RGB") makes it
+ * The codecs are libjpeg-turbo (the libjpeg.so.62 ABI) and libpng16: linked into the binary
+ * when it was built with FL_JPEG_LINKED / FL_PNG_LINKED (the wheels: setup.py links the static
+ * archives of the build machine's -dev packages), else dlopened by path; either way selected
+ * by fl_image_load_jpeg/png the first time Python asks for them, so fastloop builds and
+ * imports without either. A build without a codec's headers has no such codec (loading it
+ * fails with FL_EUNAVAILABLE saying so). Every image becomes RGB as PIL's Image.convert("RGB") makes it
  * (grayscale replicated, CMYK with Adobe polarity, palette expanded, alpha dropped, 16-bit
  * samples reduced as Pillow reads them); EXIF orientation is ignored.
  *
@@ -24,13 +27,16 @@ typedef struct fl_image_info {
     fl_image_format format;
 } fl_image_info;
 
-/* Loads a codec library from `path` (once; later calls return 0 at once). Returns 0, or
- * FL_EINVAL when it does not load or lacks a function (detail says which). Thread-safe. */
+/* Selects a codec (once; later calls return 0 at once): the library at `path`, or with
+ * path NULL the one linked into this binary. Returns 0; FL_EINVAL when the file does not load
+ * or lacks a function; FL_EUNAVAILABLE for NULL when none is linked, or when this binary was
+ * built without the codec's headers (detail says which). Thread-safe. */
 int fl_image_load_jpeg(const char *path);
 int fl_image_load_png(const char *path);
 
-/* "libjpeg-turbo (libjpeg.so.62 ABI) <file>" / "libpng <version> <file>", or NULL when that
- * codec is not loaded. Static storage. */
+/* "libjpeg-turbo (libjpeg.so.62 ABI) <file>" / "libpng <version> <file>" (a linked one:
+ * "libjpeg-turbo <version> (linked into fastloop)" / "libpng <version> (linked into
+ * fastloop)"), or NULL when that codec is not loaded. Static storage. */
 const char *fl_image_codec(fl_image_format format);
 
 /* The largest width * height decoded (default FL_IMAGE_MAX_PIXELS); bigger images fail with

@@ -1,25 +1,31 @@
-/* fl_image_jpeg.c - JPEG decoding through a dlopened libjpeg-turbo (libjpeg.so.62 ABI).
+/* fl_image_jpeg.c - JPEG decoding through libjpeg-turbo (the libjpeg.so.62 ABI), linked in or
+ * dlopened.
  *
- * The library's functions are reached through pointers filled once by jpeg_codec_load();
- * the vendored jpeglib.h gives their types and the struct layouts of the 62 ABI. Errors:
- * libjpeg calls error_exit, which must not return, so it keeps the library's message and
- * longjmps back to the call (the method libjpeg's example.c documents); the decompressor is
- * then reset with jpeg_abort_decompress and reused. A source that runs out of bytes is an
- * error ("truncated"), as Pillow treats it, rather than libjpeg's grey fill.
+ * The library's functions are reached through pointers filled once by jpeg_codec_load(): from
+ * the library linked into this binary (FL_JPEG_LINKED: the static libjpeg.a of the build
+ * machine's libjpeg-turbo -dev package) or from a dlopened file. jpeglib.h comes from that
+ * -dev package; without it this file only says so (see the end). Errors: libjpeg calls
+ * error_exit, which must not return, so it keeps the library's message and longjmps back to
+ * the call (the method libjpeg's example.c documents); the decompressor is then reset with
+ * jpeg_abort_decompress and reused. A source that runs out of bytes is an error
+ * ("truncated"), as Pillow treats it, rather than libjpeg's grey fill.
  */
+#include <stdio.h> /* jpeglib.h needs FILE and size_t declared first */
+
+#include "base/fl_error.h"
+#include "data/image_codec.h"
+
+#if __has_include(<jpeglib.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "third_party/libjpeg-turbo/jpeglib.h"
+#include <jpeglib.h>
 
 #include "base/fl_dl.h"
-#include "base/fl_error.h"
-#include "data/image_codec.h"
 
 #define JPEG_FUNCTIONS(X)                                                                          \
     X(jpeg_std_error)                                                                              \
@@ -51,29 +57,50 @@ struct jpeg_state {
     char message[JMSG_LENGTH_MAX];
 };
 
-int jpeg_codec_load(const char *path) {
-    pthread_mutex_lock(&lib.lock);
-    int rc = FL_OK;
-    if (atomic_load_explicit(&lib.loaded, memory_order_relaxed))
-        goto done;
+#define STRINGIFY(x) #x
+#define VERSION_STRING(x) STRINGIFY(x)
+
+/* Fills lib from the library linked into this binary; FL_EUNAVAILABLE when there is none. */
+static int resolve_linked(void) {
+#ifdef FL_JPEG_LINKED
+#define LINK(name) lib.name = name;
+    JPEG_FUNCTIONS(LINK)
+#undef LINK
+    snprintf(lib.description, sizeof lib.description, "libjpeg-turbo %s (linked into fastloop)",
+             VERSION_STRING(LIBJPEG_TURBO_VERSION));
+    return FL_OK;
+#else
+    return fl_error_set(FL_EUNAVAILABLE, "no libjpeg-turbo is linked into this build of fastloop "
+                        "(it links the static libjpeg.a when the build machine has libjpeg-turbo's -dev package)");
+#endif
+}
+
+/* Fills lib from the file at path; FL_EINVAL when it does not load or lacks a function. */
+static int resolve_file(const char *path) {
     void *handle = fl_dl_open(path, NULL);
-    if (handle == NULL) {
-        rc = FL_EINVAL;
-        goto done;
-    }
+    if (handle == NULL)
+        return FL_EINVAL;
 #define RESOLVE(name)                                                                              \
     if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        rc = fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI", \
-                          path, #name);                                                            \
         dlclose(handle);                                                                           \
-        goto done;                                                                                 \
+        return fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI", \
+                            path, #name);                                                          \
     }
     JPEG_FUNCTIONS(RESOLVE)
 #undef RESOLVE
     snprintf(lib.description, sizeof lib.description, "libjpeg-turbo (libjpeg.so.62 ABI) %s",
              fl_dl_base_name(path));
-    atomic_store_explicit(&lib.loaded, 1, memory_order_release); /* the handle stays open */
-done:
+    return FL_OK; /* the handle stays open */
+}
+
+int jpeg_codec_load(const char *path) {
+    pthread_mutex_lock(&lib.lock);
+    int rc = FL_OK;
+    if (!atomic_load_explicit(&lib.loaded, memory_order_relaxed)) {
+        rc = path == NULL ? resolve_linked() : resolve_file(path);
+        if (rc == FL_OK)
+            atomic_store_explicit(&lib.loaded, 1, memory_order_release);
+    }
     pthread_mutex_unlock(&lib.lock);
     return rc;
 }
@@ -243,3 +270,29 @@ int jpeg_decode(fl_decoder *d, const void *data, size_t len, unsigned denom,
     lib.jpeg_abort_decompress(&s->cinfo); /* also when rows below the rectangle were not read */
     return rc;
 }
+
+#else /* no jpeglib.h at build time: no JPEG codec, and every call says why */
+
+int jpeg_codec_load(const char *path) {
+    (void)path;
+    return fl_error_set(FL_EUNAVAILABLE, "this build of fastloop has no JPEG decoder: libjpeg-turbo's "
+                        "headers (jpeglib.h) were not found when it was built; install its -dev package "
+                        "(libjpeg62-turbo-dev, libjpeg-turbo-devel, brew install jpeg-turbo) and reinstall");
+}
+
+const char *jpeg_codec_describe(void) { return NULL; }
+
+void jpeg_state_free(jpeg_state *s) { (void)s; }
+
+int jpeg_probe(fl_decoder *d, const void *data, size_t len, fl_image_info *info) {
+    (void)d, (void)data, (void)len, (void)info;
+    return jpeg_codec_load(NULL);
+}
+
+int jpeg_decode(fl_decoder *d, const void *data, size_t len, unsigned denom,
+                const fl_image_rect *want, fl_decoded *out) {
+    (void)d, (void)data, (void)len, (void)denom, (void)want, (void)out;
+    return jpeg_codec_load(NULL);
+}
+
+#endif

@@ -1,95 +1,20 @@
-/* fl_image_png.c - PNG decoding through a dlopened libpng16.
+/* fl_image_png.c - PNG decoding through libpng16, linked in or dlopened.
  *
- * libpng's structs are opaque, so the dozen functions used are declared here with their
- * png.h types (no -dev package needed to build). Reading uses libpng's transformations to
+ * The functions used are reached through pointers filled once by png_codec_load(): from the
+ * library linked into this binary (FL_PNG_LINKED: the static libpng16.a and libz.a of the build
+ * machine's -dev packages) or from a dlopened file. png.h comes from libpng's -dev package;
+ * without it this file only says so (see the end). Reading uses libpng's transformations to
  * reach 8-bit RGB the way Pillow's convert("RGB") does: palette expanded, bit depths below 8
  * scaled up, 16-bit samples reduced to their high byte, except 16-bit grayscale, which
  * Pillow reads as a 32-bit integer image and clips at 255 on conversion; alpha and tRNS
  * dropped, never composited. libpng reports errors through a function that must not return:
  * it keeps the message and longjmps back to the call.
  */
-#include <dlfcn.h>
-#include <pthread.h>
-#include <setjmp.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "base/fl_dl.h"
 #include "base/fl_error.h"
 #include "data/image_codec.h"
-
-typedef void *png_structp;
-typedef void *png_infop;
-typedef void (*png_error_ptr)(png_structp, const char *);
-typedef void (*png_rw_ptr)(png_structp, unsigned char *, size_t);
-
-enum { PNG_COLOR_MASK_PALETTE = 1, PNG_COLOR_MASK_COLOR = 2, PNG_COLOR_MASK_ALPHA = 4 };
-
-#define PNG_FUNCTIONS(X)                                                                           \
-    X(png_get_libpng_ver, const char *, (png_structp))                                             \
-    X(png_create_read_struct, png_structp, (const char *, void *, png_error_ptr, png_error_ptr))   \
-    X(png_create_info_struct, png_infop, (png_structp))                                            \
-    X(png_destroy_read_struct, void, (png_structp *, png_infop *, png_infop *))                    \
-    X(png_set_read_fn, void, (png_structp, void *, png_rw_ptr))                                    \
-    X(png_get_io_ptr, void *, (png_structp))                                                       \
-    X(png_get_error_ptr, void *, (png_structp))                                                    \
-    X(png_read_info, void, (png_infop, png_infop))                                                 \
-    X(png_get_IHDR, uint32_t,                                                                      \
-      (png_structp, png_infop, uint32_t *, uint32_t *, int *, int *, int *, int *, int *))         \
-    X(png_set_palette_to_rgb, void, (png_structp))                                                 \
-    X(png_set_expand_gray_1_2_4_to_8, void, (png_structp))                                         \
-    X(png_set_strip_16, void, (png_structp))                                                       \
-    X(png_set_strip_alpha, void, (png_structp))                                                    \
-    X(png_set_gray_to_rgb, void, (png_structp))                                                    \
-    X(png_set_interlace_handling, int, (png_structp))                                              \
-    X(png_read_update_info, void, (png_structp, png_infop))                                        \
-    X(png_read_row, void, (png_structp, unsigned char *, unsigned char *))
-
-static struct {
-    pthread_mutex_t lock; /* guards loading; the pointers are read only after `loaded` */
-    atomic_int loaded;
-#define DECLARE(name, ret, args) ret(*name) args;
-    PNG_FUNCTIONS(DECLARE)
-#undef DECLARE
-    char description[512];
-} lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-int png_codec_load(const char *path) {
-    pthread_mutex_lock(&lib.lock);
-    int rc = FL_OK;
-    if (atomic_load_explicit(&lib.loaded, memory_order_relaxed))
-        goto done;
-    void *handle = fl_dl_open(path, NULL);
-    if (handle == NULL) {
-        rc = FL_EINVAL;
-        goto done;
-    }
-#define RESOLVE(name, ret, args)                                                                   \
-    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        rc = fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, #name);                 \
-        dlclose(handle);                                                                           \
-        goto done;                                                                                 \
-    }
-    PNG_FUNCTIONS(RESOLVE)
-#undef RESOLVE
-    const char *version = lib.png_get_libpng_ver(NULL);
-    if (version == NULL || strncmp(version, "1.6.", 4) != 0) {
-        rc = fl_error_set(FL_EINVAL, "%s is libpng %s, not 1.6", path, version ? version : "?");
-        dlclose(handle);
-        goto done;
-    }
-    snprintf(lib.description, sizeof lib.description, "libpng %s %s", version, fl_dl_base_name(path));
-    atomic_store_explicit(&lib.loaded, 1, memory_order_release); /* the handle stays open */
-done:
-    pthread_mutex_unlock(&lib.lock);
-    return rc;
-}
-
-const char *png_codec_describe(void) {
-    return atomic_load_explicit(&lib.loaded, memory_order_acquire) ? lib.description : NULL;
-}
 
 static uint32_t be32(const unsigned char *b) {
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
@@ -103,6 +28,97 @@ int png_probe(const void *data, size_t len, fl_image_info *info) {
     return FL_OK;
 }
 
+#if __has_include(<png.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include <png.h>
+
+#include "base/fl_dl.h"
+
+#define PNG_FUNCTIONS(X)                                                                           \
+    X(png_get_libpng_ver)                                                                          \
+    X(png_create_read_struct)                                                                      \
+    X(png_create_info_struct)                                                                      \
+    X(png_destroy_read_struct)                                                                     \
+    X(png_set_read_fn)                                                                             \
+    X(png_get_io_ptr)                                                                              \
+    X(png_get_error_ptr)                                                                           \
+    X(png_read_info)                                                                               \
+    X(png_get_IHDR)                                                                                \
+    X(png_set_palette_to_rgb)                                                                      \
+    X(png_set_expand_gray_1_2_4_to_8)                                                              \
+    X(png_set_strip_16)                                                                            \
+    X(png_set_strip_alpha)                                                                         \
+    X(png_set_gray_to_rgb)                                                                         \
+    X(png_set_interlace_handling)                                                                  \
+    X(png_read_update_info)                                                                        \
+    X(png_read_row)
+
+static struct {
+    pthread_mutex_t lock; /* guards loading; the pointers are read only after `loaded` */
+    atomic_int loaded;
+#define DECLARE(name) __typeof__(&name) name;
+    PNG_FUNCTIONS(DECLARE)
+#undef DECLARE
+    char description[512];
+} lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Fills lib from the library linked into this binary; FL_EUNAVAILABLE when there is none. */
+static int resolve_linked(void) {
+#ifdef FL_PNG_LINKED
+#define LINK(name) lib.name = name;
+    PNG_FUNCTIONS(LINK)
+#undef LINK
+    snprintf(lib.description, sizeof lib.description, "libpng %s (linked into fastloop)", PNG_LIBPNG_VER_STRING);
+    return FL_OK;
+#else
+    return fl_error_set(FL_EUNAVAILABLE, "no libpng is linked into this build of fastloop (it links the "
+                        "static libpng16.a when the build machine has libpng's -dev package)");
+#endif
+}
+
+/* Fills lib from the file at path; FL_EINVAL when it does not load, lacks a function or is
+ * not libpng 1.6. */
+static int resolve_file(const char *path) {
+    void *handle = fl_dl_open(path, NULL);
+    if (handle == NULL)
+        return FL_EINVAL;
+#define RESOLVE(name)                                                                              \
+    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
+        dlclose(handle);                                                                           \
+        return fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, #name);               \
+    }
+    PNG_FUNCTIONS(RESOLVE)
+#undef RESOLVE
+    const char *version = lib.png_get_libpng_ver(NULL);
+    if (version == NULL || strncmp(version, "1.6.", 4) != 0) {
+        dlclose(handle);
+        return fl_error_set(FL_EINVAL, "%s is libpng %s, not 1.6", path, version ? version : "?");
+    }
+    snprintf(lib.description, sizeof lib.description, "libpng %s %s", version, fl_dl_base_name(path));
+    return FL_OK; /* the handle stays open */
+}
+
+int png_codec_load(const char *path) {
+    pthread_mutex_lock(&lib.lock);
+    int rc = FL_OK;
+    if (!atomic_load_explicit(&lib.loaded, memory_order_relaxed)) {
+        rc = path == NULL ? resolve_linked() : resolve_file(path);
+        if (rc == FL_OK)
+            atomic_store_explicit(&lib.loaded, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&lib.lock);
+    return rc;
+}
+
+const char *png_codec_describe(void) {
+    return atomic_load_explicit(&lib.loaded, memory_order_acquire) ? lib.description : NULL;
+}
+
 /* ---- decoding ---- */
 
 typedef struct png_call {
@@ -112,15 +128,15 @@ typedef struct png_call {
     char message[256];
 } png_call;
 
-static void on_error(png_structp png, const char *message) {
+static void on_error(png_structp png, png_const_charp message) {
     png_call *call = lib.png_get_error_ptr(png);
     snprintf(call->message, sizeof call->message, "%s", message);
     longjmp(call->jump, 1);
 }
 
-static void on_warning(png_structp png, const char *message) { (void)png, (void)message; }
+static void on_warning(png_structp png, png_const_charp message) { (void)png, (void)message; }
 
-static void on_read(png_structp png, unsigned char *dst, size_t n) {
+static void on_read(png_structp png, png_bytep dst, size_t n) {
     png_call *call = lib.png_get_io_ptr(png);
     if (n > call->len - call->pos) {
         snprintf(call->message, sizeof call->message, "truncated PNG data (the file ends before the image does)");
@@ -206,3 +222,22 @@ int png_decode(fl_decoder *d, const void *data, size_t len, const fl_image_rect 
     lib.png_destroy_read_struct(&png, &info, NULL);
     return rc;
 }
+
+#else /* no png.h at build time: no PNG codec, and every call says why */
+
+int png_codec_load(const char *path) {
+    (void)path;
+    return fl_error_set(FL_EUNAVAILABLE, "this build of fastloop has no PNG decoder: libpng's headers "
+                        "(png.h) were not found when it was built; install its -dev package (libpng-dev, "
+                        "libpng-devel, brew install libpng) and reinstall");
+}
+
+const char *png_codec_describe(void) { return NULL; }
+
+int png_decode(fl_decoder *d, const void *data, size_t len, const fl_image_rect *want,
+               fl_decoded *out) {
+    (void)d, (void)data, (void)len, (void)want, (void)out;
+    return png_codec_load(NULL);
+}
+
+#endif

@@ -66,15 +66,17 @@ int fl_parse_geometry(PyObject *spec, fl_image_geometry *g) {
     return 0;
 }
 
+/* arg: a path, or None for the library linked into fastloop; any failure is an OSError */
 static PyObject *load_codec(PyObject *module, PyObject *arg, int jpeg) {
-    PyObject *path;
-    if (!PyUnicode_FSConverter(arg, &path))
+    PyObject *path = NULL;
+    if (arg != Py_None && !PyUnicode_FSConverter(arg, &path))
         return NULL;
+    const char *file = path ? PyBytes_AS_STRING(path) : NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = jpeg ? fl_image_load_jpeg(PyBytes_AS_STRING(path)) : fl_image_load_png(PyBytes_AS_STRING(path));
+    rc = jpeg ? fl_image_load_jpeg(file) : fl_image_load_png(file);
     Py_END_ALLOW_THREADS
-    Py_DECREF(path);
+    Py_XDECREF(path);
     if (rc != FL_OK)
         return fl_raise_with(state_of(module), rc, &(fl_raise_opts){.in = FL_IN_LIBRARY});
     return PyUnicode_FromString(fl_image_codec(jpeg ? FL_IMAGE_JPEG : FL_IMAGE_PNG));
@@ -269,8 +271,8 @@ static PyObject *resized_crop_params(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef image_methods[] = {
-    {"_image_load_jpeg", load_jpeg, METH_O, "_image_load_jpeg(path, /)\n--\n\nLoad libjpeg-turbo; returns its description."},
-    {"_image_load_png", load_png, METH_O, "_image_load_png(path, /)\n--\n\nLoad libpng16; returns its description."},
+    {"_image_load_jpeg", load_jpeg, METH_O, "_image_load_jpeg(path, /)\n--\n\nLoad libjpeg-turbo (path None: the one linked in); returns its description."},
+    {"_image_load_png", load_png, METH_O, "_image_load_png(path, /)\n--\n\nLoad libpng16 (path None: the one linked in); returns its description."},
     {"_image_codecs", codecs, METH_NOARGS, "_image_codecs()\n--\n\n(JPEG codec, PNG codec): descriptions or None."},
     {"_image_set_max_pixels", set_max_pixels, METH_O, "_image_set_max_pixels(n, /)\n--\n\nThe pixel cap."},
     {"_image_max_pixels", max_pixels, METH_NOARGS, "_image_max_pixels()\n--\n\nThe pixel cap."},

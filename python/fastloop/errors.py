@@ -111,8 +111,9 @@ class CudaUnavailable(Error, RuntimeError):
 
 
 class CodecUnavailable(Error, RuntimeError):
-    """An image needs a decoder (libjpeg-turbo, libpng) that is not installed; the message
-    says what to install (``pip install pillow`` brings both).
+    """An image needs a decoder (libjpeg-turbo, libpng) that this copy of fastloop lacks (the
+    wheels link both in; a source build links or loads them only where their -dev packages
+    were); the message says what was tried and what to install.
 
     >>> fastloop.images.decode(b"\\xff\\xd8\\xff...")  # raises CodecUnavailable without libjpeg
     """

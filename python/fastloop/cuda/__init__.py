@@ -53,6 +53,10 @@ __all__ = [
 ]
 
 _TYPES = ("DeviceArray", "Stream", "PinnedRegion", "JpegDecoder")
+# The oldest Linux driver that runs each CUDA major version's runtime (NVIDIA's CUDA Toolkit
+# release notes, minor version compatibility); the README's install table names the one the
+# wheels need.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 
 @dataclass(frozen=True)
@@ -120,16 +124,40 @@ def is_available() -> Answer:
     module, note = _load()
     if module is None:
         return Answer(False, note)
-    if module.driver_version() == 0:
-        return Answer(False, "no NVIDIA driver: libcuda.so.1 could not be loaded")
+    return _availability(module, {"libcublas": lambda: _load_cublas(module), "libnvjpeg": lambda: _load_nvjpeg(module)})
+
+
+def _cuda_version(code: int) -> str:
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def _availability(module: Any, libraries: dict[str, Any]) -> Answer:
+    """is_available's answer from the extension's driver_version(), runtime_version(),
+    device_count() and device_info(), and the loaders of the libraries loaded at run time:
+    the first thing missing, or the devices and what each library resolved to."""
+    runtime = module.runtime_version()
+    needed = f"NVIDIA driver >= {MIN_DRIVER.get(runtime // 1000, '?')} (for the CUDA {_cuda_version(runtime)} runtime linked in)"
+    driver = module.driver_version()
+    if driver == 0:
+        return Answer(False, f"no NVIDIA driver: libcuda.so.1 could not be loaded (this fastloop needs {needed})")
+    if driver < runtime // 1000 * 1000:  # minor version compatibility: the same major suffices
+        return Answer(False, f"the NVIDIA driver is too old: it supports CUDA {_cuda_version(driver)}; "
+                             f"this fastloop needs {needed}")
     try:
         count = module.device_count()
     except CudaError as error:
         return Answer(False, f"the CUDA runtime cannot start: {error}")
     if count == 0:
         return Answer(False, "the CUDA runtime sees no device (check CUDA_VISIBLE_DEVICES)")
-    names = ", ".join(d.name for d in devices())
-    return Answer(True, f"{count} CUDA device(s): {names}; driver {module.driver_version()}")
+    names = ", ".join(module.device_info(i)["name"] for i in range(count))
+    found = []
+    for name, load in libraries.items():
+        try:
+            found.append(f"{name}: {load()}")
+        except CudaUnavailable as error:
+            found.append(f"no {name} ({str(error).replace('CUDA is not available: ', '')})")
+    return Answer(True, f"{count} CUDA device(s): {names}; driver supports CUDA {_cuda_version(driver)}; "
+                        + "; ".join(found))
 
 
 def require() -> ModuleType:
@@ -342,7 +370,11 @@ def load_cublas() -> str:
     >>> fastloop.cuda.load_cublas()
     '.../site-packages/nvidia/cu13/lib/libcublas.so.13'
     """
-    return _load_library(require().cublas_load, "FASTLOOP_CUBLAS", "cublas",
+    return _load_cublas(require())
+
+
+def _load_cublas(module: ModuleType) -> str:
+    return _load_library(module.cublas_load, "FASTLOOP_CUBLAS", "cublas",
                          ("nvidia/*/lib/libcublas.so.*", "torch/lib/libcublas.so.*"),
                          "install the nvidia-cublas wheel (or torch with CUDA)")
 
@@ -356,7 +388,11 @@ def load_nvjpeg() -> str:
     >>> fastloop.cuda.load_nvjpeg()
     '.../site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12'
     """
-    return _load_library(require().nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg",
+    return _load_nvjpeg(require())
+
+
+def _load_nvjpeg(module: ModuleType) -> str:
+    return _load_library(module.nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg",
                          ("nvidia/*/lib/libnvjpeg.so.*", "torch/lib/libnvjpeg*.so*",
                           "torchvision.libs/libnvjpeg*.so*"),
                          "install the nvidia-nvjpeg-cu12 wheel (nvidia-nvjpeg for CUDA 13) or the CUDA Toolkit")

@@ -1,25 +1,27 @@
 """JPEG and PNG decoding in C (libjpeg-turbo, libpng), the decoders fastloop's Loader threads use.
 
-The C core loads the codec libraries at run time, as it loads the BLAS: first the ones
-Pillow's wheel bundles (``pip install pillow``, or ``fastloop[images]``), then the system's
-(``apt-get install libjpeg62-turbo libpng16-16``), or the files named by ``FASTLOOP_LIBJPEG``
-and ``FASTLOOP_LIBPNG``. Images become RGB as ``PIL.Image.open(f).convert("RGB")`` makes
-them; EXIF orientation is ignored, as torchvision's default loader ignores it.
+The binary wheels carry both codecs, linked into fastloop (libjpeg-turbo 2.1.5 and libpng
+1.6.39, from Debian 12's static libraries): nothing else to install. A source build links
+them the same way when the build machine has their -dev packages with static libraries
+(``apt-get install libjpeg62-turbo-dev libpng-dev``); with only the headers it loads the
+system's at run time (``libjpeg.so.62``, ``libpng16.so.16``); without the headers it has no
+decoder, and decoding raises CodecUnavailable saying so. ``FASTLOOP_LIBJPEG`` and
+``FASTLOOP_LIBPNG`` name a library file to load instead of either. Images become RGB as
+``PIL.Image.open(f).convert("RGB")`` makes them; EXIF orientation is ignored, as
+torchvision's default loader ignores it.
 
     >>> rgb = fastloop.images.decode("cat.jpg")      # (h, w, 3) uint8
     >>> fastloop.images.info()["jpeg"]["decoder"]
-    'libjpeg-turbo (libjpeg.so.62 ABI) libjpeg-6dc8d115.so.62.4.0'
+    'libjpeg-turbo 2.1.5 (linked into fastloop)'
 """
 
 from __future__ import annotations
 
 import ctypes.util
-import glob
-import importlib.util
 import os
 import re
 import threading
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -31,32 +33,26 @@ __all__ = ["decode", "size", "info", "MAX_PIXELS", "set_max_pixels", "CodecUnava
 MAX_PIXELS: int = _core._image_max_pixels()
 """The default cap on width * height (2**27): bigger images are refused before decoding."""
 
-_INSTALL = ("pip install pillow (its wheel bundles libjpeg-turbo and libpng), or "
-            "apt-get install libjpeg62-turbo libpng16-16")
+_INSTALL = ("install a fastloop wheel (it carries both codecs), or the system's "
+            "libraries (apt-get install libjpeg62-turbo libpng16-16)")
+_LINKED = "linked into fastloop._core"
 _lock = threading.Lock()
-_loaded: dict[str, tuple[str, str]] = {}  # format -> (origin, path)
+_loaded: dict[str, tuple[str, Optional[str]]] = {}  # format -> (origin, path; None when linked)
 _failures: dict[str, list[str]] = {"jpeg": [], "png": []}
-_PATTERNS = {"jpeg": ("libjpeg-*.so*", "jpeg", "libjpeg.so.62"), "png": ("libpng16-*.so*", "png16", "libpng16.so.16")}
+_SYSTEM = {"jpeg": ("jpeg", "libjpeg.so.62"), "png": ("png16", "libpng16.so.16")}
 _ENV = {"jpeg": "FASTLOOP_LIBJPEG", "png": "FASTLOOP_LIBPNG"}
 
 
-def _pillow_libs() -> str | None:
-    spec = importlib.util.find_spec("PIL")
-    if spec is None or not spec.origin:
-        return None
-    return os.path.join(os.path.dirname(os.path.dirname(spec.origin)), "pillow.libs")
-
-
-def candidates(fmt: str) -> list[tuple[str, str]]:
-    """(where it came from, path) of each library worth trying for "jpeg" or "png", best first."""
-    found: list[tuple[str, str]] = []
+def candidates(fmt: str) -> list[tuple[str, Optional[str]]]:
+    """(where it came from, path or None for the linked one) of each library worth trying for
+    "jpeg" or "png", best first: $FASTLOOP_LIBJPEG / $FASTLOOP_LIBPNG, the one linked into
+    fastloop, the system's."""
+    found: list[tuple[str, Optional[str]]] = []
     explicit = os.environ.get(_ENV[fmt])
     if explicit:
         found.append((_ENV[fmt], explicit))
-    pattern, name, soname = _PATTERNS[fmt]
-    libs = _pillow_libs()
-    if libs:
-        found += [("Pillow's bundled library", p) for p in sorted(glob.glob(os.path.join(libs, pattern)))]
+    found.append((_LINKED, None))
+    name, soname = _SYSTEM[fmt]
     system = ctypes.util.find_library(name)
     found += [("the system library", p) for p in dict.fromkeys(x for x in (system, soname) if x)]
     return found
@@ -88,25 +84,30 @@ def ensure_loaded() -> None:
         raise CodecUnavailable(f"no JPEG or PNG decoder is installed ({tried}): {_INSTALL}")
 
 
-def _version(path: str) -> str:
-    match = re.search(r"\.so\.([0-9.]+)$", os.path.realpath(path))
+def _version(path: Optional[str], description: str) -> str:
+    if path is None:  # linked: the version its headers gave at build time
+        match = re.search(r"(\d+\.\d+\.\d+)", description)
+    else:
+        match = re.search(r"\.so\.([0-9.]+)$", os.path.realpath(path))
     return match.group(1) if match else "unknown"
 
 
 def info() -> dict[str, Any]:
-    """Which decoder is in use for "jpeg" and "png": {"decoder", "path", "origin",
-    "file_version"}, or None with "missing" saying what was tried and what to install.
+    """Which decoder is in use for "jpeg" and "png": {"decoder", "path" (fastloop's own
+    extension when linked), "origin", "file_version"}, or None with "<fmt>_missing" saying what
+    was tried and what to install.
 
     >>> fastloop.images.info()["png"]["decoder"]
-    'libpng 1.6.58 libpng16-1d1ba958.so.16.58.0'
+    'libpng 1.6.39 (linked into fastloop)'
     """
     result: dict[str, Any] = {}
     descriptions = dict(zip(("jpeg", "png"), _core._image_codecs()))
     for fmt in ("jpeg", "png"):
         if _load(fmt):
             origin, path = _loaded[fmt]
-            result[fmt] = {"decoder": descriptions[fmt] or _core._image_codecs()[fmt == "png"],
-                           "path": path, "origin": origin, "file_version": _version(path)}
+            decoder = descriptions[fmt] or _core._image_codecs()[fmt == "png"]
+            result[fmt] = {"decoder": decoder, "path": path if path is not None else _core.__file__,
+                           "origin": origin, "file_version": _version(path, decoder)}
         else:
             result[fmt] = None
             result[f"{fmt}_missing"] = f"tried: {'; '.join(_failures[fmt]) or 'nothing found'}; {_INSTALL}"
