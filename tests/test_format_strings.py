@@ -108,7 +108,26 @@ def format_problem(fmt: str) -> str | None:
 
 
 def test_the_scanner_finds_the_bindings_calls():
-    assert len(_calls(_ARG_CALLS)) > 50 and len(_calls(_FORMAT_CALLS)) > 100
+    # the PyArg_Parse* calls left: positional-only methods and specs read from internal tuples;
+    # a binding's arguments are declared with fl_parse_args (csrc/py/py_args.h), checked below
+    assert len(_calls(_ARG_CALLS)) > 20 and len(_calls(_FORMAT_CALLS)) > 100
+
+
+_DECLARATION = re.compile(r"fl_parse_args(?:_dict)?\((.*?)\) < 0", re.S)
+_FL_ARG = re.compile(r'FL_ARG\("([^"]*)", (\w+), ')
+
+
+def test_declared_arguments_are_well_formed():
+    kinds = set(re.findall(r"^\s+FL_ARG_(\w+),", (ROOT / "csrc/py/py_args.h").read_text(), re.M))
+    declarations = [(path.name, call) for path in BINDINGS for call in _DECLARATION.findall(path.read_text())]
+    assert len(declarations) > 30 and "OBJECT" in kinds
+    for where, call in declarations:
+        args = _FL_ARG.findall(call)
+        names = [name.lstrip("|$") for name, _ in args]
+        marks = "".join(ch for name, _ in args for ch in name[:2] if ch in "|$")
+        assert args and all(re.fullmatch(r"\|?\$?[a-z_][a-z0-9_]*", name) for name, _ in args), (where, call)
+        assert all(kind in kinds for _, kind in args), (where, call)
+        assert len(set(names)) == len(names) and marks in ("", "|", "$", "|$"), (where, call)
 
 
 @pytest.mark.parametrize("fmt, problem", [

@@ -47,7 +47,7 @@ TEST_SUBSET = ["tests/test_package.py", "tests/test_queue.py", "tests/test_ops.p
                "tests/test_monitor.py", "tests/test_checkpoint.py", "tests/test_checkpoint_torch.py",
                "tests/test_checkpoint_format.py", "tests/test_nn.py", "tests/test_serve.py",
                "tests/test_images.py", "tests/test_free_threading.py", "tests/test_cuda.py",
-               "tests/test_device_feed.py", "tests/test_gpu_stage.py"]
+               "tests/test_device_feed.py", "tests/test_gpu_stage.py", "tests/test_args.py"]
 # The CPU build make test uses; PyPI's plain torch==2.13.0 is the CUDA build (about 4.8 GB
 # a venv with its nvidia-* wheels): FASTLOOP_TEST_TORCH=torch==2.13.0 opts into it.
 TORCH = os.environ.get("FASTLOOP_TEST_TORCH", "torch==2.13.0+cpu")

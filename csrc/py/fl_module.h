@@ -12,6 +12,7 @@
 #include <Python.h>
 
 #include "fl_compat.h"
+#include "py_args.h"
 #include <pthread.h>
 #include <sys/types.h>
 

@@ -76,12 +76,15 @@ static int attempt_next(void *ctx, double timeout_s) {
     return call->source->ops->next(call->source->impl, timeout_s, &call->slot, &call->count);
 }
 
-static PyObject *source_next(PyObject *self_obj, PyObject *args) {
+static PyObject *source_next(PyObject *self_obj, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    static fl_arg_cache next_args = FL_ARG_CACHE("next");
     fl_source_object *self = (fl_source_object *)self_obj;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:next", &timeout_obj) || fl_parse_timeout(timeout_obj, 1, &timeout) < 0 ||
-        source_cleared(self_obj))
+    if (fl_parse_args(&next_args, args, nargs, kwnames,
+                      FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || source_cleared(self_obj))
         return NULL;
     next_call call = {&self->source, -1, 0};
     int rc = fl_wait_interruptibly(attempt_next, &call, timeout);
@@ -111,10 +114,14 @@ static PyObject *source_stop(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *source_start_epoch(PyObject *self, PyObject *args) {
+static PyObject *source_start_epoch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames) {
+    static fl_arg_cache start_epoch_args = FL_ARG_CACHE("start_epoch");
     const fl_batch_source *src = &((fl_source_object *)self)->source;
     unsigned long long epoch, first_batch = 0;
-    if (!PyArg_ParseTuple(args, "K|K:start_epoch", &epoch, &first_batch) || source_cleared(self))
+    if (fl_parse_args(&start_epoch_args, args, nargs, kwnames, FL_ARG("epoch", UINT64, &epoch),
+                      FL_ARG("|first_batch", UINT64, &first_batch)) < 0 ||
+        source_cleared(self))
         return NULL;
     if (src->ops->needs_stop(src->impl)) /* an abandoned epoch's workers go first, without the GIL */
         stop_without_gil(src);
@@ -202,10 +209,11 @@ static void source_dealloc(PyObject *self_obj) {
 }
 
 static PyMethodDef source_methods[] = {
-    {"next", source_next, METH_VARARGS,
-     "next($self, timeout=None, /)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
-    {"start_epoch", source_start_epoch, METH_VARARGS,
-     "start_epoch($self, epoch, first_batch=0, /)\n--\n\nBegin an epoch (abandoning one in progress) at "
+    {"next", (PyCFunction)(void (*)(void))source_next, METH_FASTCALL | METH_KEYWORDS,
+     "next($self, timeout=None)\n--\n\nThe next batch as a tuple of arrays; None after the last."},
+    {"start_epoch", (PyCFunction)(void (*)(void))source_start_epoch,
+     METH_FASTCALL | METH_KEYWORDS,
+     "start_epoch($self, epoch, first_batch=0)\n--\n\nBegin an epoch (abandoning one in progress) at "
      "batch first_batch; start the workers if none run."},
     {"stop", source_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; end the workers."},
     {NULL, NULL, 0, NULL},

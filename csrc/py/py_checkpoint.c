@@ -174,13 +174,15 @@ static int total_bytes(PyObject *entries, size_t *bytes) {
 }
 
 static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entries", "metadata", "step", "timeout", "threads", NULL};
+    static fl_arg_cache save_args = FL_ARG_CACHE("save");
     PyObject *entries_obj, *metadata_obj, *timeout_obj = Py_None;
     long long step;
     double timeout;
     int threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOL|Oi:save", keywords, &entries_obj,
-                                     &metadata_obj, &step, &timeout_obj, &threads) ||
+    if (fl_parse_args_dict(&save_args, args, kwargs, FL_ARG("entries", OBJECT, &entries_obj),
+                           FL_ARG("metadata", OBJECT, &metadata_obj), FL_ARG("step", INT64, &step),
+                           FL_ARG("|timeout", OBJECT, &timeout_obj),
+                           FL_ARG("threads", INT, &threads)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
         return NULL;
     if (step < 0) {
@@ -217,10 +219,11 @@ done:
 static int attempt_wait(void *ctx, double timeout_s) { return fl_checkpointer_wait(ctx, timeout_s); }
 
 static PyObject *ckpt_wait(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"timeout", NULL};
+    static fl_arg_cache wait_args = FL_ARG_CACHE("wait");
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:wait", keywords, &timeout_obj) ||
+    if (fl_parse_args_dict(&wait_args, args, kwargs,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     int rc = fl_wait_interruptibly(attempt_wait, ((CheckpointerObject *)self)->checkpointer, timeout);
@@ -230,9 +233,9 @@ static PyObject *ckpt_wait(PyObject *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *ckpt_close(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"wait", NULL};
+    static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int wait = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &wait))
+    if (fl_parse_args_dict(&close_args, args, kwargs, FL_ARG("|wait", BOOL, &wait)) < 0)
         return NULL;
     fl_checkpointer *c = ((CheckpointerObject *)self)->checkpointer;
     if (wait && fl_wait_interruptibly(attempt_wait, c, -1) == FL_EINTR)

@@ -179,11 +179,14 @@ static PyObject *decode(PyObject *module, PyObject *arg) {
 
 /* _image_transform(geometry, data, seed, index): data is encoded bytes or an HWC uint8 array. */
 static PyObject *transform(PyObject *module, PyObject *args) {
+    static fl_arg_cache image_transform_args = FL_ARG_CACHE("_image_transform"); /* positional */
     PyObject *spec, *data;
     unsigned long long seed;
     long long index;
     fl_image_geometry g;
-    if (!PyArg_ParseTuple(args, "OOKL:_image_transform", &spec, &data, &seed, &index) ||
+    if (fl_parse_args_dict(&image_transform_args, args, NULL, FL_ARG("geometry", OBJECT, &spec),
+                           FL_ARG("data", OBJECT, &data), FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("index", INT64, &index)) < 0 ||
         fl_parse_geometry(spec, &g) < 0)
         return NULL;
     int is_array = PyArray_Check(data);
@@ -218,9 +221,12 @@ static PyObject *transform(PyObject *module, PyObject *args) {
 }
 
 static PyObject *resize(PyObject *module, PyObject *args) {
+    static fl_arg_cache resize_args = FL_ARG_CACHE("resize"); /* positional only */
     PyObject *image;
     Py_ssize_t out_h, out_w;
-    if (!PyArg_ParseTuple(args, "Onn:resize", &image, &out_h, &out_w) || fl_check_array(image, "image") == NULL)
+    if (fl_parse_args_dict(&resize_args, args, NULL, FL_ARG("image", OBJECT, &image),
+                           FL_ARG("out_h", SSIZE, &out_h), FL_ARG("out_w", SSIZE, &out_w)) < 0 ||
+        fl_check_array(image, "image") == NULL)
         return NULL;
     PyArrayObject *a = (PyArrayObject *)image;
     if (PyArray_TYPE(a) != NPY_UINT8 || PyArray_NDIM(a) != 3) {

@@ -259,15 +259,20 @@ static int pipeline_input(fl_loader_config *config, PyObject *pipeline_obj, PyOb
 }
 
 static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"fields", "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last",
-                               "workers", "slots", "pipeline", "metrics", "skip_errors", "ahead", NULL};
+    static fl_arg_cache loader_args = FL_ARG_CACHE("_Loader");
     PyObject *fields_obj, *pipeline_obj = Py_None, *metrics_obj = Py_None;
     Py_ssize_t batch_size;
     unsigned long long seed = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 0, slots = 2, skip_errors = 0, ahead = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pKiipiiOOpi:_Loader", keywords, &fields_obj, &batch_size,
-                                     &shuffle, &seed, &rank, &world_size, &drop_last, &workers, &slots,
-                                     &pipeline_obj, &metrics_obj, &skip_errors, &ahead))
+    if (fl_parse_args_dict(&loader_args, args, kwargs, FL_ARG("fields", OBJECT, &fields_obj),
+                           FL_ARG("batch_size", SSIZE, &batch_size),
+                           FL_ARG("|shuffle", BOOL, &shuffle), FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("rank", INT, &rank), FL_ARG("world_size", INT, &world_size),
+                           FL_ARG("drop_last", BOOL, &drop_last), FL_ARG("workers", INT, &workers),
+                           FL_ARG("slots", INT, &slots), FL_ARG("pipeline", OBJECT, &pipeline_obj),
+                           FL_ARG("metrics", OBJECT, &metrics_obj),
+                           FL_ARG("skip_errors", BOOL, &skip_errors),
+                           FL_ARG("ahead", INT, &ahead)) < 0)
         return NULL;
     PyObject *fields = PySequence_Tuple(fields_obj);
     if (fields == NULL)
@@ -353,9 +358,14 @@ static const fl_source_type loader_type = {
 /* ---- the sampler, for the in-process path ---- */
 
 static PyObject *epoch_order(PyObject *module, PyObject *args) {
+    static fl_arg_cache epoch_order_args = FL_ARG_CACHE("_epoch_order"); /* positional only */
     unsigned long long n, seed, epoch;
     int shuffle, rank, world_size, drop_last = 0;
-    if (!PyArg_ParseTuple(args, "KpKKii|p:_epoch_order", &n, &shuffle, &seed, &epoch, &rank, &world_size, &drop_last))
+    if (fl_parse_args_dict(&epoch_order_args, args, NULL, FL_ARG("n", UINT64, &n),
+                           FL_ARG("shuffle", BOOL, &shuffle), FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("epoch", UINT64, &epoch), FL_ARG("rank", INT, &rank),
+                           FL_ARG("world_size", INT, &world_size),
+                           FL_ARG("|drop_last", BOOL, &drop_last)) < 0)
         return NULL;
     fl_sampler s = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = 1, .drop_last = drop_last};
@@ -378,10 +388,14 @@ static PyObject *epoch_order(PyObject *module, PyObject *args) {
 
 /* The batches of an epoch on this rank: the rule both C loaders follow, for the in-process path. */
 static PyObject *epoch_batches(PyObject *module, PyObject *args) {
+    static fl_arg_cache epoch_batches_args = FL_ARG_CACHE("_epoch_batches"); /* positional only */
     unsigned long long n;
     int rank, world_size, drop_last;
     Py_ssize_t batch_size;
-    if (!PyArg_ParseTuple(args, "Kiinp:_epoch_batches", &n, &rank, &world_size, &batch_size, &drop_last))
+    if (fl_parse_args_dict(&epoch_batches_args, args, NULL, FL_ARG("n", UINT64, &n),
+                           FL_ARG("rank", INT, &rank), FL_ARG("world_size", INT, &world_size),
+                           FL_ARG("batch_size", SSIZE, &batch_size),
+                           FL_ARG("drop_last", BOOL, &drop_last)) < 0)
         return NULL;
     fl_sampler s = {.n = n, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 0, .drop_last = drop_last};
@@ -392,9 +406,11 @@ static PyObject *epoch_batches(PyObject *module, PyObject *args) {
 }
 
 static PyObject *epoch_seed(PyObject *module, PyObject *args) {
+    static fl_arg_cache epoch_seed_args = FL_ARG_CACHE("_epoch_seed"); /* positional only */
     (void)module;
     unsigned long long seed, epoch;
-    if (!PyArg_ParseTuple(args, "KK:_epoch_seed", &seed, &epoch))
+    if (fl_parse_args_dict(&epoch_seed_args, args, NULL, FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("epoch", UINT64, &epoch)) < 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(fl_sampler_epoch_seed(seed, epoch));
 }

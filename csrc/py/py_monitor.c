@@ -58,20 +58,6 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
     return 0;
 }
 
-/* A float from `value`, or -1 with a TypeError naming the argument. */
-static int parse_value(PyObject *value_obj, double *value) {
-    *value = PyFloat_AsDouble(value_obj);
-    if (*value == -1.0 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1;
-        PyErr_Clear();
-        fl_raisef(NULL, FL_EXC_TYPE, "'value' must be a real number, not %.100s",
-                  Py_TYPE(value_obj)->tp_name);
-        return -1;
-    }
-    return 0;
-}
-
 /* Queues a record: at once if there is room, else waiting up to record_wait_s with the GIL
  * released; a record that still does not fit is counted as dropped (never an error). */
 static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, double value,
@@ -110,70 +96,26 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     Py_RETURN_NONE;
 }
 
-static int parse_record_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                             const char *what, PyObject **parsed, int n_params) {
-    static const char *names[] = {"name", "value", "step"};
-    const char *order[3] = {names[0], names[1], names[2]};
-    if (n_params == 3 && strcmp(what, "event") == 0) { /* event(name, step=None, value=0.0) */
-        order[1] = "step";
-        order[2] = "value";
-    }
-    if (nargs > n_params) {
-        fl_raisef(NULL, FL_EXC_TYPE, "%s() takes at most %d arguments", what, n_params);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        parsed[i] = args[i];
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
-        int slot = -1;
-        for (int i = 0; key && i < n_params; i++)
-            if (strcmp(key, order[i]) == 0)
-                slot = i;
-        if (slot < 0 || parsed[slot] != NULL) {
-            fl_raisef(NULL, FL_EXC_TYPE, "%s() got an unexpected or repeated argument '%s'", what,
-                      key ? key : "?");
-            return -1;
-        }
-        parsed[slot] = args[nargs + k];
-    }
-    if (parsed[0] == NULL) {
-        fl_raisef(NULL, FL_EXC_TYPE, "%s() missing required argument 'name'", what);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *monitor_scalar(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, value, step */
-    if (nargs >= 2 && nargs <= 3 && kwnames == NULL) { /* the common call: no keywords */
-        parsed[0] = args[0];
-        parsed[1] = args[1];
-        parsed[2] = nargs == 3 ? args[2] : NULL;
-    } else if (parse_record_args(args, nargs, kwnames, "scalar", parsed, 3) < 0) {
-        return NULL;
-    }
-    if (parsed[1] == NULL) {
-        fl_raisef(NULL, FL_EXC_TYPE, "scalar() missing required argument 'value'");
-        return NULL;
-    }
+    static fl_arg_cache scalar_args = FL_ARG_CACHE("scalar");
+    PyObject *name_obj, *step_obj = NULL;
     double value;
-    if (parse_value(parsed[1], &value) < 0)
+    if (fl_parse_args(&scalar_args, args, nargs, kwnames, FL_ARG("name", OBJECT, &name_obj),
+                      FL_ARG("value", DOUBLE, &value), FL_ARG("|step", OBJECT, &step_obj)) < 0)
         return NULL;
-    return record(self, FL_EVENT_SCALAR, parsed[0], value, parsed[2]);
+    return record(self, FL_EVENT_SCALAR, name_obj, value, step_obj);
 }
 
 static PyObject *monitor_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames) {
-    PyObject *parsed[3] = {NULL, NULL, NULL}; /* name, step, value */
-    if (parse_record_args(args, nargs, kwnames, "event", parsed, 3) < 0)
-        return NULL;
+    static fl_arg_cache event_args = FL_ARG_CACHE("event");
+    PyObject *name_obj, *step_obj = NULL;
     double value = 0.0;
-    if (parsed[2] != NULL && parse_value(parsed[2], &value) < 0)
+    if (fl_parse_args(&event_args, args, nargs, kwnames, FL_ARG("name", OBJECT, &name_obj),
+                      FL_ARG("|step", OBJECT, &step_obj), FL_ARG("value", DOUBLE, &value)) < 0)
         return NULL;
-    return record(self, FL_EVENT_MARKER, parsed[0], value, parsed[1]);
+    return record(self, FL_EVENT_MARKER, name_obj, value, step_obj);
 }
 
 typedef struct {
@@ -271,10 +213,11 @@ static int attempt_request(void *ctx, double timeout_s) {
 }
 
 static PyObject *monitor_flush(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"timeout", NULL};
+    static fl_arg_cache flush_args = FL_ARG_CACHE("flush");
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:flush", keywords, &timeout_obj) ||
+    if (fl_parse_args_dict(&flush_args, args, kwargs,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     flush_call request = {((MonitorObject *)self)->monitor, 0};
@@ -295,10 +238,11 @@ static int attempt_wait_closed(void *ctx, double timeout_s) {
     return fl_monitor_wait_closed(ctx, timeout_s);
 }
 
-static PyObject *monitor_close(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"wait", NULL};
+static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int wait = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &wait))
+    if (fl_parse_args(&close_args, args, nargs, kwnames, FL_ARG("|wait", BOOL, &wait)) < 0)
         return NULL;
     fl_monitor *m = ((MonitorObject *)self)->monitor;
     fl_monitor_close(m, 0); /* never join with the GIL held; wait below, interruptibly */
@@ -310,9 +254,11 @@ static PyObject *monitor_close(PyObject *self, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *monitor_wait_closed(PyObject *self, PyObject *args) {
+    static fl_arg_cache wait_closed_args = FL_ARG_CACHE("wait_closed"); /* positional only */
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTuple(args, "|O:wait_closed", &timeout_obj) ||
+    if (fl_parse_args_dict(&wait_closed_args, args, NULL,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     int rc = fl_wait_interruptibly(attempt_wait_closed, ((MonitorObject *)self)->monitor, timeout);
@@ -407,18 +353,22 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
 }
 
 static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"sinks",       "interval", "flush_interval", "queue_size",
-                               "host",        "gpu",      "nvml_library",   "smi_command",
-                               "record_wait", "start_step",   NULL};
+    static fl_arg_cache monitor_args = FL_ARG_CACHE("_Monitor");
     PyObject *sinks_obj;
     double interval = 30.0, flush_interval = 5.0, record_wait = 0.01;
     Py_ssize_t queue_size = 65536;
     long long start_step = 0;
     int host = 1, gpu = 1;
     const char *nvml_library = NULL, *smi_command = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddnppzzdL:_Monitor", keywords, &sinks_obj,
-                                     &interval, &flush_interval, &queue_size, &host, &gpu,
-                                     &nvml_library, &smi_command, &record_wait, &start_step))
+    if (fl_parse_args_dict(&monitor_args, args, kwargs, FL_ARG("sinks", OBJECT, &sinks_obj),
+                           FL_ARG("|interval", DOUBLE, &interval),
+                           FL_ARG("flush_interval", DOUBLE, &flush_interval),
+                           FL_ARG("queue_size", SSIZE, &queue_size), FL_ARG("host", BOOL, &host),
+                           FL_ARG("gpu", BOOL, &gpu),
+                           FL_ARG("nvml_library", STR_OR_NONE, &nvml_library),
+                           FL_ARG("smi_command", STR_OR_NONE, &smi_command),
+                           FL_ARG("record_wait", DOUBLE, &record_wait),
+                           FL_ARG("start_step", INT64, &start_step)) < 0)
         return NULL;
     if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
         fl_raisef(NULL, FL_EXC_VALUE, "queue_size must be >= 1, record_wait >= 0, "
@@ -510,7 +460,7 @@ static PyMethodDef monitor_methods[] = {
     {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
      "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "
      "timeout."},
-    {"close", (PyCFunction)(void (*)(void))monitor_close, METH_VARARGS | METH_KEYWORDS,
+    {"close", (PyCFunction)(void (*)(void))monitor_close, METH_FASTCALL | METH_KEYWORDS,
      "close($self, /, wait=True)\n--\n\nStop; with wait, until the sinks are written and closed."},
     {"wait_closed", monitor_wait_closed, METH_VARARGS,
      "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},

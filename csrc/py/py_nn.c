@@ -128,10 +128,13 @@ static int resolve_array(ModelObject *self, PyObject *obj, const char *arg, fl_d
 /* _Model(layers, dtype, backend=None, device=0): layers is a sequence of
  * ("linear", in, out, bias) or ("relu",) tuples; backend a capsule (None: the CPU). */
 static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"layers", "dtype", "backend", "device", NULL};
+    static fl_arg_cache model_args = FL_ARG_CACHE("_Model");
     PyObject *layers_obj, *dtype_obj, *backend_obj = Py_None;
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Oi:_Model", keywords, &layers_obj, &dtype_obj, &backend_obj, &device))
+    if (fl_parse_args_dict(&model_args, args, kwargs, FL_ARG("layers", OBJECT, &layers_obj),
+                           FL_ARG("dtype", OBJECT, &dtype_obj),
+                           FL_ARG("|backend", OBJECT, &backend_obj),
+                           FL_ARG("device", INT, &device)) < 0)
         return NULL;
     fl_dtype dtype;
     PyArray_Descr *descr = NULL;
@@ -335,9 +338,11 @@ static PyObject *model_set_grad(PyObject *self, PyObject *args) { return set_ten
 
 /* forward(x, out, rows): out = model(x); x (rows, in), out (rows, out). */
 static PyObject *model_forward(PyObject *self, PyObject *args) {
+    static fl_arg_cache forward_args = FL_ARG_CACHE("forward"); /* positional only */
     PyObject *x_obj, *out_obj;
     Py_ssize_t rows;
-    if (!PyArg_ParseTuple(args, "OOn:forward", &x_obj, &out_obj, &rows))
+    if (fl_parse_args_dict(&forward_args, args, NULL, FL_ARG("x", OBJECT, &x_obj),
+                           FL_ARG("out", OBJECT, &out_obj), FL_ARG("rows", SSIZE, &rows)) < 0)
         return NULL;
     ModelObject *m = (ModelObject *)self;
     fl_dtype dtype = fl_nn_dtype(m->model);
@@ -372,10 +377,13 @@ static int resolve_xy(ModelObject *m, PyObject *x_obj, PyObject *y_obj, Py_ssize
 
 /* backward(x, y, rows, loss) -> loss value; the gradients replace the previous ones. */
 static PyObject *model_backward(PyObject *self, PyObject *args) {
+    static fl_arg_cache backward_args = FL_ARG_CACHE("backward"); /* positional only */
     PyObject *x_obj, *y_obj;
     Py_ssize_t rows;
     int kind;
-    if (!PyArg_ParseTuple(args, "OOni:backward", &x_obj, &y_obj, &rows, &kind))
+    if (fl_parse_args_dict(&backward_args, args, NULL, FL_ARG("x", OBJECT, &x_obj),
+                           FL_ARG("y", OBJECT, &y_obj), FL_ARG("rows", SSIZE, &rows),
+                           FL_ARG("loss", INT, &kind)) < 0)
         return NULL;
     ModelObject *m = (ModelObject *)self;
     fl_nn_array x, y;
@@ -392,10 +400,13 @@ static PyObject *model_backward(PyObject *self, PyObject *args) {
 }
 
 static PyObject *model_train_step(PyObject *self, PyObject *args) {
+    static fl_arg_cache train_step_args = FL_ARG_CACHE("train_step"); /* positional only */
     PyObject *x_obj, *y_obj, *opt_obj;
     Py_ssize_t rows;
     int kind;
-    if (!PyArg_ParseTuple(args, "OOniO:train_step", &x_obj, &y_obj, &rows, &kind, &opt_obj))
+    if (fl_parse_args_dict(&train_step_args, args, NULL, FL_ARG("x", OBJECT, &x_obj),
+                           FL_ARG("y", OBJECT, &y_obj), FL_ARG("rows", SSIZE, &rows),
+                           FL_ARG("loss", INT, &kind), FL_ARG("opt", OBJECT, &opt_obj)) < 0)
         return NULL;
     ModelObject *m = (ModelObject *)self;
     fl_module_state *state = nn_state(self);

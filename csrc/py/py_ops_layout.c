@@ -85,7 +85,7 @@ static int crop_offsets(PyObject *offsets, uint64_t seed, fl_images dims, size_t
 }
 
 PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "size", "offsets", "seed", "layout", "out", "threads", NULL};
+    static fl_arg_cache crop_args = FL_ARG_CACHE("crop");
     PyObject *x, *size, *offsets = NULL, *seed_obj = Py_None, *out_obj = Py_None;
     const char *layout_text = "HWC";
     int threads = 1;
@@ -93,8 +93,11 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_images dims;
     size_t out_h, out_w;
     uint64_t seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOsOi:crop", keywords, &x, &size, &offsets,
-                                     &seed_obj, &layout_text, &out_obj, &threads))
+    if (fl_parse_args_dict(&crop_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("size", OBJECT, &size), FL_ARG("|offsets", OBJECT, &offsets),
+                           FL_ARG("seed", OBJECT, &seed_obj), FL_ARG("layout", STR, &layout_text),
+                           FL_ARG("out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_parse_layout(layout_text, "layout", &layout) < 0 ||
         fl_check_array(x, "x") == NULL || fl_image_dims(x, layout, &dims) < 0 ||
@@ -150,7 +153,7 @@ static int explicit_flips(PyObject *flip_obj, size_t n, uint8_t *flip) {
 }
 
 PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "p", "seed", "flip", "layout", "out", "threads", NULL};
+    static fl_arg_cache hflip_args = FL_ARG_CACHE("hflip");
     PyObject *x, *seed_obj = Py_None, *flip_obj = Py_None, *out_obj = Py_None;
     const char *layout_text = "HWC";
     double p = 0.5;
@@ -158,8 +161,11 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_layout layout;
     fl_images dims;
     uint64_t seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|dOOsOi:hflip", keywords, &x, &p, &seed_obj,
-                                     &flip_obj, &layout_text, &out_obj, &threads))
+    if (fl_parse_args_dict(&hflip_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("|p", DOUBLE, &p), FL_ARG("seed", OBJECT, &seed_obj),
+                           FL_ARG("flip", OBJECT, &flip_obj), FL_ARG("layout", STR, &layout_text),
+                           FL_ARG("out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0)
         return NULL;
     if (!(p >= 0.0 && p <= 1.0)) {
         char message[80]; /* PyErr_Format has no %g: 3.12+ raise SystemError for it */
@@ -223,11 +229,12 @@ static int check_stack_item(PyObject *item, Py_ssize_t i, PyArrayObject *first, 
 }
 
 PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"arrays", "out", "threads", NULL};
+    static fl_arg_cache stack_args = FL_ARG_CACHE("stack");
     PyObject *arrays_obj, *out_obj = Py_None;
     int threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:stack", keywords, &arrays_obj, &out_obj,
-                                     &threads) ||
+    if (fl_parse_args_dict(&stack_args, args, kwargs, FL_ARG("arrays", OBJECT, &arrays_obj),
+                           FL_ARG("|out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0 ||
         fl_check_threads(threads) < 0)
         return NULL;
     /* A tuple of our own keeps every array alive while the GIL is released, even if the

@@ -95,15 +95,17 @@ static PyObject *channel_values(PyObject *obj, const char *arg, size_t channels)
 }
 
 PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "mean", "std", "layout", "out", "threads", NULL};
+    static fl_arg_cache normalize_args = FL_ARG_CACHE("normalize");
     PyObject *x, *mean_obj, *std_obj, *out_obj = Py_None;
     const char *layout_text = "HWC->CHW";
     int threads = 1;
     fl_layout src_layout, dst_layout;
     fl_images dims;
     fl_dtype dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|sOi:normalize", keywords, &x, &mean_obj,
-                                     &std_obj, &layout_text, &out_obj, &threads))
+    if (fl_parse_args_dict(&normalize_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("mean", OBJECT, &mean_obj), FL_ARG("std", OBJECT, &std_obj),
+                           FL_ARG("|layout", STR, &layout_text), FL_ARG("out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 ||
         parse_layout_pair(layout_text, &src_layout, &dst_layout) < 0 ||
@@ -137,13 +139,14 @@ done:
 }
 
 PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "dtype", "out", "threads", NULL};
+    static fl_arg_cache cast_args = FL_ARG_CACHE("cast");
     PyObject *x, *dtype_obj, *out_obj = Py_None;
     PyArray_Descr *descr = NULL;
     int threads = 1;
     fl_dtype src_dtype, dst_dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Oi:cast", keywords, &x, &dtype_obj, &out_obj,
-                                     &threads))
+    if (fl_parse_args_dict(&cast_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("dtype", OBJECT, &dtype_obj), FL_ARG("|out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &src_dtype) < 0)
@@ -166,12 +169,13 @@ PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
 }
 
 PyObject *fl_py_divide_by_max(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "out", "threads", NULL};
+    static fl_arg_cache divide_by_max_args = FL_ARG_CACHE("divide_by_max");
     PyObject *x, *out_obj = Py_None;
     int threads = 1;
     fl_dtype dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:divide_by_max", keywords, &x, &out_obj,
-                                     &threads))
+    if (fl_parse_args_dict(&divide_by_max_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("|out", OBJECT, &out_obj),
+                           FL_ARG("threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &dtype) < 0)

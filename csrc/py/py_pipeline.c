@@ -73,11 +73,12 @@ static int add_step(fl_module_state *state, fl_pipeline *p, PyObject *spec) {
 }
 
 static PyObject *pipeline_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"layout", "steps", NULL};
+    static fl_arg_cache pipeline_args = FL_ARG_CACHE("_Pipeline");
     const char *layout_text;
     PyObject *steps_obj;
     fl_layout layout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO:_Pipeline", keywords, &layout_text, &steps_obj) ||
+    if (fl_parse_args_dict(&pipeline_args, args, kwargs, FL_ARG("layout", STR, &layout_text),
+                           FL_ARG("steps", OBJECT, &steps_obj)) < 0 ||
         fl_parse_layout(layout_text, "layout", &layout) < 0)
         return NULL;
     PyObject *steps = PySequence_Tuple(steps_obj);
@@ -119,14 +120,16 @@ static PyObject *planned_output(PipelineObject *self, PyObject *x, fl_images *di
 }
 
 static PyObject *pipeline_run(PyObject *self_obj, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"x", "seed", "ids", "threads", NULL};
+    static fl_arg_cache run_args = FL_ARG_CACHE("run");
     PipelineObject *self = (PipelineObject *)self_obj;
     PyObject *x, *seed_obj = Py_None, *ids_obj = Py_None;
     int threads = 1;
     uint64_t seed;
     fl_images dims;
     fl_dtype dtype;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOi:run", keywords, &x, &seed_obj, &ids_obj, &threads) ||
+    if (fl_parse_args_dict(&run_args, args, kwargs, FL_ARG("x", OBJECT, &x),
+                           FL_ARG("|seed", OBJECT, &seed_obj), FL_ARG("ids", OBJECT, &ids_obj),
+                           FL_ARG("threads", INT, &threads)) < 0 ||
         fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL || fl_dtype_of(x, "x", &dtype) < 0 ||
         fl_image_dims(x, self->layout, &dims) < 0 || fl_parse_seed(seed_obj, &seed) < 0)
         return NULL;

@@ -193,18 +193,25 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
 }
 
 static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"fields", "fetch", "on_failure", "n", "batch_size", "shuffle", "seed", "rank",
-                               "world_size", "drop_last", "workers", "prefetch", "pipeline", "worker_setup",
-                               "metrics", "finish", "objects_bytes", NULL};
+    static fl_arg_cache proc_args = FL_ARG_CACHE("_ProcLoader");
     PyObject *fields_obj, *fetch, *on_failure, *pipeline_obj = Py_None, *setup = Py_None, *metrics_obj = Py_None;
     PyObject *finish = Py_None;
     unsigned long long n, seed = 0;
     Py_ssize_t batch_size, objects_bytes = 0;
     int shuffle = 0, rank = 0, world_size = 1, drop_last = 0, workers = 1, prefetch = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOKn|pKiipiiOOOOn:_ProcLoader", keywords, &fields_obj, &fetch,
-                                     &on_failure, &n, &batch_size, &shuffle, &seed, &rank, &world_size, &drop_last,
-                                     &workers, &prefetch, &pipeline_obj, &setup, &metrics_obj, &finish,
-                                     &objects_bytes))
+    if (fl_parse_args_dict(&proc_args, args, kwargs, FL_ARG("fields", OBJECT, &fields_obj),
+                           FL_ARG("fetch", OBJECT, &fetch),
+                           FL_ARG("on_failure", OBJECT, &on_failure), FL_ARG("n", UINT64, &n),
+                           FL_ARG("batch_size", SSIZE, &batch_size),
+                           FL_ARG("|shuffle", BOOL, &shuffle), FL_ARG("seed", UINT64, &seed),
+                           FL_ARG("rank", INT, &rank), FL_ARG("world_size", INT, &world_size),
+                           FL_ARG("drop_last", BOOL, &drop_last), FL_ARG("workers", INT, &workers),
+                           FL_ARG("prefetch", INT, &prefetch),
+                           FL_ARG("pipeline", OBJECT, &pipeline_obj),
+                           FL_ARG("worker_setup", OBJECT, &setup),
+                           FL_ARG("metrics", OBJECT, &metrics_obj),
+                           FL_ARG("finish", OBJECT, &finish),
+                           FL_ARG("objects_bytes", SSIZE, &objects_bytes)) < 0)
         return NULL;
     if (objects_bytes < 0)
         return fl_raisef(NULL, FL_EXC_VALUE, "'objects_bytes' must be >= 0, not %zd", objects_bytes);

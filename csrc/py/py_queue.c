@@ -157,11 +157,13 @@ static PyObject *do_get(QueueObject *self, int block, PyObject *timeout_obj) {
     return fl_raise(state, rc, "get");
 }
 
-static PyObject *queue_put(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"item", "block", "timeout", NULL};
+static PyObject *queue_put(QueueObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    static fl_arg_cache put_args = FL_ARG_CACHE("put");
     PyObject *item, *timeout = Py_None;
     int block = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:put", keywords, &item, &block, &timeout))
+    if (fl_parse_args(&put_args, args, nargs, kwnames, FL_ARG("item", OBJECT, &item),
+                      FL_ARG("|block", BOOL, &block), FL_ARG("timeout", OBJECT, &timeout)) < 0)
         return NULL;
     return do_put(self, item, block, timeout);
 }
@@ -170,11 +172,13 @@ static PyObject *queue_put_nowait(QueueObject *self, PyObject *item) {
     return do_put(self, item, 0, NULL);
 }
 
-static PyObject *queue_get(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"block", "timeout", NULL};
+static PyObject *queue_get(QueueObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    static fl_arg_cache get_args = FL_ARG_CACHE("get");
     PyObject *timeout = Py_None;
     int block = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pO:get", keywords, &block, &timeout))
+    if (fl_parse_args(&get_args, args, nargs, kwnames, FL_ARG("|block", BOOL, &block),
+                      FL_ARG("timeout", OBJECT, &timeout)) < 0)
         return NULL;
     return do_get(self, block, timeout);
 }
@@ -198,12 +202,12 @@ static int attempt_get_many(void *ctx, double timeout_s) {
 }
 
 static PyObject *queue_get_many(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"max_items", "timeout", NULL};
+    static fl_arg_cache get_many_args = FL_ARG_CACHE("get_many");
     Py_ssize_t max_items;
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O:get_many", keywords, &max_items,
-                                     &timeout_obj))
+    if (fl_parse_args_dict(&get_many_args, args, kwargs, FL_ARG("max_items", SSIZE, &max_items),
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0)
         return NULL;
     if (max_items < 1 || max_items > 1 << 20) {
         fl_raisef(NULL, FL_EXC_VALUE, "'max_items' must be in 1..%d, not %zd", 1 << 20, max_items);
@@ -266,10 +270,11 @@ static PyObject *queue_task_done(QueueObject *self, PyObject *unused) {
 }
 
 static PyObject *queue_join(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"timeout", NULL};
+    static fl_arg_cache join_args = FL_ARG_CACHE("join");
     PyObject *timeout_obj = Py_None;
     double timeout;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:join", keywords, &timeout_obj) ||
+    if (fl_parse_args_dict(&join_args, args, kwargs,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     item_call call = {self->queue, {0}};
@@ -280,9 +285,10 @@ static PyObject *queue_join(QueueObject *self, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *queue_close(QueueObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"immediate", NULL};
+    static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int immediate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:close", keywords, &immediate))
+    if (fl_parse_args_dict(&close_args, args, kwargs,
+                           FL_ARG("|immediate", BOOL, &immediate)) < 0)
         return NULL;
     fl_queue_close(self->queue);
     if (immediate)
@@ -329,9 +335,9 @@ static PyObject *queue_get_closed(QueueObject *self, void *closure) {
 /* ---- lifetime ---- */
 
 static PyObject *queue_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"maxsize", NULL};
+    static fl_arg_cache queue_args = FL_ARG_CACHE("Queue");
     Py_ssize_t maxsize = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|n:Queue", keywords, &maxsize))
+    if (fl_parse_args_dict(&queue_args, args, kwargs, FL_ARG("|maxsize", SSIZE, &maxsize)) < 0)
         return NULL;
     QueueObject *self = (QueueObject *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -390,14 +396,14 @@ fl_queue *fl_queue_from_python(PyObject *obj, fl_module_state *state) {
 /* ---- type ---- */
 
 static PyMethodDef queue_methods[] = {
-    {"put", (PyCFunction)(void (*)(void))queue_put, METH_VARARGS | METH_KEYWORDS,
+    {"put", (PyCFunction)(void (*)(void))queue_put, METH_FASTCALL | METH_KEYWORDS,
      "put($self, /, item, block=True, timeout=None)\n--\n\n"
      "Put item on the queue, waiting while it is full (for at most timeout seconds).\n"
      "Raises fastloop.QueueFull when no slot frees in time (at once if block is false),\n"
      "fastloop.Closed after close(). Waits with the GIL released; Ctrl-C interrupts."},
     {"put_nowait", (PyCFunction)queue_put_nowait, METH_O,
      "put_nowait($self, item, /)\n--\n\nput(item, block=False)."},
-    {"get", (PyCFunction)(void (*)(void))queue_get, METH_VARARGS | METH_KEYWORDS,
+    {"get", (PyCFunction)(void (*)(void))queue_get, METH_FASTCALL | METH_KEYWORDS,
      "get($self, /, block=True, timeout=None)\n--\n\n"
      "Remove and return the oldest item, waiting while the queue is empty (for at most\n"
      "timeout seconds). Raises fastloop.Empty when nothing arrives in time (at once if\n"

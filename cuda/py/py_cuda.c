@@ -92,10 +92,11 @@ static PyObject *device_info(PyObject *module, PyObject *arg) {
 }
 
 static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"device", "n", NULL};
+    static fl_arg_cache selftest_args = FL_ARG_CACHE("selftest");
     int index = 0;
     Py_ssize_t n = 1 << 20;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|in:selftest", keywords, &index, &n))
+    if (fl_parse_args_dict(&selftest_args, args, kwargs, FL_ARG("|device", INT, &index),
+                           FL_ARG("n", SSIZE, &n)) < 0)
         return NULL;
     if (n <= 0 || n > (1 << 24)) {
         fl_raisef(NULL, FL_EXC_VALUE, "'n' must be in 1..%d, not %zd", 1 << 24, n);
@@ -114,9 +115,10 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"path", NULL};
+    static fl_arg_cache cublas_load_args = FL_ARG_CACHE("cublas_load");
     const char *path = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z:cublas_load", keywords, &path))
+    if (fl_parse_args_dict(&cublas_load_args, args, kwargs,
+                           FL_ARG("|path", STR_OR_NONE, &path)) < 0)
         return NULL;
     char why[2048];
     int rc;
@@ -138,11 +140,12 @@ static PyObject *nn_backend(PyObject *module, PyObject *unused) {
 }
 
 static PyObject *memcpy_benchmark(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"nbytes", "pinned", "repeats", "device", NULL};
+    static fl_arg_cache memcpy_benchmark_args = FL_ARG_CACHE("memcpy_benchmark");
     Py_ssize_t nbytes;
     int pinned = 1, repeats = 10, device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|pii:memcpy_benchmark", keywords, &nbytes,
-                                     &pinned, &repeats, &device))
+    if (fl_parse_args_dict(&memcpy_benchmark_args, args, kwargs, FL_ARG("nbytes", SSIZE, &nbytes),
+                           FL_ARG("|pinned", BOOL, &pinned), FL_ARG("repeats", INT, &repeats),
+                           FL_ARG("device", INT, &device)) < 0)
         return NULL;
     if (nbytes <= 0)
         return fl_raisef(NULL, FL_EXC_VALUE, "'nbytes' must be > 0, not %zd", nbytes);

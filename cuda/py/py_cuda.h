@@ -14,6 +14,7 @@
 #include "py/fl_compat.h"
 #include "base/fl_error.h"
 #include "py/fl_exc.h"
+#include "py/py_args.h"
 #include <stdint.h>
 
 #include "py_numpy.h"

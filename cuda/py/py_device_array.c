@@ -439,12 +439,13 @@ static PyType_Spec array_spec = {
 /* ---- module functions ---- */
 
 static PyObject *empty(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"shape", "dtype", "device", NULL};
+    static fl_arg_cache empty_args = FL_ARG_CACHE("empty");
     PyObject *shape_obj, *dtype_obj;
     int device = 0, ndim;
     Py_ssize_t shape[FL_PY_MAX_NDIM];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|i:empty", keywords, &shape_obj, &dtype_obj,
-                                     &device) ||
+    if (fl_parse_args_dict(&empty_args, args, kwargs, FL_ARG("shape", OBJECT, &shape_obj),
+                           FL_ARG("dtype", OBJECT, &dtype_obj),
+                           FL_ARG("|device", INT, &device)) < 0 ||
         parse_shape(shape_obj, shape, &ndim) < 0)
         return NULL;
     PyArray_Descr *descr = parse_dtype(dtype_obj);
@@ -507,11 +508,12 @@ static int copy_in(cuda_state *state, DeviceArray *out, PyArrayObject *host, PyO
 }
 
 static PyObject *to_device(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"array", "device", "stream", "out", NULL};
+    static fl_arg_cache to_device_args = FL_ARG_CACHE("to_device");
     PyObject *array_obj, *stream_obj = NULL, *out_obj = NULL;
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|i$OO:to_device", keywords, &array_obj,
-                                     &device, &stream_obj, &out_obj))
+    if (fl_parse_args_dict(&to_device_args, args, kwargs, FL_ARG("array", OBJECT, &array_obj),
+                           FL_ARG("|device", INT, &device), FL_ARG("$stream", OBJECT, &stream_obj),
+                           FL_ARG("out", OBJECT, &out_obj)) < 0)
         return NULL;
     cuda_state *state = fl_py_state(module);
     PyArrayObject *host = fl_py_host_array(array_obj, "array");
@@ -527,12 +529,14 @@ static PyObject *to_device(PyObject *module, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *from_pointer(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"ptr", "shape", "dtype", "device", "owner", "stream", NULL};
+    static fl_arg_cache from_pointer_args = FL_ARG_CACHE("_from_pointer");
     PyObject *ptr_obj, *shape_obj, *dtype_obj, *owner, *stream_obj = Py_None;
     int device, ndim;
     Py_ssize_t shape[FL_PY_MAX_NDIM];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOiO|O:_from_pointer", keywords, &ptr_obj,
-                                     &shape_obj, &dtype_obj, &device, &owner, &stream_obj) ||
+    if (fl_parse_args_dict(&from_pointer_args, args, kwargs, FL_ARG("ptr", OBJECT, &ptr_obj),
+                           FL_ARG("shape", OBJECT, &shape_obj), FL_ARG("dtype", OBJECT, &dtype_obj),
+                           FL_ARG("device", INT, &device), FL_ARG("owner", OBJECT, &owner),
+                           FL_ARG("|stream", OBJECT, &stream_obj)) < 0 ||
         parse_shape(shape_obj, shape, &ndim) < 0)
         return NULL;
     void *ptr = PyLong_AsVoidPtr(ptr_obj);

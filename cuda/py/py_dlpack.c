@@ -145,10 +145,12 @@ static int check_export(DeviceArray *self, PyObject *dl_device, PyObject *copy) 
 }
 
 PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    static fl_arg_cache dlpack_args = FL_ARG_CACHE("__dlpack__");
     PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", keywords, &stream_obj,
-                                     &max_version, &dl_device, &copy))
+    if (fl_parse_args_dict(&dlpack_args, args, kwargs, FL_ARG("|$stream", OBJECT, &stream_obj),
+                           FL_ARG("max_version", OBJECT, &max_version),
+                           FL_ARG("dl_device", OBJECT, &dl_device),
+                           FL_ARG("copy", OBJECT, &copy)) < 0)
         return NULL;
     uintptr_t stream;
     int sync, major = 0, minor = 0;

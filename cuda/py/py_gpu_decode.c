@@ -19,9 +19,10 @@ typedef struct JpegDecoder {
 } JpegDecoder;
 
 static PyObject *nvjpeg_load(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"path", NULL};
+    static fl_arg_cache nvjpeg_load_args = FL_ARG_CACHE("nvjpeg_load");
     const char *path = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z:nvjpeg_load", keywords, &path))
+    if (fl_parse_args_dict(&nvjpeg_load_args, args, kwargs,
+                           FL_ARG("|path", STR_OR_NONE, &path)) < 0)
         return NULL;
     char why[4096];
     int rc;
@@ -47,9 +48,10 @@ static PyObject *raise_decode(cuda_state *state, int code, const char *what) {
 }
 
 static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"device", NULL};
+    static fl_arg_cache jpegdecoder_args = FL_ARG_CACHE("JpegDecoder");
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i:JpegDecoder", keywords, &device))
+    if (fl_parse_args_dict(&jpegdecoder_args, args, kwargs,
+                           FL_ARG("|device", INT, &device)) < 0)
         return NULL;
     cuda_state *state = fl_py_state_of(type);
     if (fl_nvjpeg() == NULL)
@@ -180,17 +182,20 @@ static int parse_dtype(const char *name, fl_cuda_out_dtype *dtype) {
 }
 
 static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"entries", "out_ptr", "out_nbytes", "out_h", "out_w", "mean", "std", "dtype",
-                               "channels_first", "stream", NULL};
+    static fl_arg_cache decode_args = FL_ARG_CACHE("decode");
     PyObject *entries_obj, *mean, *std, *stream_obj = Py_None, *stream_ref = NULL;
     unsigned long long out_ptr;
     Py_ssize_t out_nbytes, out_h, out_w;
     const char *dtype_name = "float32";
     int channels_first = 1;
     cuda_state *state = fl_py_state_of(Py_TYPE(self));
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$KnnnOOspO:decode", keywords, &entries_obj, &out_ptr,
-                                     &out_nbytes, &out_h, &out_w, &mean, &std, &dtype_name, &channels_first,
-                                     &stream_obj))
+    if (fl_parse_args_dict(&decode_args, args, kwargs, FL_ARG("entries", OBJECT, &entries_obj),
+                           FL_ARG("|$out_ptr", UINT64, &out_ptr),
+                           FL_ARG("out_nbytes", SSIZE, &out_nbytes), FL_ARG("out_h", SSIZE, &out_h),
+                           FL_ARG("out_w", SSIZE, &out_w), FL_ARG("mean", OBJECT, &mean),
+                           FL_ARG("std", OBJECT, &std), FL_ARG("dtype", STR, &dtype_name),
+                           FL_ARG("channels_first", BOOL, &channels_first),
+                           FL_ARG("stream", OBJECT, &stream_obj)) < 0)
         return NULL;
     fl_gpu_decode_job job;
     memset(&job, 0, sizeof job);

@@ -41,9 +41,9 @@ static PyObject *finish(NNContext *self, int err) {
 }
 
 static PyObject *nn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"device", NULL};
+    static fl_arg_cache nncontext_args = FL_ARG_CACHE("_NNContext");
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i:_NNContext", keywords, &device))
+    if (fl_parse_args_dict(&nncontext_args, args, kwargs, FL_ARG("|device", INT, &device)) < 0)
         return NULL;
     cuda_state *state = fl_py_state_of(type);
     if (fl_py_require_device(state, device) < 0)
@@ -241,14 +241,18 @@ static int require_lr(double lr, const char *function) {
 }
 
 static PyObject *nn_sgd(NNContext *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"param", "grad", "buf", "lr", "momentum", "weight_decay", "nesterov", "first_step", NULL};
+    static fl_arg_cache sgd_args = FL_ARG_CACHE("sgd");
     PyObject *objs[3];
     DeviceArray *m[3];
     fl_dtype dtype;
     fl_nn_sgd_args a = {NAN, 0, 0, 0, 0}; /* lr: required, NaN until given */
     static const char *names[3] = {"param", "grad", "buf"};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$dddpp:sgd", keywords, &objs[0], &objs[1], &objs[2], &a.lr,
-                                     &a.momentum, &a.weight_decay, &a.nesterov, &a.first_step) ||
+    if (fl_parse_args_dict(&sgd_args, args, kwargs, FL_ARG("param", OBJECT, &objs[0]),
+                           FL_ARG("grad", OBJECT, &objs[1]), FL_ARG("buf", OBJECT, &objs[2]),
+                           FL_ARG("|$lr", DOUBLE, &a.lr), FL_ARG("momentum", DOUBLE, &a.momentum),
+                           FL_ARG("weight_decay", DOUBLE, &a.weight_decay),
+                           FL_ARG("nesterov", BOOL, &a.nesterov),
+                           FL_ARG("first_step", BOOL, &a.first_step)) < 0 ||
         require_lr(a.lr, "sgd") < 0)
         return NULL;
     const int with_buf = objs[2] != Py_None;
@@ -267,17 +271,21 @@ static PyObject *nn_sgd(NNContext *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *nn_adam(NNContext *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"param", "grad", "exp_avg", "exp_avg_sq", "lr", "beta1", "beta2", "eps",
-                               "weight_decay", "decoupled", "step", NULL};
+    static fl_arg_cache adam_args = FL_ARG_CACHE("adam");
     PyObject *objs[4];
     DeviceArray *m[4];
     fl_dtype dtype;
     fl_nn_adam_args a = {NAN, 0.9, 0.999, 1e-8, 0, 0, 1}; /* lr: required, NaN until given */
     long long step = 1;
     static const char *names[4] = {"param", "grad", "exp_avg", "exp_avg_sq"};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$dddddpL:adam", keywords, &objs[0], &objs[1], &objs[2],
-                                     &objs[3], &a.lr, &a.beta1, &a.beta2, &a.eps, &a.weight_decay, &a.decoupled,
-                                     &step) ||
+    if (fl_parse_args_dict(&adam_args, args, kwargs, FL_ARG("param", OBJECT, &objs[0]),
+                           FL_ARG("grad", OBJECT, &objs[1]), FL_ARG("exp_avg", OBJECT, &objs[2]),
+                           FL_ARG("exp_avg_sq", OBJECT, &objs[3]), FL_ARG("|$lr", DOUBLE, &a.lr),
+                           FL_ARG("beta1", DOUBLE, &a.beta1), FL_ARG("beta2", DOUBLE, &a.beta2),
+                           FL_ARG("eps", DOUBLE, &a.eps),
+                           FL_ARG("weight_decay", DOUBLE, &a.weight_decay),
+                           FL_ARG("decoupled", BOOL, &a.decoupled),
+                           FL_ARG("step", INT64, &step)) < 0 ||
         require_lr(a.lr, "adam") < 0 || float_arrays(self, 4, objs, names, m, &dtype) < 0)
         return NULL;
     a.step = step;

@@ -328,8 +328,7 @@ static PyObject *run(cuda_state *state, preprocess_args *a, PyObject *out_obj, i
 }
 
 static PyObject *preprocess(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"batch", "mean", "std", "layout", "crop", "offsets", "flips", "out", "stream", "device",
-                               "dtype", "_out_ptr", "_out_nbytes", NULL};
+    static fl_arg_cache preprocess_decl = FL_ARG_CACHE("preprocess");
     PyObject *batch, *mean = NULL, *std = NULL, *crop = Py_None, *offsets = Py_None, *flips = Py_None;
     PyObject *out = Py_None, *stream = Py_None, *stream_ref = NULL, *result = NULL;
     const char *layout = "HWC->CHW", *dtype = "float32";
@@ -339,9 +338,14 @@ static PyObject *preprocess(PyObject *module, PyObject *args, PyObject *kwargs) 
     cuda_state *state = fl_py_state(module);
     preprocess_args a;
     memset(&a, 0, sizeof a);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOsOOOOOisKn:preprocess", keywords, &batch, &mean, &std,
-                                     &layout, &crop, &offsets, &flips, &out, &stream, &a.job.device, &dtype,
-                                     &out_ptr, &out_nbytes))
+    if (fl_parse_args_dict(&preprocess_decl, args, kwargs, FL_ARG("batch", OBJECT, &batch),
+                           FL_ARG("|$mean", OBJECT, &mean), FL_ARG("std", OBJECT, &std),
+                           FL_ARG("layout", STR, &layout), FL_ARG("crop", OBJECT, &crop),
+                           FL_ARG("offsets", OBJECT, &offsets), FL_ARG("flips", OBJECT, &flips),
+                           FL_ARG("out", OBJECT, &out), FL_ARG("stream", OBJECT, &stream),
+                           FL_ARG("device", INT, &a.job.device), FL_ARG("dtype", STR, &dtype),
+                           FL_ARG("_out_ptr", UINT64, &out_ptr),
+                           FL_ARG("_out_nbytes", SSIZE, &out_nbytes)) < 0)
         return NULL;
     DeviceArray *checked = NULL;
     if (parse(&a, batch, mean, std, layout, crop, offsets, flips) == 0 &&

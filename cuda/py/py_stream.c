@@ -15,9 +15,9 @@ typedef struct Stream {
 } Stream;
 
 static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"device", NULL};
+    static fl_arg_cache stream_args = FL_ARG_CACHE("Stream");
     int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i:Stream", keywords, &device))
+    if (fl_parse_args_dict(&stream_args, args, kwargs, FL_ARG("|device", INT, &device)) < 0)
         return NULL;
     cuda_state *state = fl_py_state_of(type);
     if (fl_py_require_device(state, device) < 0)
