@@ -32,9 +32,13 @@ TSAN_FLAGS := -O1 -fsanitize=thread
 BIN := tests/c/bin
 # test_nn's matrix products use the BLAS fastloop.nn picks (it fails, saying so, without one).
 BLAS_ENV = FASTLOOP_BLAS="$$($(PY) -c 'from fastloop.nn import _blas; print(_blas.path())' 2>/dev/null)"
-# test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's).
-IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'from fastloop import images; print(images.info()["jpeg"]["path"])' 2>/dev/null)" \
-	FASTLOOP_LIBPNG="$$($(PY) -c 'from fastloop import images; print(images.info()["png"]["path"])' 2>/dev/null)"
+# test_image and the image fuzz replay decode with the codecs fastloop.images finds (Pillow's, the
+# system's). Where they are linked into _core (a build with the -dev packages), a program that is not
+# Python cannot load _core: the tests then dlopen the system's shared libjpeg/libpng, which those
+# -dev packages bring.
+CODEC_PATH = from fastloop import images; c = images.info()[sys.argv[1]]; print("" if c["origin"].startswith("linked") else c["path"])
+IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'import sys; $(CODEC_PATH)' jpeg 2>/dev/null)" \
+	FASTLOOP_LIBPNG="$$($(PY) -c 'import sys; $(CODEC_PATH)' png 2>/dev/null)"
 
 .PHONY: all venv demo-venv build docs test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
 	wheel wheel-check test-pythons test-threads clean
