@@ -28,3 +28,19 @@ const char *fl_dl_base_name(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
 }
+
+int fl_dl_once_load(fl_dl_once *once, int (*resolve)(const char *path), const char *path) {
+    pthread_mutex_lock(&once->lock);
+    int rc = FL_OK;
+    if (!atomic_load_explicit(&once->loaded, memory_order_relaxed)) { /* the lock orders it */
+        rc = resolve(path);
+        if (rc == FL_OK)
+            atomic_store_explicit(&once->loaded, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&once->lock);
+    return rc;
+}
+
+int fl_dl_once_done(fl_dl_once *once) {
+    return atomic_load_explicit(&once->loaded, memory_order_acquire);
+}

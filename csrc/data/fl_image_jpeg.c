@@ -17,9 +17,7 @@
 
 #if __has_include(<jpeglib.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <setjmp.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,13 +38,12 @@
     X(jpeg_resync_to_restart)
 
 static struct {
-    pthread_mutex_t lock; /* guards loading; the pointers are read only after `loaded` */
-    atomic_int loaded;
+    fl_dl_once once; /* the pointers are read only after fl_dl_once_done() */
 #define DECLARE(name) __typeof__(&name) name;
     JPEG_FUNCTIONS(DECLARE)
 #undef DECLARE
     char description[512];
-} lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} lib = {.once = FL_DL_ONCE_INIT};
 
 /* One thread's decompressor, its error handler and source. */
 struct jpeg_state {
@@ -93,20 +90,12 @@ static int resolve_file(const char *path) {
     return FL_OK; /* the handle stays open */
 }
 
-int jpeg_codec_load(const char *path) {
-    pthread_mutex_lock(&lib.lock);
-    int rc = FL_OK;
-    if (!atomic_load_explicit(&lib.loaded, memory_order_relaxed)) {
-        rc = path == NULL ? resolve_linked() : resolve_file(path);
-        if (rc == FL_OK)
-            atomic_store_explicit(&lib.loaded, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&lib.lock);
-    return rc;
-}
+static int resolve(const char *path) { return path == NULL ? resolve_linked() : resolve_file(path); }
+
+int jpeg_codec_load(const char *path) { return fl_dl_once_load(&lib.once, resolve, path); }
 
 const char *jpeg_codec_describe(void) {
-    return atomic_load_explicit(&lib.loaded, memory_order_acquire) ? lib.description : NULL;
+    return fl_dl_once_done(&lib.once) ? lib.description : NULL;
 }
 
 /* ---- error handling and the in-memory source ---- */
