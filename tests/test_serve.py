@@ -36,13 +36,14 @@ def sample(i: int) -> np.ndarray:
 class Gate:
     """A model that blocks until released, recording the first value of every row it sees."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float = 10) -> None:
         self.open = threading.Event()
         self.seen: list[float] = []
+        self.wait_s = wait_s
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         self.seen += [float(row[0]) for row in batch]
-        assert self.open.wait(10), "the test never released the gate"
+        assert self.open.wait(self.wait_s), "the test never released the gate"
         return batch * 2
 
 
