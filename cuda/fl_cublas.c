@@ -2,7 +2,6 @@
 #include "fl_cublas.h"
 
 #include <dlfcn.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,18 +14,6 @@ static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static fl_cublas_api api;           /* filled once under load_lock */
 static const fl_cublas_api *loaded; /* &api once every symbol resolved; read under load_lock */
 static char loaded_path[1024];
-
-/* Appends printf-style text to why (always NUL-terminated, truncated when full). */
-__attribute__((format(printf, 3, 4))) static void append(char *why, size_t why_len,
-                                                         const char *fmt, ...) {
-    size_t used = strnlen(why, why_len);
-    if (used + 1 >= why_len)
-        return;
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(why + used, why_len - used, fmt, args);
-    va_end(args);
-}
 
 /* A wheel's libcublas.so.N needs libcublasLt.so.N beside it, which its RPATH may not
  * name: loading that first (by full path) lets the dynamic loader reuse it. */
@@ -43,18 +30,12 @@ static void preload_lt(const char *path) {
 
 /* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
 static const char *resolve(void *lib) {
-    struct {
-        void **slot;
-        const char *name;
-    } table[] = {
+    const fl_dl_symbol table[] = {
         {(void **)&api.create, "cublasCreate_v2"},       {(void **)&api.destroy, "cublasDestroy_v2"},
         {(void **)&api.set_stream, "cublasSetStream_v2"}, {(void **)&api.sgemm, "cublasSgemm_v2"},
         {(void **)&api.dgemm, "cublasDgemm_v2"},
     };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if ((*table[i].slot = dlsym(lib, table[i].name)) == NULL)
-            return table[i].name;
-    return NULL;
+    return fl_dl_resolve(lib, table, sizeof table / sizeof table[0]);
 }
 
 /* Tries one candidate; returns 0 once loaded, else appends why it failed. */
@@ -62,13 +43,13 @@ static int try_load(const char *path, char *why, size_t why_len) {
     preload_lt(path);
     void *lib = fl_dl_open(path, "cuBLAS");
     if (lib == NULL) {
-        append(why, why_len, "%s%s", why[0] ? "; " : "", fl_error_detail());
+        fl_dl_why(why, why_len, "%s", fl_error_detail());
         fl_error_clear();
         return -1;
     }
     const char *missing = resolve(lib);
     if (missing != NULL) {
-        append(why, why_len, "%s%s: no symbol %s", why[0] ? "; " : "", path, missing);
+        fl_dl_why(why, why_len, "%s: no symbol %s", path, missing);
         dlclose(lib);
         return -1;
     }
@@ -80,13 +61,10 @@ static int try_load(const char *path, char *why, size_t why_len) {
 int fl_cublas_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_CUBLAS"), "libcublas.so.13",
                                 "libcublas.so.12", "libcublas.so"};
-    if (why_len > 0)
-        why[0] = '\0';
     pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0 : -1;
-    for (size_t i = 0; rc != 0 && i < sizeof candidates / sizeof candidates[0]; i++)
-        if (candidates[i] != NULL && candidates[i][0] != '\0')
-            rc = try_load(candidates[i], why, why_len);
+    int rc = loaded ? 0
+                    : fl_dl_first(candidates, sizeof candidates / sizeof candidates[0], try_load,
+                                  why, why_len);
     pthread_mutex_unlock(&load_lock);
     return rc;
 }

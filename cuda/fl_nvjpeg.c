@@ -3,7 +3,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,19 +15,9 @@ static fl_nvjpeg_api api;           /* filled once under load_lock */
 static const fl_nvjpeg_api *loaded; /* &api once every symbol resolved; read under load_lock */
 static char loaded_path[1024];
 
-/* Appends "; <text>" (or "<text>" first) to why, truncated when full. */
-static void append(char *why, size_t why_len, const char *text) {
-    size_t used = strnlen(why, why_len);
-    if (used + 1 < why_len)
-        snprintf(why + used, why_len - used, "%s%s", used ? "; " : "", text);
-}
-
 /* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
 static const char *resolve(void *lib) {
-    struct {
-        void **slot;
-        const char *name;
-    } table[] = {
+    const fl_dl_symbol table[] = {
         {(void **)&api.create_ex, "nvjpegCreateEx"},
         {(void **)&api.destroy, "nvjpegDestroy"},
         {(void **)&api.state_create, "nvjpegJpegStateCreate"},
@@ -46,24 +35,19 @@ static const char *resolve(void *lib) {
         {(void **)&api.params_set_roi, "nvjpegDecodeParamsSetROI"},
         {(void **)&api.get_property, "nvjpegGetProperty"},
     };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if ((*table[i].slot = dlsym(lib, table[i].name)) == NULL)
-            return table[i].name;
-    return NULL;
+    return fl_dl_resolve(lib, table, sizeof table / sizeof table[0]);
 }
 
 /* Tries one candidate; returns 0 once loaded, else appends why it failed. */
 static int try_load(const char *path, char *why, size_t why_len) {
     void *lib = fl_dl_open(path, "nvJPEG");
     if (lib == NULL) {
-        append(why, why_len, fl_error_detail());
+        fl_dl_why(why, why_len, "%s", fl_error_detail());
         return -1;
     }
     const char *missing = resolve(lib);
     if (missing != NULL) {
-        char text[1200];
-        snprintf(text, sizeof text, "%s has no symbol %s (nvJPEG older than CUDA 11?)", path, missing);
-        append(why, why_len, text);
+        fl_dl_why(why, why_len, "%s has no symbol %s (nvJPEG older than CUDA 11?)", path, missing);
         dlclose(lib);
         return -1;
     }
@@ -75,13 +59,10 @@ static int try_load(const char *path, char *why, size_t why_len) {
 int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_NVJPEG"), "libnvjpeg.so.13", "libnvjpeg.so.12",
                                 "libnvjpeg.so"};
-    if (why_len > 0)
-        why[0] = '\0';
     pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0 : -1;
-    for (size_t i = 0; rc != 0 && i < sizeof candidates / sizeof candidates[0]; i++)
-        if (candidates[i] != NULL && candidates[i][0] != '\0')
-            rc = try_load(candidates[i], why, why_len);
+    int rc = loaded ? 0
+                    : fl_dl_first(candidates, sizeof candidates / sizeof candidates[0], try_load,
+                                  why, why_len);
     pthread_mutex_unlock(&load_lock);
     return rc;
 }

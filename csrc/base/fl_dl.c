@@ -2,6 +2,8 @@
 #include "base/fl_dl.h"
 
 #include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/fl_error.h"
@@ -27,6 +29,40 @@ void *fl_dl_open_global(const char *path, const char *what) {
 const char *fl_dl_base_name(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
+}
+
+const char *fl_dl_resolve(void *handle, const fl_dl_symbol *table, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if ((*table[i].slot = dlsym(handle, table[i].name)) == NULL)
+            return table[i].name;
+    return NULL;
+}
+
+void fl_dl_why(char *why, size_t why_len, const char *fmt, ...) {
+    size_t used = strnlen(why, why_len);
+    if (used > 0) {
+        if (used + 3 >= why_len)
+            return; /* no room for "; " and a character */
+        memcpy(why + used, "; ", 3);
+        used += 2;
+    }
+    if (used + 1 >= why_len)
+        return;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(why + used, why_len - used, fmt, args);
+    va_end(args);
+}
+
+int fl_dl_first(const char *const *candidates, size_t count,
+                int (*try_load)(const char *path, char *why, size_t why_len), char *why,
+                size_t why_len) {
+    if (why_len > 0)
+        why[0] = '\0';
+    for (size_t i = 0; i < count; i++)
+        if (candidates[i] != NULL && candidates[i][0] != '\0' && try_load(candidates[i], why, why_len) == 0)
+            return 0;
+    return -1;
 }
 
 int fl_dl_once_load(fl_dl_once *once, int (*resolve)(const char *path), const char *path) {

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 /* dlopen(path, RTLD_NOW | RTLD_LOCAL). NULL on failure, with FL_EINVAL and the detail
  * "cannot load <what> <path>: <dlerror>" set (`what` may be NULL: "cannot load <path>: ..."). */
@@ -16,6 +17,27 @@ void *fl_dl_open_global(const char *path, const char *what);
 
 /* The file name part of path (after its last '/'), for descriptions. Never fails. */
 const char *fl_dl_base_name(const char *path);
+
+/* One entry point to resolve: where its address goes, and its name. */
+typedef struct fl_dl_symbol {
+    void **slot;
+    const char *name;
+} fl_dl_symbol;
+
+/* Fills each table[i].slot with dlsym(handle, table[i].name), in order. Returns NULL when all
+ * resolved, else the name of the first missing one (the slots before it are filled). */
+const char *fl_dl_resolve(void *handle, const fl_dl_symbol *table, size_t count);
+
+/* Appends printf-style text to why, after "; " unless why is empty; always NUL-terminated,
+ * truncated when full. For the reasons a library could not be loaded, one per candidate. */
+__attribute__((format(printf, 3, 4))) void fl_dl_why(char *why, size_t why_len, const char *fmt, ...);
+
+/* Empties why, then calls try_load(candidate, why, why_len) for each non-NULL, non-empty
+ * candidate in order until one returns 0. Returns 0 then, else -1 with why holding what each
+ * try_load appended. For a library that goes by several names (libcublas.so.13, .12, ...). */
+int fl_dl_first(const char *const *candidates, size_t count,
+                int (*try_load)(const char *path, char *why, size_t why_len), char *why,
+                size_t why_len);
 
 /* A library resolved once per process (the image codecs): the lock serializes loading, the
  * flag publishes the resolved pointers. Static storage, initialised with FL_DL_ONCE_INIT. */

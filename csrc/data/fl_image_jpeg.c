@@ -77,14 +77,15 @@ static int resolve_file(const char *path) {
     void *handle = fl_dl_open(path, NULL);
     if (handle == NULL)
         return FL_EINVAL;
-#define RESOLVE(name)                                                                              \
-    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        dlclose(handle);                                                                           \
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI", \
-                            path, #name);                                                          \
+#define SYMBOL(name) {(void **)&lib.name, #name},
+    const fl_dl_symbol symbols[] = {JPEG_FUNCTIONS(SYMBOL)};
+#undef SYMBOL
+    const char *missing = fl_dl_resolve(handle, symbols, sizeof symbols / sizeof symbols[0]);
+    if (missing != NULL) {
+        dlclose(handle);
+        return fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI",
+                            path, missing);
     }
-    JPEG_FUNCTIONS(RESOLVE)
-#undef RESOLVE
     snprintf(lib.description, sizeof lib.description, "libjpeg-turbo (libjpeg.so.62 ABI) %s",
              fl_dl_base_name(path));
     return FL_OK; /* the handle stays open */

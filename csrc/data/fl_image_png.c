@@ -84,13 +84,14 @@ static int resolve_file(const char *path) {
     void *handle = fl_dl_open(path, NULL);
     if (handle == NULL)
         return FL_EINVAL;
-#define RESOLVE(name)                                                                              \
-    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        dlclose(handle);                                                                           \
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, #name);               \
+#define SYMBOL(name) {(void **)&lib.name, #name},
+    const fl_dl_symbol symbols[] = {PNG_FUNCTIONS(SYMBOL)};
+#undef SYMBOL
+    const char *missing = fl_dl_resolve(handle, symbols, sizeof symbols / sizeof symbols[0]);
+    if (missing != NULL) {
+        dlclose(handle);
+        return fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, missing);
     }
-    PNG_FUNCTIONS(RESOLVE)
-#undef RESOLVE
     const char *version = lib.png_get_libpng_ver(NULL);
     if (version == NULL || strncmp(version, "1.6.", 4) != 0) {
         dlclose(handle);
