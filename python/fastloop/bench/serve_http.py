@@ -48,7 +48,7 @@ import fastloop as fl
 from ..serve.http_inputs import NPY_TYPE, npy_bytes
 from .serve import mlp
 from .targets import Result
-from .timing import best_times
+from .timing import best_times, cpu_s
 
 CLIENTS = 64
 WORKERS = 2
@@ -116,9 +116,7 @@ class Server:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the server process has used, all its threads."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:  # type: ignore[union-attr]
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)  # type: ignore[union-attr]
 
 
 def _free_port() -> int:
