@@ -114,9 +114,13 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
                          "errors", (Py_ssize_t)errors);
 }
 
-PyObject *fl_py_load_library(PyObject *module, const char *path,
+PyObject *fl_py_load_library(PyObject *module, PyObject *args, PyObject *kwargs,
+                             fl_arg_cache *cache,
                              int (*load)(const char *path, char *why, size_t why_len),
                              const char *(*loaded_path)(void), const char *what) {
+    const char *path = NULL;
+    if (fl_parse_args_dict(cache, args, kwargs, FL_ARG("|path", STR_OR_NONE, &path)) < 0)
+        return NULL;
     char why[4096];
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -130,12 +134,8 @@ PyObject *fl_py_load_library(PyObject *module, const char *path,
 
 static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs) {
     static fl_arg_cache cublas_load_args = FL_ARG_CACHE("cublas_load");
-    const char *path = NULL;
-    if (fl_parse_args_dict(&cublas_load_args, args, kwargs,
-                           FL_ARG("|path", STR_OR_NONE, &path)) < 0)
-        return NULL;
-    return fl_py_load_library(module, path, fl_cublas_load, fl_cublas_path,
-                              "CUDA is not available: cuBLAS");
+    return fl_py_load_library(module, args, kwargs, &cublas_load_args, fl_cublas_load,
+                              fl_cublas_path, "CUDA is not available: cuBLAS");
 }
 
 static PyObject *nn_backend(PyObject *module, PyObject *unused) {
