@@ -24,7 +24,7 @@ import json
 import subprocess
 import sys
 
-from fastloop.bench.timing import LoaderCpu
+from fastloop.bench.timing import epochs_cpu_us
 
 BATCH = 32
 KINDS = ("fixed", "with a string", "nested dict", "varying shapes")
@@ -83,14 +83,8 @@ def measure(loader_name: str, kind: str, workers: int, samples: int = 6400, epoc
     loader = make_loader(loader_name, kind, workers, samples)
     for _ in loader:
         pass
-    cpu = LoaderCpu(loader)
-    for _ in range(epochs):
-        for _ in loader:
-            pass
-    main_s, workers_s = cpu.spent()
-    seen = samples * epochs
-    return {"loader": loader_name, "kind": kind, "workers": workers,
-            "main_us": 1e6 * main_s / seen, "worker_us": 1e6 * workers_s / seen}
+    main_us, worker_us = epochs_cpu_us(loader, epochs, samples)
+    return {"loader": loader_name, "kind": kind, "workers": workers, "main_us": main_us, "worker_us": worker_us}
 
 
 def run(workers_list: list[int], repeats: int, samples: int) -> list[dict]:

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from fastloop.bench.timing import LoaderCpu
+from fastloop.bench.timing import LoaderCpu, epochs_cpu_us
 
 BATCH, CROP = 32, 112
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -130,13 +130,8 @@ def measure_own_cost(kind: str, workers: int, samples: int = 6400, timed_epochs:
     loader = make_loader(kind, ReadySamples(samples), workers)
     for _ in loader:  # workers started
         pass
-    cpu = LoaderCpu(loader)
-    for _ in range(timed_epochs):
-        for _ in loader:
-            pass
-    main_s, workers_s = cpu.spent()
-    seen = samples * timed_epochs
-    return {"own_cost": kind, "workers": workers, "main_us": 1e6 * main_s / seen, "worker_us": 1e6 * workers_s / seen}
+    main_us, worker_us = epochs_cpu_us(loader, timed_epochs, samples)
+    return {"own_cost": kind, "workers": workers, "main_us": main_us, "worker_us": worker_us}
 
 
 def measure_floor(root: str) -> dict:

@@ -135,6 +135,18 @@ class LoaderCpu:
         return cpu_s(os.getpid()) - self.main0, sum(cpu_s(p) - c for p, c in zip(self.pids, self.workers0))
 
 
+def epochs_cpu_us(loader: object, epochs: int, samples: int) -> tuple[float, float]:
+    """Iterates `epochs` epochs of a started loader of `samples` samples per epoch: the CPU
+    microseconds per sample spent by this process and by the workers together."""
+    cpu = LoaderCpu(loader)
+    for _ in range(epochs):
+        for _ in loader:  # type: ignore[attr-defined]
+            pass
+    main_s, workers_s = cpu.spent()
+    seen = samples * epochs
+    return 1e6 * main_s / seen, 1e6 * workers_s / seen
+
+
 def tree_cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system, all threads) used by these processes and their live
     descendants, read from /proc (Linux); a process that ended meanwhile counts nothing."""
