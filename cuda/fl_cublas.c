@@ -1,7 +1,6 @@
 /* fl_cublas.c - dlopen()s cuBLAS and resolves the entry points in fl_cublas.h. */
 #include "fl_cublas.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,29 +27,22 @@ static void preload_lt(const char *path) {
         fl_error_clear(); /* a failure shows up as libcublas's own dlerror */
 }
 
-/* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
-static const char *resolve(void *lib) {
+/* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
+static void *open_resolved(const char *path) {
     const fl_dl_symbol table[] = {
         {(void **)&api.create, "cublasCreate_v2"},       {(void **)&api.destroy, "cublasDestroy_v2"},
         {(void **)&api.set_stream, "cublasSetStream_v2"}, {(void **)&api.sgemm, "cublasSgemm_v2"},
         {(void **)&api.dgemm, "cublasDgemm_v2"},
     };
-    return fl_dl_resolve(lib, table, sizeof table / sizeof table[0]);
+    return fl_dl_open_resolved(path, "cuBLAS", table, sizeof table / sizeof table[0], NULL);
 }
 
 /* Tries one candidate; returns 0 once loaded, else appends why it failed. */
 static int try_load(const char *path, char *why, size_t why_len) {
     preload_lt(path);
-    void *lib = fl_dl_open(path, "cuBLAS");
-    if (lib == NULL) {
+    if (open_resolved(path) == NULL) {
         fl_dl_why(why, why_len, "%s", fl_error_detail());
         fl_error_clear();
-        return -1;
-    }
-    const char *missing = resolve(lib);
-    if (missing != NULL) {
-        fl_dl_why(why, why_len, "%s: no symbol %s", path, missing);
-        dlclose(lib);
         return -1;
     }
     snprintf(loaded_path, sizeof loaded_path, "%s", path);

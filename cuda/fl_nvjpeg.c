@@ -1,7 +1,6 @@
 /* fl_nvjpeg.c - dlopen()s nvJPEG and resolves the entry points in fl_nvjpeg.h. */
 #include "fl_nvjpeg.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +14,8 @@ static fl_nvjpeg_api api;           /* filled once under load_lock */
 static const fl_nvjpeg_api *loaded; /* &api once every symbol resolved; read under load_lock */
 static char loaded_path[1024];
 
-/* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
-static const char *resolve(void *lib) {
+/* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
+static void *open_resolved(const char *path) {
     const fl_dl_symbol table[] = {
         {(void **)&api.create_ex, "nvjpegCreateEx"},
         {(void **)&api.destroy, "nvjpegDestroy"},
@@ -35,20 +34,14 @@ static const char *resolve(void *lib) {
         {(void **)&api.params_set_roi, "nvjpegDecodeParamsSetROI"},
         {(void **)&api.get_property, "nvjpegGetProperty"},
     };
-    return fl_dl_resolve(lib, table, sizeof table / sizeof table[0]);
+    return fl_dl_open_resolved(path, "nvJPEG", table, sizeof table / sizeof table[0],
+                               "nvJPEG older than CUDA 11?");
 }
 
 /* Tries one candidate; returns 0 once loaded, else appends why it failed. */
 static int try_load(const char *path, char *why, size_t why_len) {
-    void *lib = fl_dl_open(path, "nvJPEG");
-    if (lib == NULL) {
+    if (open_resolved(path) == NULL) {
         fl_dl_why(why, why_len, "%s", fl_error_detail());
-        return -1;
-    }
-    const char *missing = resolve(lib);
-    if (missing != NULL) {
-        fl_dl_why(why, why_len, "%s has no symbol %s (nvJPEG older than CUDA 11?)", path, missing);
-        dlclose(lib);
         return -1;
     }
     snprintf(loaded_path, sizeof loaded_path, "%s", path);

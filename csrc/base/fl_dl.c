@@ -38,6 +38,20 @@ const char *fl_dl_resolve(void *handle, const fl_dl_symbol *table, size_t count)
     return NULL;
 }
 
+void *fl_dl_open_resolved(const char *path, const char *what, const fl_dl_symbol *table,
+                          size_t count, const char *hint) {
+    void *handle = fl_dl_open(path, what);
+    if (handle == NULL)
+        return NULL;
+    const char *missing = fl_dl_resolve(handle, table, count);
+    if (missing == NULL)
+        return handle;
+    dlclose(handle);
+    fl_error_set(FL_EINVAL, "%s has no symbol %s%s%s%s", path, missing, hint ? " (" : "",
+                 hint ? hint : "", hint ? ")" : "");
+    return NULL;
+}
+
 void fl_dl_why(char *why, size_t why_len, const char *fmt, ...) {
     size_t used = strnlen(why, why_len);
     if (used > 0) {

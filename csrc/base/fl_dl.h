@@ -28,6 +28,12 @@ typedef struct fl_dl_symbol {
  * resolved, else the name of the first missing one (the slots before it are filled). */
 const char *fl_dl_resolve(void *handle, const fl_dl_symbol *table, size_t count);
 
+/* fl_dl_open() then fl_dl_resolve(): the handle, or NULL with FL_EINVAL and the detail set:
+ * fl_dl_open()'s, or "<path> has no symbol <name> (<hint>)" with the handle closed (`hint`
+ * may be NULL: no parenthesis). */
+void *fl_dl_open_resolved(const char *path, const char *what, const fl_dl_symbol *table,
+                          size_t count, const char *hint);
+
 /* Appends printf-style text to why, after "; " unless why is empty; always NUL-terminated,
  * truncated when full. For the reasons a library could not be loaded, one per candidate. */
 __attribute__((format(printf, 3, 4))) void fl_dl_why(char *why, size_t why_len, const char *fmt, ...);

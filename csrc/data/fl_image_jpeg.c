@@ -16,7 +16,6 @@
 #include "data/image_codec.h"
 
 #if __has_include(<jpeglib.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
-#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,18 +73,12 @@ static int resolve_linked(void) {
 
 /* Fills lib from the file at path; FL_EINVAL when it does not load or lacks a function. */
 static int resolve_file(const char *path) {
-    void *handle = fl_dl_open(path, NULL);
-    if (handle == NULL)
-        return FL_EINVAL;
 #define SYMBOL(name) {(void **)&lib.name, #name},
     const fl_dl_symbol symbols[] = {JPEG_FUNCTIONS(SYMBOL)};
 #undef SYMBOL
-    const char *missing = fl_dl_resolve(handle, symbols, sizeof symbols / sizeof symbols[0]);
-    if (missing != NULL) {
-        dlclose(handle);
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI",
-                            path, missing);
-    }
+    if (fl_dl_open_resolved(path, NULL, symbols, sizeof symbols / sizeof symbols[0],
+                            "not libjpeg-turbo with the libjpeg.so.62 ABI") == NULL)
+        return FL_EINVAL;
     snprintf(lib.description, sizeof lib.description, "libjpeg-turbo (libjpeg.so.62 ABI) %s",
              fl_dl_base_name(path));
     return FL_OK; /* the handle stays open */

@@ -81,17 +81,13 @@ static int resolve_linked(void) {
 /* Fills lib from the file at path; FL_EINVAL when it does not load, lacks a function or is
  * not libpng 1.6. */
 static int resolve_file(const char *path) {
-    void *handle = fl_dl_open(path, NULL);
-    if (handle == NULL)
-        return FL_EINVAL;
 #define SYMBOL(name) {(void **)&lib.name, #name},
     const fl_dl_symbol symbols[] = {PNG_FUNCTIONS(SYMBOL)};
 #undef SYMBOL
-    const char *missing = fl_dl_resolve(handle, symbols, sizeof symbols / sizeof symbols[0]);
-    if (missing != NULL) {
-        dlclose(handle);
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, missing);
-    }
+    void *handle =
+        fl_dl_open_resolved(path, NULL, symbols, sizeof symbols / sizeof symbols[0], "not libpng 1.6");
+    if (handle == NULL)
+        return FL_EINVAL;
     const char *version = lib.png_get_libpng_ver(NULL);
     if (version == NULL || strncmp(version, "1.6.", 4) != 0) {
         dlclose(handle);
