@@ -1,5 +1,7 @@
-/* fl_dl.h - loading a shared library at run time (the image codecs, BLAS) so that a failure
- * says which file and why. Neither call blocks beyond the dynamic loader; none needs Python. */
+/* fl_dl.h - loading a shared library at run time (the image codecs, BLAS, cuBLAS, nvJPEG) so
+ * that a failure says which file and why: open, resolve a symbol table, try several names, load
+ * once. No call blocks beyond the dynamic loader, except fl_dl_once_load() while another thread
+ * loads; none needs Python. */
 #ifndef FL_DL_H
 #define FL_DL_H
 
