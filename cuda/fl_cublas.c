@@ -9,10 +9,8 @@
 #include "base/fl_dl.h"
 #include "base/fl_error.h"
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static fl_cublas_api api;           /* filled once under load_lock */
-static const fl_cublas_api *loaded; /* &api once every symbol resolved; read under load_lock */
-static char loaded_path[1024];
+static fl_cublas_api api; /* filled once, under found's lock */
+static fl_dl_found found = FL_DL_FOUND_INIT;
 
 /* A wheel's libcublas.so.N needs libcublasLt.so.N beside it, which its RPATH may not
  * name: loading that first (by full path) lets the dynamic loader reuse it. */
@@ -29,6 +27,7 @@ static void preload_lt(const char *path) {
 
 /* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
 static void *open_resolved(const char *path) {
+    preload_lt(path);
     const fl_dl_symbol table[] = {
         {(void **)&api.create, "cublasCreate_v2"},       {(void **)&api.destroy, "cublasDestroy_v2"},
         {(void **)&api.set_stream, "cublasSetStream_v2"}, {(void **)&api.sgemm, "cublasSgemm_v2"},
@@ -37,38 +36,16 @@ static void *open_resolved(const char *path) {
     return fl_dl_open_resolved(path, "cuBLAS", table, sizeof table / sizeof table[0], NULL);
 }
 
-/* Tries one candidate; returns 0 once loaded, else appends why it failed. */
-static int try_load(const char *path, char *why, size_t why_len) {
-    preload_lt(path);
-    if (open_resolved(path) == NULL) {
-        fl_dl_why(why, why_len, "%s", fl_error_detail());
-        fl_error_clear();
-        return -1;
-    }
-    snprintf(loaded_path, sizeof loaded_path, "%s", path);
-    loaded = &api;
-    return 0;
-}
-
 int fl_cublas_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_CUBLAS"), "libcublas.so.13",
                                 "libcublas.so.12", "libcublas.so"};
-    pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0
-                    : fl_dl_first(candidates, sizeof candidates / sizeof candidates[0], try_load,
-                                  why, why_len);
-    pthread_mutex_unlock(&load_lock);
-    return rc;
+    return fl_dl_found_load(&found, &api, open_resolved, candidates,
+                            sizeof candidates / sizeof candidates[0], why, why_len);
 }
 
-const fl_cublas_api *fl_cublas(void) {
-    pthread_mutex_lock(&load_lock);
-    const fl_cublas_api *result = loaded;
-    pthread_mutex_unlock(&load_lock);
-    return result;
-}
+const fl_cublas_api *fl_cublas(void) { return fl_dl_found_api(&found); }
 
-const char *fl_cublas_path(void) { return fl_cublas() ? loaded_path : ""; }
+const char *fl_cublas_path(void) { return fl_dl_found_path(&found); }
 
 const char *fl_cublas_status_name(int status) {
     switch (status) {

@@ -9,10 +9,8 @@
 #include "base/fl_dl.h"
 #include "base/fl_error.h"
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static fl_nvjpeg_api api;           /* filled once under load_lock */
-static const fl_nvjpeg_api *loaded; /* &api once every symbol resolved; read under load_lock */
-static char loaded_path[1024];
+static fl_nvjpeg_api api; /* filled once, under found's lock */
+static fl_dl_found found = FL_DL_FOUND_INIT;
 
 /* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
 static void *open_resolved(const char *path) {
@@ -38,36 +36,16 @@ static void *open_resolved(const char *path) {
                                "nvJPEG older than CUDA 11?");
 }
 
-/* Tries one candidate; returns 0 once loaded, else appends why it failed. */
-static int try_load(const char *path, char *why, size_t why_len) {
-    if (open_resolved(path) == NULL) {
-        fl_dl_why(why, why_len, "%s", fl_error_detail());
-        return -1;
-    }
-    snprintf(loaded_path, sizeof loaded_path, "%s", path);
-    loaded = &api;
-    return 0;
-}
-
 int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_NVJPEG"), "libnvjpeg.so.13", "libnvjpeg.so.12",
                                 "libnvjpeg.so"};
-    pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0
-                    : fl_dl_first(candidates, sizeof candidates / sizeof candidates[0], try_load,
-                                  why, why_len);
-    pthread_mutex_unlock(&load_lock);
-    return rc;
+    return fl_dl_found_load(&found, &api, open_resolved, candidates,
+                            sizeof candidates / sizeof candidates[0], why, why_len);
 }
 
-const fl_nvjpeg_api *fl_nvjpeg(void) {
-    pthread_mutex_lock(&load_lock);
-    const fl_nvjpeg_api *result = loaded;
-    pthread_mutex_unlock(&load_lock);
-    return result;
-}
+const fl_nvjpeg_api *fl_nvjpeg(void) { return fl_dl_found_api(&found); }
 
-const char *fl_nvjpeg_path(void) { return fl_nvjpeg() ? loaded_path : ""; }
+const char *fl_nvjpeg_path(void) { return fl_dl_found_path(&found); }
 
 const char *fl_nvjpeg_status_name(int status) {
     static const char *const names[] = {

@@ -68,15 +68,38 @@ void fl_dl_why(char *why, size_t why_len, const char *fmt, ...) {
     va_end(args);
 }
 
-int fl_dl_first(const char *const *candidates, size_t count,
-                int (*try_load)(const char *path, char *why, size_t why_len), char *why,
-                size_t why_len) {
+int fl_dl_found_load(fl_dl_found *found, const void *api, void *(*open_lib)(const char *path),
+                     const char *const *candidates, size_t count, char *why, size_t why_len) {
     if (why_len > 0)
         why[0] = '\0';
-    for (size_t i = 0; i < count; i++)
-        if (candidates[i] != NULL && candidates[i][0] != '\0' && try_load(candidates[i], why, why_len) == 0)
-            return 0;
-    return -1;
+    pthread_mutex_lock(&found->lock);
+    int rc = found->api != NULL ? 0 : -1;
+    for (size_t i = 0; rc != 0 && i < count; i++) {
+        if (candidates[i] == NULL || candidates[i][0] == '\0')
+            continue;
+        if (open_lib(candidates[i]) == NULL) {
+            fl_dl_why(why, why_len, "%s", fl_error_detail());
+            fl_error_clear();
+            continue;
+        }
+        /* loaded: the handle stays open for the life of the process */
+        snprintf(found->path, sizeof found->path, "%s", candidates[i]);
+        found->api = api;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&found->lock);
+    return rc;
+}
+
+const void *fl_dl_found_api(fl_dl_found *found) {
+    pthread_mutex_lock(&found->lock);
+    const void *api = found->api;
+    pthread_mutex_unlock(&found->lock);
+    return api;
+}
+
+const char *fl_dl_found_path(fl_dl_found *found) {
+    return fl_dl_found_api(found) ? found->path : ""; /* written once, before api */
 }
 
 int fl_dl_once_load(fl_dl_once *once, int (*resolve)(const char *path), const char *path) {

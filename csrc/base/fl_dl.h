@@ -40,12 +40,28 @@ void *fl_dl_open_resolved(const char *path, const char *what, const fl_dl_symbol
  * truncated when full. For the reasons a library could not be loaded, one per candidate. */
 __attribute__((format(printf, 3, 4))) void fl_dl_why(char *why, size_t why_len, const char *fmt, ...);
 
-/* Empties why, then calls try_load(candidate, why, why_len) for each non-NULL, non-empty
- * candidate in order until one returns 0. Returns 0 then, else -1 with why holding what each
- * try_load appended. For a library that goes by several names (libcublas.so.13, .12, ...). */
-int fl_dl_first(const char *const *candidates, size_t count,
-                int (*try_load)(const char *path, char *why, size_t why_len), char *why,
-                size_t why_len);
+/* A library that goes by several names (libcublas.so.13, .12, ...), loaded once (cuBLAS,
+ * nvJPEG): the lock guards the resolved table's address and the file it came from. Static
+ * storage, initialised with FL_DL_FOUND_INIT. */
+typedef struct fl_dl_found {
+    pthread_mutex_t lock;
+    const void *api; /* the table open() filled; NULL before a load succeeded */
+    char path[1024];
+} fl_dl_found;
+#define FL_DL_FOUND_INIT {PTHREAD_MUTEX_INITIALIZER, NULL, ""}
+
+/* Unless loaded already, calls open_lib(candidate) for each non-NULL, non-empty candidate in order
+ * until one returns a handle (it fills the table at `api`), and records api and the path.
+ * Returns 0 then, else -1 with why holding each candidate's failure ("; "-separated, truncated
+ * to why_len). Blocks while another thread loads. */
+int fl_dl_found_load(fl_dl_found *found, const void *api, void *(*open_lib)(const char *path),
+                     const char *const *candidates, size_t count, char *why, size_t why_len);
+
+/* The loaded table, or NULL before a successful fl_dl_found_load(). Never fails. */
+const void *fl_dl_found_api(fl_dl_found *found);
+
+/* The file the table came from, or "" before a successful load. Never fails. */
+const char *fl_dl_found_path(fl_dl_found *found);
 
 /* A library resolved once per process (the image codecs): the lock serializes loading, the
  * flag publishes the resolved pointers. Static storage, initialised with FL_DL_ONCE_INIT. */
