@@ -21,19 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
+from fastloop.bench.timing import epochs_cpu_us
+
 BATCH = 32
 KINDS = ("fixed", "with a string", "nested dict", "varying shapes")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_dataset(kind: str, n: int):
@@ -80,12 +74,6 @@ def make_loader(loader: str, kind: str, workers: int, n: int):
                            collate_fn=collate, timeout=120)
 
 
-def worker_pids(loader_name: str, loader) -> list[int]:
-    if loader_name == "torch DataLoader":
-        return [w.pid for w in loader._iterator._workers]  # private, but the only way to name them
-    return loader.worker_pids
-
-
 def measure(loader_name: str, kind: str, workers: int, samples: int = 6400, epochs: int = 3) -> dict:
     """One configuration in this interpreter: an epoch to start the workers, then `epochs`
     timed by the CPU time of the main process and of the workers."""
@@ -95,15 +83,8 @@ def measure(loader_name: str, kind: str, workers: int, samples: int = 6400, epoc
     loader = make_loader(loader_name, kind, workers, samples)
     for _ in loader:
         pass
-    pids = worker_pids(loader_name, loader)
-    main0, workers0 = cpu_seconds(os.getpid()), [cpu_seconds(p) for p in pids]
-    for _ in range(epochs):
-        for _ in loader:
-            pass
-    seen = samples * epochs
-    return {"loader": loader_name, "kind": kind, "workers": workers,
-            "main_us": 1e6 * (cpu_seconds(os.getpid()) - main0) / seen,
-            "worker_us": 1e6 * sum(cpu_seconds(p) - c for p, c in zip(pids, workers0)) / seen}
+    main_us, worker_us = epochs_cpu_us(loader, epochs, samples)
+    return {"loader": loader_name, "kind": kind, "workers": workers, "main_us": main_us, "worker_us": worker_us}
 
 
 def run(workers_list: list[int], repeats: int, samples: int) -> list[dict]:

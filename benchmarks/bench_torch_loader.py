@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from fastloop.bench.timing import LoaderCpu, epochs_cpu_us
+
 BATCH, CROP = 32, 112
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -71,19 +73,6 @@ def make_loader(kind: str, dataset, workers: int):
                            output="torch", timeout=120)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def worker_pids(kind: str, loader) -> list[int]:
-    if kind == "torch DataLoader":
-        return [w.pid for w in loader._iterator._workers]  # private, but the only way to name them
-    return loader.worker_pids
-
-
 def measure_one(kind: str, workers: int, root: str, timed_epochs: int = 2) -> dict:
     """One configuration, in this (fresh) interpreter: epoch 0 (first batch, peak PSS), then
     `timed_epochs` epochs timed with no PSS sampler running (its /proc reads take CPU the
@@ -102,15 +91,13 @@ def measure_one(kind: str, workers: int, root: str, timed_epochs: int = 2) -> di
         first = time.perf_counter() - start
         for _ in it:  # the rest of epoch 0
             pass
-    pids = worker_pids(kind, loader)
-    main0, workers0 = cpu_seconds(os.getpid()), [cpu_seconds(p) for p in pids]
+    cpu = LoaderCpu(loader)
     start, seen = time.perf_counter(), 0
     for _ in range(timed_epochs):
         for x, _ in loader:  # workers running, as in training
             seen += len(x)
     elapsed = time.perf_counter() - start
-    main_cpu = cpu_seconds(os.getpid()) - main0
-    worker_cpu = sum(cpu_seconds(p) - c for p, c in zip(pids, workers0))
+    main_cpu, worker_cpu = cpu.spent()
     with PeakPss() as later:  # memory after the workers have run a while (copy-on-write grows)
         for _ in loader:
             pass
@@ -143,15 +130,8 @@ def measure_own_cost(kind: str, workers: int, samples: int = 6400, timed_epochs:
     loader = make_loader(kind, ReadySamples(samples), workers)
     for _ in loader:  # workers started
         pass
-    pids = worker_pids(kind, loader)
-    main0, workers0 = cpu_seconds(os.getpid()), [cpu_seconds(p) for p in pids]
-    for _ in range(timed_epochs):
-        for _ in loader:
-            pass
-    seen = samples * timed_epochs
-    return {"own_cost": kind, "workers": workers,
-            "main_us": 1e6 * (cpu_seconds(os.getpid()) - main0) / seen,
-            "worker_us": 1e6 * sum(cpu_seconds(p) - c for p, c in zip(pids, workers0)) / seen}
+    main_us, worker_us = epochs_cpu_us(loader, timed_epochs, samples)
+    return {"own_cost": kind, "workers": workers, "main_us": main_us, "worker_us": worker_us}
 
 
 def measure_floor(root: str) -> dict:

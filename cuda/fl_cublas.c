@@ -1,8 +1,6 @@
 /* fl_cublas.c - dlopen()s cuBLAS and resolves the entry points in fl_cublas.h. */
 #include "fl_cublas.h"
 
-#include <dlfcn.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,22 +9,8 @@
 #include "base/fl_dl.h"
 #include "base/fl_error.h"
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static fl_cublas_api api;           /* filled once under load_lock */
-static const fl_cublas_api *loaded; /* &api once every symbol resolved; read under load_lock */
-static char loaded_path[1024];
-
-/* Appends printf-style text to why (always NUL-terminated, truncated when full). */
-__attribute__((format(printf, 3, 4))) static void append(char *why, size_t why_len,
-                                                         const char *fmt, ...) {
-    size_t used = strnlen(why, why_len);
-    if (used + 1 >= why_len)
-        return;
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(why + used, why_len - used, fmt, args);
-    va_end(args);
-}
+static fl_cublas_api api; /* filled once, under found's lock */
+static fl_dl_found found = FL_DL_FOUND_INIT;
 
 /* A wheel's libcublas.so.N needs libcublasLt.so.N beside it, which its RPATH may not
  * name: loading that first (by full path) lets the dynamic loader reuse it. */
@@ -41,64 +25,27 @@ static void preload_lt(const char *path) {
         fl_error_clear(); /* a failure shows up as libcublas's own dlerror */
 }
 
-/* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
-static const char *resolve(void *lib) {
-    struct {
-        void **slot;
-        const char *name;
-    } table[] = {
+/* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
+static void *open_resolved(const char *path) {
+    preload_lt(path);
+    const fl_dl_symbol table[] = {
         {(void **)&api.create, "cublasCreate_v2"},       {(void **)&api.destroy, "cublasDestroy_v2"},
         {(void **)&api.set_stream, "cublasSetStream_v2"}, {(void **)&api.sgemm, "cublasSgemm_v2"},
         {(void **)&api.dgemm, "cublasDgemm_v2"},
     };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if ((*table[i].slot = dlsym(lib, table[i].name)) == NULL)
-            return table[i].name;
-    return NULL;
-}
-
-/* Tries one candidate; returns 0 once loaded, else appends why it failed. */
-static int try_load(const char *path, char *why, size_t why_len) {
-    preload_lt(path);
-    void *lib = fl_dl_open(path, "cuBLAS");
-    if (lib == NULL) {
-        append(why, why_len, "%s%s", why[0] ? "; " : "", fl_error_detail());
-        fl_error_clear();
-        return -1;
-    }
-    const char *missing = resolve(lib);
-    if (missing != NULL) {
-        append(why, why_len, "%s%s: no symbol %s", why[0] ? "; " : "", path, missing);
-        dlclose(lib);
-        return -1;
-    }
-    snprintf(loaded_path, sizeof loaded_path, "%s", path);
-    loaded = &api;
-    return 0;
+    return fl_dl_open_resolved(path, "cuBLAS", table, sizeof table / sizeof table[0], NULL);
 }
 
 int fl_cublas_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_CUBLAS"), "libcublas.so.13",
                                 "libcublas.so.12", "libcublas.so"};
-    if (why_len > 0)
-        why[0] = '\0';
-    pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0 : -1;
-    for (size_t i = 0; rc != 0 && i < sizeof candidates / sizeof candidates[0]; i++)
-        if (candidates[i] != NULL && candidates[i][0] != '\0')
-            rc = try_load(candidates[i], why, why_len);
-    pthread_mutex_unlock(&load_lock);
-    return rc;
+    return fl_dl_found_load(&found, &api, open_resolved, candidates,
+                            sizeof candidates / sizeof candidates[0], why, why_len);
 }
 
-const fl_cublas_api *fl_cublas(void) {
-    pthread_mutex_lock(&load_lock);
-    const fl_cublas_api *result = loaded;
-    pthread_mutex_unlock(&load_lock);
-    return result;
-}
+const fl_cublas_api *fl_cublas(void) { return fl_dl_found_api(&found); }
 
-const char *fl_cublas_path(void) { return fl_cublas() ? loaded_path : ""; }
+const char *fl_cublas_path(void) { return fl_dl_found_path(&found); }
 
 const char *fl_cublas_status_name(int status) {
     switch (status) {

@@ -1,9 +1,7 @@
 /* fl_nvjpeg.c - dlopen()s nvJPEG and resolves the entry points in fl_nvjpeg.h. */
 #include "fl_nvjpeg.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,24 +9,12 @@
 #include "base/fl_dl.h"
 #include "base/fl_error.h"
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static fl_nvjpeg_api api;           /* filled once under load_lock */
-static const fl_nvjpeg_api *loaded; /* &api once every symbol resolved; read under load_lock */
-static char loaded_path[1024];
+static fl_nvjpeg_api api; /* filled once, under found's lock */
+static fl_dl_found found = FL_DL_FOUND_INIT;
 
-/* Appends "; <text>" (or "<text>" first) to why, truncated when full. */
-static void append(char *why, size_t why_len, const char *text) {
-    size_t used = strnlen(why, why_len);
-    if (used + 1 < why_len)
-        snprintf(why + used, why_len - used, "%s%s", used ? "; " : "", text);
-}
-
-/* Resolves every entry point of `lib` into api; returns the missing symbol's name or NULL. */
-static const char *resolve(void *lib) {
-    struct {
-        void **slot;
-        const char *name;
-    } table[] = {
+/* Opens path and resolves every entry point into api: the handle, or NULL with the detail set. */
+static void *open_resolved(const char *path) {
+    const fl_dl_symbol table[] = {
         {(void **)&api.create_ex, "nvjpegCreateEx"},
         {(void **)&api.destroy, "nvjpegDestroy"},
         {(void **)&api.state_create, "nvjpegJpegStateCreate"},
@@ -46,54 +32,20 @@ static const char *resolve(void *lib) {
         {(void **)&api.params_set_roi, "nvjpegDecodeParamsSetROI"},
         {(void **)&api.get_property, "nvjpegGetProperty"},
     };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if ((*table[i].slot = dlsym(lib, table[i].name)) == NULL)
-            return table[i].name;
-    return NULL;
-}
-
-/* Tries one candidate; returns 0 once loaded, else appends why it failed. */
-static int try_load(const char *path, char *why, size_t why_len) {
-    void *lib = fl_dl_open(path, "nvJPEG");
-    if (lib == NULL) {
-        append(why, why_len, fl_error_detail());
-        return -1;
-    }
-    const char *missing = resolve(lib);
-    if (missing != NULL) {
-        char text[1200];
-        snprintf(text, sizeof text, "%s has no symbol %s (nvJPEG older than CUDA 11?)", path, missing);
-        append(why, why_len, text);
-        dlclose(lib);
-        return -1;
-    }
-    snprintf(loaded_path, sizeof loaded_path, "%s", path);
-    loaded = &api;
-    return 0;
+    return fl_dl_open_resolved(path, "nvJPEG", table, sizeof table / sizeof table[0],
+                               "nvJPEG older than CUDA 11?");
 }
 
 int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
     const char *candidates[] = {path, getenv("FASTLOOP_NVJPEG"), "libnvjpeg.so.13", "libnvjpeg.so.12",
                                 "libnvjpeg.so"};
-    if (why_len > 0)
-        why[0] = '\0';
-    pthread_mutex_lock(&load_lock);
-    int rc = loaded ? 0 : -1;
-    for (size_t i = 0; rc != 0 && i < sizeof candidates / sizeof candidates[0]; i++)
-        if (candidates[i] != NULL && candidates[i][0] != '\0')
-            rc = try_load(candidates[i], why, why_len);
-    pthread_mutex_unlock(&load_lock);
-    return rc;
+    return fl_dl_found_load(&found, &api, open_resolved, candidates,
+                            sizeof candidates / sizeof candidates[0], why, why_len);
 }
 
-const fl_nvjpeg_api *fl_nvjpeg(void) {
-    pthread_mutex_lock(&load_lock);
-    const fl_nvjpeg_api *result = loaded;
-    pthread_mutex_unlock(&load_lock);
-    return result;
-}
+const fl_nvjpeg_api *fl_nvjpeg(void) { return fl_dl_found_api(&found); }
 
-const char *fl_nvjpeg_path(void) { return fl_nvjpeg() ? loaded_path : ""; }
+const char *fl_nvjpeg_path(void) { return fl_dl_found_path(&found); }
 
 const char *fl_nvjpeg_status_name(int status) {
     static const char *const names[] = {

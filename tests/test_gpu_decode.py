@@ -11,6 +11,7 @@ import pytest
 
 import fastloop
 from fastloop.ops import Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize, CenterCrop
+from synthetic import natural_image
 
 Image = pytest.importorskip("PIL.Image")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -29,23 +30,16 @@ def _nvjpeg_reason() -> str | None:
 pytestmark = pytest.mark.skipif(_nvjpeg_reason() is not None, reason=str(_nvjpeg_reason()))
 
 
-def _natural(h: int, w: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 // max(w - 1, 1), y * 255 // max(h - 1, 1), (x + y) * 127 // max(h + w - 2, 1)], -1)
-    return np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("jpegs")
     for c in range(2):
         (root / f"c{c}").mkdir()
     for i in range(40):
-        image = Image.fromarray(_natural(200 + 7 * i, 300 - 3 * i, i))
+        image = Image.fromarray(natural_image(200 + 7 * i, 300 - 3 * i, i))
         image.save(root / f"c{i % 2}" / f"{i:02d}.jpg", quality=90, subsampling=[0, 1, 2][i % 3])
-    Image.fromarray(_natural(150, 120, 50)).save(root / "c0" / "50_progressive.jpg", progressive=True, quality=85)
-    Image.fromarray(_natural(90, 110, 51)).save(root / "c1" / "51.png")
+    Image.fromarray(natural_image(150, 120, 50)).save(root / "c0" / "50_progressive.jpg", progressive=True, quality=85)
+    Image.fromarray(natural_image(90, 110, 51)).save(root / "c1" / "51.png")
     return root
 
 

@@ -16,16 +16,10 @@ from fastloop.data import _gpu_decode
 from fastloop._core import _Loader, _epoch_seed, _image_decode
 from fastloop.loader import _encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize
+from synthetic import natural_image
 
 Image = pytest.importorskip("PIL.Image")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-def _natural(h: int, w: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 // max(w - 1, 1), y * 255 // max(h - 1, 1), (x + y) * 127 // max(h + w - 2, 1)], -1)
-    return np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +29,11 @@ def folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("staged")
     (root / "a").mkdir()
     for i in range(10):
-        image = Image.fromarray(_natural(90 + 23 * i, 130 - 7 * i, i))
+        image = Image.fromarray(natural_image(90 + 23 * i, 130 - 7 * i, i))
         image.save(root / "a" / f"{i:02d}.jpg", quality=90, subsampling=[0, 1, 2][i % 3])
-    Image.fromarray(_natural(120, 100, 20)).save(root / "a" / "20_progressive.jpg", quality=85, progressive=True)
-    Image.fromarray(_natural(80, 96, 21)[:, :, 0]).save(root / "a" / "21_gray.jpg", quality=90)
-    Image.fromarray(_natural(70, 90, 22)).save(root / "a" / "22.png")
+    Image.fromarray(natural_image(120, 100, 20)).save(root / "a" / "20_progressive.jpg", quality=85, progressive=True)
+    Image.fromarray(natural_image(80, 96, 21)[:, :, 0]).save(root / "a" / "21_gray.jpg", quality=90)
+    Image.fromarray(natural_image(70, 90, 22)).save(root / "a" / "22.png")
     noise = np.random.default_rng(23).integers(0, 256, (700, 700, 3), dtype=np.uint8)
     Image.fromarray(noise).save(root / "a" / "23_big.jpg", quality=100, subsampling=0)
     assert (root / "a" / "23_big.jpg").stat().st_size > _gpu_decode.CAPACITY

@@ -18,25 +18,13 @@ import pytest
 
 import fastloop
 from fastloop.ops import Normalize, Pipeline, RandomCrop, RandomHFlip
+from synthetic import IndexDataset
 from waiting import alive
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (600, 3, 20, 20), dtype=np.uint8)
 LABELS = np.arange(600, dtype=np.int64)
 AUG = Pipeline([RandomCrop(16), RandomHFlip(), Normalize([0.5, 0.4, 0.3], [0.2, 0.2, 0.2])], layout="CHW")
-
-
-class IndexDataset:
-    """Sample i is the number i: lets a test see exactly which samples came."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> np.int64:
-        return np.int64(i)
 
 
 class ImageDataset:

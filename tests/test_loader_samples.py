@@ -14,22 +14,10 @@ import pytest
 
 import fastloop
 from fastloop import _core
+from synthetic import Samples
 
 MODES = [dict(workers=0), dict(workers=2)]  # in this process; forked worker processes
 IDS = ["workers0", "processes"]
-
-
-class Samples:
-    """A map-style dataset of make(i) for i < n."""
-
-    def __init__(self, n, make) -> None:
-        self.n, self.make = n, make
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.make(i)
 
 
 def batches(dataset, **kwargs) -> list:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fastloop
+import synthetic
 
 torch = pytest.importorskip("torch")
 DataLoader = torch.utils.data.DataLoader
@@ -20,15 +21,8 @@ MODES = [dict(workers=0), dict(workers=2)]
 IDS = ["workers0", "processes"]
 
 
-class Samples(torch.utils.data.Dataset):
-    def __init__(self, n, make) -> None:
-        self.n, self.make = n, make
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return self.make(i)
+class Samples(synthetic.Samples, torch.utils.data.Dataset):
+    """synthetic.Samples as a torch Dataset, the type DataLoader documents."""
 
 
 def canonical(value):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import pytest
 
@@ -42,16 +43,22 @@ def test_statistics_of_a_metric():
     assert len(metrics) == 0 and metrics.snapshot() == {}
 
 
+def assert_checks_name_and_value(record: Callable[[object, object], object]) -> None:
+    """record(name, value), as Metrics.add and Monitor.scalar take them, refuses a name outside
+    1 to 47 bytes (ValueError) and a value that is not a number (TypeError)."""
+    with pytest.raises(ValueError, match="1 to 47 bytes"):
+        record("x" * 48, 1.0)
+    with pytest.raises(ValueError):
+        record("", 1.0)
+    with pytest.raises(TypeError):
+        record("x", "one")
+
+
 def test_bad_input():
     metrics = fastloop.Metrics()
     with pytest.raises(KeyError):
         metrics.get("missing")
-    with pytest.raises(ValueError, match="1 to 47 bytes"):
-        metrics.add("x" * 48, 1.0)
-    with pytest.raises(ValueError):
-        metrics.add("", 1.0)
-    with pytest.raises(TypeError):
-        metrics.add("x", "one")
+    assert_checks_name_and_value(metrics.add)
     with pytest.raises(TypeError):
         metrics.add(5, 1.0)
     with pytest.raises(TypeError):

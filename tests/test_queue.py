@@ -119,12 +119,18 @@ def test_closed_queue_refuses_puts_but_hands_out_what_it_holds():
         q.get_nowait()
 
 
-def test_close_immediate_discards_items_and_releases_join():
+def holding_one_payload() -> tuple[fastloop.Queue, weakref.ref]:
+    """A queue holding the only reference to a fresh Payload, and a weak reference to it: what
+    a test of when the queue drops its items watches."""
     q = fastloop.Queue()
-    watched = Payload()
-    ref = weakref.ref(watched)
-    q.put(watched)
-    del watched
+    payload = Payload()
+    ref = weakref.ref(payload)
+    q.put(payload)
+    return q, ref
+
+
+def test_close_immediate_discards_items_and_releases_join():
+    q, ref = holding_one_payload()
     q.close(immediate=True)
     assert ref() is None and q.qsize() == 0
     assert q.join(timeout=0.5) is True
@@ -170,11 +176,7 @@ def test_get_many_takes_what_is_queued_up_to_max_items():
 
 
 def test_items_are_neither_leaked_nor_freed_early():
-    q = fastloop.Queue()
-    payload = Payload()
-    ref = weakref.ref(payload)
-    q.put(payload)
-    del payload
+    q, ref = holding_one_payload()
     gc.collect()
     assert ref() is not None  # the queue holds it
     got = q.get()

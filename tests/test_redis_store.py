@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -26,6 +24,7 @@ import fastloop as fl  # noqa: E402
 from fastloop.serve import FileStore, InferenceService, JobFailed, MemoryStore, StoreError  # noqa: E402
 from fastloop.serve.jobs import JobRecord  # noqa: E402
 from fastloop.serve import RedisStore, StoreUnavailable  # noqa: E402
+from test_serve import assert_restart_policy_applied, kill_a_child_serving_from  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
 IN = 16
@@ -486,32 +485,9 @@ def test_jobs_in_flight_when_redis_dies_end_done_and_are_stored_when_it_is_back(
 def test_a_second_service_requeues_queued_jobs_and_fails_running_ones(server, prefix, mlp):
     """A child serves from Redis with a model that hangs and is killed (SIGKILL) while one job
     runs and three wait; a service started on the same Redis and prefix applies the policy."""
-    script = textwrap.dedent(f"""
-        import os, time, numpy as np
-        from fastloop.serve import InferenceService, RedisStore
-        def hang(batch):
-            os.write(1, b"running\\n")  # one write: print() from two threads can interleave the lines
-            time.sleep(60)
-        svc = InferenceService(hang, workers=1, max_batch=1, store=RedisStore({server.url!r}, prefix={prefix!r}))
-        for i in range(4):
-            svc.submit(np.random.default_rng(i).standard_normal({IN}).astype(np.float32), job_id=f"job{{i}}")
-        os.write(1, b"submitted\\n")
-        time.sleep(60)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sorted(child.stdout.readline().strip() for _ in range(2)) == ["running", "submitted"]
-    finally:
-        child.kill()
-        child.wait()
-    # The timeouts bound a hang; they are not the expected wait.
+    kill_a_child_serving_from(f"RedisStore({server.url!r}, prefix={prefix!r})")
     with InferenceService(mlp, store=RedisStore(server.url, prefix=prefix)) as svc:
-        with pytest.raises(JobFailed, match="server restarted while the job was running"):
-            svc.result("job0", timeout=30)
-        for i in range(1, 4):
-            np.testing.assert_allclose(svc.result(f"job{i}", timeout=30), mlp(sample(i)), rtol=1e-5, atol=1e-6)
-        stats = svc.stats()
-        assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
+        assert_restart_policy_applied(svc, mlp, timeout=30)
 
 
 def test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart(server, prefix):

@@ -36,13 +36,14 @@ def sample(i: int) -> np.ndarray:
 class Gate:
     """A model that blocks until released, recording the first value of every row it sees."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float = 10) -> None:
         self.open = threading.Event()
         self.seen: list[float] = []
+        self.wait_s = wait_s
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         self.seen += [float(row[0]) for row in batch]
-        assert self.open.wait(10), "the test never released the gate"
+        assert self.open.wait(self.wait_s), "the test never released the gate"
         return batch * 2
 
 
@@ -604,23 +605,19 @@ def test_a_service_left_open_is_drained_at_exit(tmp_path):
 # ---------------------------------------------------------------- stores and restart
 
 
-def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
-    """A child serves from tmp_path with a model that hangs; it is killed with SIGKILL while
-    one job runs and three wait. A new service on the same directory fails the running one
-    ("server restarted") and runs the queued ones."""
+def kill_a_child_serving_from(store_source: str) -> None:
+    """Runs a child that serves from the store `store_source` builds (Python source) with a
+    model that hangs, and kills it (SIGKILL) once job0 runs and job1..job3 wait."""
     script = textwrap.dedent(f"""
-        import sys, time, numpy as np
-        from fastloop.serve import InferenceService, FileStore
-        def say(line):  # one write per line: print() writes the text and its newline apart,
-            sys.stdout.write(line + "\\n")  # so two threads' lines could interleave
-            sys.stdout.flush()
+        import os, time, numpy as np
+        from fastloop.serve import InferenceService, FileStore, RedisStore
         def hang(batch):
-            say("running")
+            os.write(1, b"running\\n")  # one write: print() from two threads can interleave the lines
             time.sleep(60)
-        svc = InferenceService(hang, workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
+        svc = InferenceService(hang, workers=1, max_batch=1, store={store_source})
         for i in range(4):
             svc.submit(np.random.default_rng(i).standard_normal({IN}).astype(np.float32), job_id=f"job{{i}}")
-        say("submitted")
+        os.write(1, b"submitted\\n")
         time.sleep(60)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -629,13 +626,25 @@ def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def assert_restart_policy_applied(svc: InferenceService, mlp, timeout: float) -> None:
+    """After kill_a_child_serving_from() on svc's store: the running job0 failed ("server
+    restarted"), the queued job1..job3 ran, and svc counted both. The timeout bounds a hang."""
+    with pytest.raises(JobFailed, match="server restarted while the job was running"):
+        svc.result("job0", timeout=timeout)
+    for i in range(1, 4):
+        np.testing.assert_allclose(svc.result(f"job{i}", timeout=timeout), mlp(sample(i)), rtol=1e-5, atol=1e-6)
+    stats = svc.stats()
+    assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
+
+
+def test_restart_requeues_queued_jobs_and_fails_running_ones(mlp, tmp_path):
+    """A child serving from tmp_path is killed while one job runs and three wait. A new service
+    on the same directory fails the running one ("server restarted") and runs the queued ones."""
+    kill_a_child_serving_from(f"FileStore({str(tmp_path)!r})")
     with InferenceService(mlp, store=FileStore(tmp_path)) as svc:
-        with pytest.raises(JobFailed, match="server restarted while the job was running"):
-            svc.result("job0", timeout=5)
-        for i in range(1, 4):
-            np.testing.assert_allclose(svc.result(f"job{i}", timeout=5), mlp(sample(i)), rtol=1e-5, atol=1e-6)
-        stats = svc.stats()
-        assert stats["requeued_at_start"] == 3 and stats["failed_at_start"] == 1
+        assert_restart_policy_applied(svc, mlp, timeout=5)
 
 
 def test_a_deadline_holds_across_a_restart(tmp_path):

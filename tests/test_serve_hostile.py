@@ -180,6 +180,14 @@ def closed_by_server(sock: socket.socket, timeout: float = 10.0) -> bytes:
         data += chunk
 
 
+def sent_raw(base: str, request: bytes) -> bytes:
+    """Sends raw request bytes on a fresh connection; returns what the server sent until it
+    closed the connection."""
+    with connect(base) as sock:
+        sock.sendall(request)
+        return closed_by_server(sock)
+
+
 @pytest.fixture()
 def limited():
     service = InferenceService(lambda b: b, workers=1, store=MemoryStore())
@@ -204,11 +212,8 @@ def test_slowloris_connections_are_closed_and_healthz_keeps_answering(limited):
 
 
 def test_a_body_that_stops_midway_is_answered_408(limited):
-    sock = connect(limited)
-    sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: 100\r\n\r\n{\"inputs\": [1")
-    reply = closed_by_server(sock)
-    sock.close()
+    reply = sent_raw(limited, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                              b"content-length: 100\r\n\r\n{\"inputs\": [1")
     assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
 
 
@@ -230,18 +235,12 @@ def test_a_64_mib_header_is_refused_with_431_without_reading_it_all(limited):
 
 
 def test_a_header_over_the_limit_in_one_piece_is_431(limited):
-    sock = connect(limited)
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 10) + b"\r\n\r\n")
-    reply = closed_by_server(sock)
-    sock.close()
+    reply = sent_raw(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 10) + b"\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
 
 
 def test_an_idle_keep_alive_connection_is_closed(limited):
-    sock = connect(limited)
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    reply = closed_by_server(sock)
-    sock.close()
+    reply = sent_raw(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200")
 
 

@@ -453,6 +453,18 @@ def ws_url(base: str, path: str) -> str:
     return base.replace("http://", "ws://") + path
 
 
+def ws_statuses(base: str, path: str) -> list[str]:
+    """The statuses a job's events WebSocket at path sends until the server closes it."""
+    statuses = []
+    with ws_client.connect(ws_url(base, path)) as ws:
+        while True:
+            try:
+                statuses.append(json.loads(ws.recv(timeout=10))["status"])
+            except Exception:
+                break
+    return statuses
+
+
 def test_websocket_pushes_queued_running_done_then_closes(gate_server):
     base, _, gate = gate_server
     call(base, "POST", "/v1/jobs", {"inputs": [1.0]})

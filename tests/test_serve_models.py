@@ -6,7 +6,6 @@ machinery; and a model's pre- and post-processing hooks."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import subprocess
@@ -21,7 +20,7 @@ pytest.importorskip("uvicorn")
 from fastloop.serve import InferenceService, Input, MemoryStore  # noqa: E402
 from fastloop.serve.client import Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
-from test_serve_http import ROOT, call, free_port, poll, serving, ws_client, ws_url  # noqa: E402
+from test_serve_http import ROOT, call, free_port, poll, serving, ws_statuses  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
 
@@ -116,14 +115,7 @@ def test_each_model_has_its_own_batching_and_labelled_metrics(two_models):
 def test_websocket_events_are_per_model(two_models):
     base, _, _ = two_models
     job = call(base, "POST", "/v1/models/square/jobs", {"inputs": {"x": [1.0, 1.0], "k": 0}})[2]["id"]
-    with ws_client.connect(ws_url(base, f"/v1/models/square/jobs/{job}/events")) as ws:
-        statuses = []
-        while True:
-            try:
-                statuses.append(json.loads(ws.recv(timeout=10))["status"])
-            except Exception:
-                break
-    assert statuses[-1] == "done"
+    assert ws_statuses(base, f"/v1/models/square/jobs/{job}/events")[-1] == "done"
 
 
 def test_openapi_is_generated_per_model_from_the_declared_inputs(two_models):

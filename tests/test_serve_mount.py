@@ -4,7 +4,6 @@ real frameworks."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -16,7 +15,7 @@ pytest.importorskip("starlette")
 
 from fastloop.serve import InferenceService, JobFailed, MemoryStore  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
-from test_serve_http import ROOT, call, poll, serving, ws_client, ws_url  # noqa: E402
+from test_serve_http import ROOT, call, poll, serving, ws_client, ws_statuses, ws_url  # noqa: E402
 
 
 def double(batch: np.ndarray) -> np.ndarray:
@@ -73,14 +72,7 @@ def test_the_fastapi_recipe_serves_under_the_mount_path_and_its_lifespan_closes_
         assert call(base, "GET", "/inference/nope")[0] == 404
         # WebSocket events through the mount
         job_id = call(base, "POST", "/inference/v1/jobs", {"inputs": [3.0, 4.0]})[2]["id"]
-        with ws_client.connect(ws_url(base, f"/inference/v1/jobs/{job_id}/events")) as ws:
-            statuses = []
-            while True:
-                try:
-                    statuses.append(json.loads(ws.recv(timeout=10))["status"])
-                except Exception:
-                    break
-        assert statuses[-1] == "done"
+        assert ws_statuses(base, f"/inference/v1/jobs/{job_id}/events")[-1] == "done"
         assert not service.closed
     assert service.closed  # the recipe's lifespan closed it when the server stopped
 

@@ -14,22 +14,12 @@ import pytest
 
 pytest.importorskip("uvicorn")
 
-import fastloop as fl  # noqa: E402
 from fastloop.serve import InferenceService, Input, JobFailed, MemoryStore, RowsFailed  # noqa: E402
 from fastloop.serve.client import BadRequest, Client, ServiceUnavailable  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402
-from test_serve_http import Gate, call, poll, serving  # noqa: E402
+from test_serve_http import IN, OUT, Gate, call, mlp, poll, serving  # noqa: E402, F401 (mlp: a fixture)
 from waiting import wait_for  # noqa: E402
-
-IN, OUT = 16, 4
-
-
-@pytest.fixture(scope="module")
-def mlp():
-    fl.nn.manual_seed(0)
-    return fl.nn.Sequential(fl.nn.Linear(IN, 32), fl.nn.ReLU(), fl.nn.Linear(32, OUT))
-
 
 @pytest.fixture(scope="module")
 def mlp_server(mlp):

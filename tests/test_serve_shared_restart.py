@@ -15,20 +15,8 @@ from redis_fixtures import redis  # noqa: F401 (skips without Redis)
 from redis_launcher import RedisServer  # noqa: E402
 
 from fastloop.serve import InferenceService, JobFailed, RedisQueue, RedisStore, StoreUnavailable  # noqa: E402
+from test_serve import Gate  # noqa: E402
 from waiting import wait_for  # noqa: E402
-
-
-class Gate:
-    """Doubles its batch once released; counts the rows it saw by first value."""
-
-    def __init__(self) -> None:
-        self.open = threading.Event()
-        self.seen: list[float] = []
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        self.seen += [float(row[0]) for row in batch]
-        assert self.open.wait(20), "the test never released the gate"
-        return batch * 2
 
 
 @pytest.fixture
@@ -51,7 +39,7 @@ def final(svc, job: str) -> str:
 
 @pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning")
 def test_jobs_that_a_redis_restarted_from_an_older_snapshot_shows_running_are_run_again_not_failed(own_server):
-    gate = Gate()
+    gate = Gate(wait_s=20)
     store = RedisStore(own_server.url, socket_timeout=0.5)
     with InferenceService(gate, workers=1, max_batch=4, max_delay_ms=20, store=store,
                           queue=RedisQueue(visibility_timeout_s=3)) as svc:
@@ -71,7 +59,7 @@ def test_jobs_that_a_redis_restarted_from_an_older_snapshot_shows_running_are_ru
 
 @pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning")
 def test_jobs_started_by_a_take_whose_answer_was_lost_are_run_not_failed(own_server, monkeypatch):
-    gate = Gate()
+    gate = Gate(wait_s=20)
     gate.open.set()
     store = RedisStore(own_server.url, socket_timeout=0.5)
     queue = RedisQueue(visibility_timeout_s=3)

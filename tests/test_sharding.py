@@ -11,26 +11,14 @@ import numpy as np
 import pytest
 
 import fastloop
-
-
-class Indices:
-    """A Python dataset whose sample i is the number i."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> np.int64:
-        return np.int64(i)
+from synthetic import IndexDataset
 
 
 MODES: dict[str, Callable[[int, dict], fastloop.Loader]] = {
     "threads, 0 workers": lambda n, kw: fastloop.Loader(np.arange(n), workers=0, **kw),
     "threads, 2 workers": lambda n, kw: fastloop.Loader(np.arange(n), workers=2, mode="threads", **kw),
-    "processes": lambda n, kw: fastloop.Loader(Indices(n), workers=1, mode="processes", **kw),
-    "in-process (workers=0, a Python dataset)": lambda n, kw: fastloop.Loader(Indices(n), workers=0, **kw),
+    "processes": lambda n, kw: fastloop.Loader(IndexDataset(n), workers=1, mode="processes", **kw),
+    "in-process (workers=0, a Python dataset)": lambda n, kw: fastloop.Loader(IndexDataset(n), workers=0, **kw),
 }
 
 
@@ -72,5 +60,5 @@ def test_four_ranks_over_ten_samples_run_three_steps_each_in_every_mode() -> Non
     for mode in MODES:
         steps = [len(batches) for batches in rank_batches(mode, 10, 4, drop_last=False)]  # batch size 2 here
         assert steps == [2, 2, 2, 2], (mode, steps)
-        lengths = [len(fastloop.Loader(Indices(10), batch_size=1, rank=r, world_size=4)) for r in range(4)]
+        lengths = [len(fastloop.Loader(IndexDataset(10), batch_size=1, rank=r, world_size=4)) for r in range(4)]
         assert lengths == [3, 3, 3, 3]

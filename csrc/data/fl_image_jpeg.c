@@ -16,10 +16,7 @@
 #include "data/image_codec.h"
 
 #if __has_include(<jpeglib.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
-#include <dlfcn.h>
-#include <pthread.h>
 #include <setjmp.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,13 +37,12 @@
     X(jpeg_resync_to_restart)
 
 static struct {
-    pthread_mutex_t lock; /* guards loading; the pointers are read only after `loaded` */
-    atomic_int loaded;
+    fl_dl_once once; /* the pointers are read only after fl_dl_once_done() */
 #define DECLARE(name) __typeof__(&name) name;
     JPEG_FUNCTIONS(DECLARE)
 #undef DECLARE
     char description[512];
-} lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} lib = {.once = FL_DL_ONCE_INIT};
 
 /* One thread's decompressor, its error handler and source. */
 struct jpeg_state {
@@ -77,36 +73,23 @@ static int resolve_linked(void) {
 
 /* Fills lib from the file at path; FL_EINVAL when it does not load or lacks a function. */
 static int resolve_file(const char *path) {
-    void *handle = fl_dl_open(path, NULL);
-    if (handle == NULL)
+#define SYMBOL(name) {(void **)&lib.name, #name},
+    const fl_dl_symbol symbols[] = {JPEG_FUNCTIONS(SYMBOL)};
+#undef SYMBOL
+    if (fl_dl_open_resolved(path, NULL, symbols, sizeof symbols / sizeof symbols[0],
+                            "not libjpeg-turbo with the libjpeg.so.62 ABI") == NULL)
         return FL_EINVAL;
-#define RESOLVE(name)                                                                              \
-    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        dlclose(handle);                                                                           \
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libjpeg-turbo with the libjpeg.so.62 ABI", \
-                            path, #name);                                                          \
-    }
-    JPEG_FUNCTIONS(RESOLVE)
-#undef RESOLVE
     snprintf(lib.description, sizeof lib.description, "libjpeg-turbo (libjpeg.so.62 ABI) %s",
              fl_dl_base_name(path));
     return FL_OK; /* the handle stays open */
 }
 
-int jpeg_codec_load(const char *path) {
-    pthread_mutex_lock(&lib.lock);
-    int rc = FL_OK;
-    if (!atomic_load_explicit(&lib.loaded, memory_order_relaxed)) {
-        rc = path == NULL ? resolve_linked() : resolve_file(path);
-        if (rc == FL_OK)
-            atomic_store_explicit(&lib.loaded, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&lib.lock);
-    return rc;
-}
+static int resolve(const char *path) { return path == NULL ? resolve_linked() : resolve_file(path); }
+
+int jpeg_codec_load(const char *path) { return fl_dl_once_load(&lib.once, resolve, path); }
 
 const char *jpeg_codec_describe(void) {
-    return atomic_load_explicit(&lib.loaded, memory_order_acquire) ? lib.description : NULL;
+    return fl_dl_once_done(&lib.once) ? lib.description : NULL;
 }
 
 /* ---- error handling and the in-memory source ---- */

@@ -30,9 +30,7 @@ int png_probe(const void *data, size_t len, fl_image_info *info) {
 
 #if __has_include(<png.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <setjmp.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #include <png.h>
@@ -59,13 +57,12 @@ int png_probe(const void *data, size_t len, fl_image_info *info) {
     X(png_read_row)
 
 static struct {
-    pthread_mutex_t lock; /* guards loading; the pointers are read only after `loaded` */
-    atomic_int loaded;
+    fl_dl_once once; /* the pointers are read only after fl_dl_once_done() */
 #define DECLARE(name) __typeof__(&name) name;
     PNG_FUNCTIONS(DECLARE)
 #undef DECLARE
     char description[512];
-} lib = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} lib = {.once = FL_DL_ONCE_INIT};
 
 /* Fills lib from the library linked into this binary; FL_EUNAVAILABLE when there is none. */
 static int resolve_linked(void) {
@@ -84,16 +81,13 @@ static int resolve_linked(void) {
 /* Fills lib from the file at path; FL_EINVAL when it does not load, lacks a function or is
  * not libpng 1.6. */
 static int resolve_file(const char *path) {
-    void *handle = fl_dl_open(path, NULL);
+#define SYMBOL(name) {(void **)&lib.name, #name},
+    const fl_dl_symbol symbols[] = {PNG_FUNCTIONS(SYMBOL)};
+#undef SYMBOL
+    void *handle =
+        fl_dl_open_resolved(path, NULL, symbols, sizeof symbols / sizeof symbols[0], "not libpng 1.6");
     if (handle == NULL)
         return FL_EINVAL;
-#define RESOLVE(name)                                                                              \
-    if ((*(void **)&lib.name = dlsym(handle, #name)) == NULL) {                                    \
-        dlclose(handle);                                                                           \
-        return fl_error_set(FL_EINVAL, "%s has no %s: not libpng 1.6", path, #name);               \
-    }
-    PNG_FUNCTIONS(RESOLVE)
-#undef RESOLVE
     const char *version = lib.png_get_libpng_ver(NULL);
     if (version == NULL || strncmp(version, "1.6.", 4) != 0) {
         dlclose(handle);
@@ -103,20 +97,12 @@ static int resolve_file(const char *path) {
     return FL_OK; /* the handle stays open */
 }
 
-int png_codec_load(const char *path) {
-    pthread_mutex_lock(&lib.lock);
-    int rc = FL_OK;
-    if (!atomic_load_explicit(&lib.loaded, memory_order_relaxed)) {
-        rc = path == NULL ? resolve_linked() : resolve_file(path);
-        if (rc == FL_OK)
-            atomic_store_explicit(&lib.loaded, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&lib.lock);
-    return rc;
-}
+static int resolve(const char *path) { return path == NULL ? resolve_linked() : resolve_file(path); }
+
+int png_codec_load(const char *path) { return fl_dl_once_load(&lib.once, resolve, path); }
 
 const char *png_codec_describe(void) {
-    return atomic_load_explicit(&lib.loaded, memory_order_acquire) ? lib.description : NULL;
+    return fl_dl_once_done(&lib.once) ? lib.description : NULL;
 }
 
 /* ---- decoding ---- */

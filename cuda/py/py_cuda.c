@@ -114,21 +114,28 @@ static PyObject *selftest(PyObject *module, PyObject *args, PyObject *kwargs) {
                          "errors", (Py_ssize_t)errors);
 }
 
-static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static fl_arg_cache cublas_load_args = FL_ARG_CACHE("cublas_load");
+PyObject *fl_py_load_library(PyObject *module, PyObject *args, PyObject *kwargs,
+                             fl_arg_cache *cache,
+                             int (*load)(const char *path, char *why, size_t why_len),
+                             const char *(*loaded_path)(void), const char *what) {
     const char *path = NULL;
-    if (fl_parse_args_dict(&cublas_load_args, args, kwargs,
-                           FL_ARG("|path", STR_OR_NONE, &path)) < 0)
+    if (fl_parse_args_dict(cache, args, kwargs, FL_ARG("|path", STR_OR_NONE, &path)) < 0)
         return NULL;
-    char why[2048];
+    char why[4096];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-        rc = fl_cublas_load(path, why, sizeof why);
+        rc = load(path, why, sizeof why);
     Py_END_ALLOW_THREADS
     if (rc != 0)
         return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
-                         "CUDA is not available: cuBLAS could not be loaded: %s", why);
-    return PyUnicode_DecodeFSDefault(fl_cublas_path());
+                         "%s could not be loaded: %s", what, why);
+    return PyUnicode_DecodeFSDefault(loaded_path());
+}
+
+static PyObject *cublas_load(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static fl_arg_cache cublas_load_args = FL_ARG_CACHE("cublas_load");
+    return fl_py_load_library(module, args, kwargs, &cublas_load_args, fl_cublas_load,
+                              fl_cublas_path, "CUDA is not available: cuBLAS");
 }
 
 static PyObject *nn_backend(PyObject *module, PyObject *unused) {

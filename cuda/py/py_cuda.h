@@ -41,6 +41,15 @@ static inline cuda_state *fl_py_state(PyObject *module) {
  * .cuda_code N. Returns NULL. */
 PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what);
 
+/* The body of a `<name>_load(path=None)` binding (cache names it): loads a dlopened CUDA
+ * library with the GIL released through load(path, why, why_len), as fl_cublas_load() and
+ * fl_nvjpeg_load() take it (path None: the default names). Returns the loaded file's path
+ * (str), or NULL with CudaUnavailable("<what> could not be loaded: <why>"). */
+PyObject *fl_py_load_library(PyObject *module, PyObject *args, PyObject *kwargs,
+                             fl_arg_cache *cache,
+                             int (*load)(const char *path, char *why, size_t why_len),
+                             const char *(*loaded_path)(void), const char *what);
+
 /* Checks that CUDA can run and `device` exists, before anything touches the GPU: returns 0,
  * or -1 with CudaUnavailable (no driver, no device) or ValueError (no such device). */
 int fl_py_require_device(cuda_state *state, int device);

@@ -20,19 +20,8 @@ typedef struct JpegDecoder {
 
 static PyObject *nvjpeg_load(PyObject *module, PyObject *args, PyObject *kwargs) {
     static fl_arg_cache nvjpeg_load_args = FL_ARG_CACHE("nvjpeg_load");
-    const char *path = NULL;
-    if (fl_parse_args_dict(&nvjpeg_load_args, args, kwargs,
-                           FL_ARG("|path", STR_OR_NONE, &path)) < 0)
-        return NULL;
-    char why[4096];
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-        rc = fl_nvjpeg_load(path, why, sizeof why);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return fl_raisef(&fl_py_state(module)->exc, FL_EXC_CUDA_UNAVAILABLE,
-                         "nvJPEG could not be loaded: %s", why);
-    return PyUnicode_DecodeFSDefault(fl_nvjpeg_path());
+    return fl_py_load_library(module, args, kwargs, &nvjpeg_load_args, fl_nvjpeg_load,
+                              fl_nvjpeg_path, "nvJPEG");
 }
 
 /* Raises CudaError for a decoder code: a cudaError_t, or nvJPEG's status. */

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 
@@ -48,7 +48,7 @@ import fastloop as fl
 from ..serve.http_inputs import NPY_TYPE, npy_bytes
 from .serve import mlp
 from .targets import Result
-from .timing import best_times
+from .timing import best_times, cpu_s
 
 CLIENTS = 64
 WORKERS = 2
@@ -116,9 +116,7 @@ class Server:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the server process has used, all its threads."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:  # type: ignore[union-attr]
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)  # type: ignore[union-attr]
 
 
 def _free_port() -> int:
@@ -256,44 +254,74 @@ async def run_job(conn: Conn, body: bytes, accept: str = "", wait_s: float | Non
         wait = min(2 * wait, 0.02)
 
 
-async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s: float,
-                       server: Server) -> tuple[list[float], int, float, float, float, tuple[float, float]]:
-    conns = [await Conn(port).open() for _ in bodies]
-    window: dict[str, float] = {}
+class Window:
+    """The measured stretch of a closed-loop run, between warm-up and the end."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.end: float | None = None
+
+    def is_open(self, at: float | None = None) -> bool:
+        """Whether the window is open now (and `at`, when given, falls inside it)."""
+        return self.start is not None and self.end is None and (at is None or at >= self.start)
+
+
+async def closed_loop(conns: list[Conn], bodies: list[bytes],
+                      job: Callable[[Conn, bytes], Awaitable[tuple[int, str | None]]], seconds: float,
+                      warmup_s: float, reading: Callable[[], Awaitable[Any]], what: str,
+                      window: Window | None = None) -> tuple[list[float], int, float, Any, Any]:
+    """One client per (conn, body), each running job() after job() (a closed loop) for warmup_s,
+    then `seconds` measured, then until its last job ends; the conns are closed after. Returns
+    the latencies of the jobs that ended in the window, the sum of the counts job() returned
+    for them, the window's span, and reading() at its start and at its end (CPU, metrics).
+    Raises RuntimeError naming `what` when a job fails."""
+    window = window or Window()
     latencies: list[float] = []
-    polls = [0]
+    counted = [0]
     failures: list[str] = []
 
     async def client(conn: Conn, body: bytes) -> None:
-        accept = NPY_TYPE if body.startswith(NPY_MAGIC) else ""  # results come back as the inputs went
-        while "end" not in window:
+        while window.end is None:
             start = time.perf_counter()
-            n, failure = await run_job(conn, body, accept)
+            n, failure = await job(conn, body)
             if failure:
                 failures.append(failure)
                 return
             end = time.perf_counter()
-            if "start" in window and "end" not in window and end >= window["start"]:
+            if window.is_open(end):
                 latencies.append(end - start)
-                polls[0] += n
+                counted[0] += n
 
     tasks = [asyncio.ensure_future(client(c, b)) for c, b in zip(conns, bodies)]
     await asyncio.sleep(warmup_s)
-    window["start"] = time.perf_counter()
-    cpu0, mine0 = server.cpu_s(), time.process_time()
-    metrics0 = _batch_totals(await _scrape(port))
+    window.start = time.perf_counter()
+    before = await reading()
     await asyncio.sleep(seconds)
-    window["end"] = time.perf_counter()
-    cpu1, mine1 = server.cpu_s(), time.process_time()
-    metrics1 = _batch_totals(await _scrape(port))
+    window.end = time.perf_counter()
+    after = await reading()
     await asyncio.gather(*tasks)
     for c in conns:
         c.close()
     if failures:
-        raise RuntimeError(f"HTTP serve benchmark: a client failed: {failures[0]}")
-    span = window["end"] - window["start"]
+        raise RuntimeError(f"{what}: a client failed: {failures[0]}")
+    return latencies, counted[0], window.end - window.start, before, after
+
+
+async def _closed_loop(port: int, bodies: list[bytes], seconds: float, warmup_s: float,
+                       server: Server) -> tuple[list[float], int, float, float, float, tuple[float, float]]:
+    conns = [await Conn(port).open() for _ in bodies]
+
+    async def job(conn: Conn, body: bytes) -> tuple[int, str | None]:
+        accept = NPY_TYPE if body.startswith(NPY_MAGIC) else ""  # results come back as the inputs went
+        return await run_job(conn, body, accept)
+
+    async def reading() -> tuple[float, float, tuple[float, float]]:
+        return server.cpu_s(), time.process_time(), _batch_totals(await _scrape(port))
+
+    latencies, polls, span, (cpu0, mine0, metrics0), (cpu1, mine1, metrics1) = await closed_loop(
+        conns, bodies, job, seconds, warmup_s, reading, "HTTP serve benchmark")
     batched = (metrics1[0] - metrics0[0], metrics1[1] - metrics0[1])
-    return latencies, polls[0], span, (cpu1 - cpu0) / span, (mine1 - mine0) / span, batched
+    return latencies, polls, span, (cpu1 - cpu0) / span, (mine1 - mine0) / span, batched
 
 
 async def _scrape(port: int) -> str:

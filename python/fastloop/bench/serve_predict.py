@@ -42,6 +42,7 @@ import numpy as np
 
 from .serve_http import CLIENTS, Conn
 from .targets import Result
+from .timing import cpu_s
 
 HIDDEN = 2048
 HEADERS = ["server", "route", "clients", "jobs/s", "p50 ms", "p99 ms", "server CPU ms/job", "jobs"]
@@ -126,9 +127,7 @@ class Process:
         raise RuntimeError(f"{args[:6]} did not answer /healthz within 60 s")
 
     def cpu_s(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> tuple[int, str]:
         """Signals the server and waits for it: (exit code, its stderr)."""

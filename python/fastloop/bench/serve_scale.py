@@ -42,7 +42,7 @@ import numpy as np
 
 from .serve import _redis_launcher
 from .serve import mlp
-from .serve_http import CLIENTS, Conn, Server, checkpoint, job_bodies, model_name, run_job
+from .serve_http import CLIENTS, Conn, Server, Window, checkpoint, closed_loop, job_bodies, model_name, run_job
 from .targets import Result
 from .timing import tree_cpu_s
 
@@ -109,39 +109,21 @@ async def _closed_loop(servers: list[ScaleServer], bodies: list[bytes], seconds:
     """Client i talks to servers[i % len(servers)]; (latencies, span, server CPU, client CPU,
     requests in the window). ``long_poll``: GET .../result?wait_s=; otherwise polls."""
     conns = [await Conn(servers[i % len(servers)].port).open() for i in range(len(bodies))]
-    window: dict[str, float] = {}
-    latencies: list[float] = []
-    failures: list[str] = []
+    window = Window()
     requests = [0]
 
     def count() -> None:  # a request sent in the measured window
-        if "start" in window and "end" not in window:
+        if window.is_open():
             requests[0] += 1
 
-    async def client(conn: Conn, body: bytes) -> None:
-        while "end" not in window:
-            start = time.perf_counter()
-            _, failure = await run_job(conn, body, wait_s=LONG_POLL_S if long_poll else None, on_request=count)
-            if failure:
-                failures.append(failure)
-                return
-            end = time.perf_counter()
-            if "start" in window and "end" not in window and end >= window["start"]:
-                latencies.append(end - start)
+    async def job(conn: Conn, body: bytes) -> tuple[int, str | None]:
+        return await run_job(conn, body, wait_s=LONG_POLL_S if long_poll else None, on_request=count)
 
-    tasks = [asyncio.ensure_future(client(c, b)) for c, b in zip(conns, bodies)]
-    await asyncio.sleep(warmup_s)
-    window["start"] = time.perf_counter()
-    cpu0, mine0 = _servers_cpu_s(servers), time.process_time()
-    await asyncio.sleep(seconds)
-    window["end"] = time.perf_counter()
-    cpu1, mine1 = _servers_cpu_s(servers), time.process_time()
-    await asyncio.gather(*tasks)
-    for c in conns:
-        c.close()
-    if failures:
-        raise RuntimeError(f"scale benchmark: a client failed: {failures[0]}")
-    span = window["end"] - window["start"]
+    async def reading() -> tuple[float, float]:
+        return _servers_cpu_s(servers), time.process_time()
+
+    latencies, _, span, (cpu0, mine0), (cpu1, mine1) = await closed_loop(
+        conns, bodies, job, seconds, warmup_s, reading, "scale benchmark", window)
     return latencies, span, (cpu1 - cpu0) / span, (mine1 - mine0) / span, requests[0]
 
 

@@ -104,6 +104,49 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process pid has used so far, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(loader: object) -> list[int]:
+    """The worker processes of a started fastloop.Loader or torch DataLoader."""
+    if hasattr(loader, "worker_pids"):
+        return list(loader.worker_pids)  # type: ignore[attr-defined]
+    return [w.pid for w in loader._iterator._workers]  # type: ignore[attr-defined]  # torch: private, the only way
+
+
+class LoaderCpu:
+    """The CPU a loader's main process and its worker processes spend from here on.
+
+        cpu = LoaderCpu(loader)       # once an epoch has started the workers
+        for _ in loader: pass
+        main_s, workers_s = cpu.spent()
+    """
+
+    def __init__(self, loader: object) -> None:
+        self.pids = worker_pids(loader)
+        self.main0, self.workers0 = cpu_s(os.getpid()), [cpu_s(p) for p in self.pids]
+
+    def spent(self) -> tuple[float, float]:
+        """CPU seconds since creation: (this process, the workers together)."""
+        return cpu_s(os.getpid()) - self.main0, sum(cpu_s(p) - c for p, c in zip(self.pids, self.workers0))
+
+
+def epochs_cpu_us(loader: object, epochs: int, samples: int) -> tuple[float, float]:
+    """Iterates `epochs` epochs of a started loader of `samples` samples per epoch: the CPU
+    microseconds per sample spent by this process and by the workers together."""
+    cpu = LoaderCpu(loader)
+    for _ in range(epochs):
+        for _ in loader:  # type: ignore[attr-defined]
+            pass
+    main_s, workers_s = cpu.spent()
+    seen = samples * epochs
+    return 1e6 * main_s / seen, 1e6 * workers_s / seen
+
+
 def tree_cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system, all threads) used by these processes and their live
     descendants, read from /proc (Linux); a process that ended meanwhile counts nothing."""
@@ -114,9 +157,7 @@ def tree_cpu_s(pids: list[int]) -> float:
             continue
         seen.add(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            total += cpu_s(pid)
             for task in os.listdir(f"/proc/{pid}/task"):  # children are listed by the thread that forked them
                 with open(f"/proc/{pid}/task/{task}/children") as f:
                     todo += [int(p) for p in f.read().split()]
