@@ -247,7 +247,8 @@ int main(void) {
     const char *jpeg = getenv("FASTLOOP_LIBJPEG"), *png = getenv("FASTLOOP_LIBPNG");
     if (fl_image_load_jpeg(jpeg && *jpeg ? jpeg : "libjpeg.so.62") != FL_OK ||
         fl_image_load_png(png && *png ? png : "libpng16.so.16") != FL_OK) {
-        fprintf(stderr, "test_image: FAILED, no codec: %s (pip install pillow)\n", fl_error_detail());
+        fprintf(stderr, "test_image: FAILED, no codec: %s (install the system's libjpeg62-turbo and "
+                        "libpng16-16, or set FASTLOOP_LIBJPEG/FASTLOOP_LIBPNG)\n", fl_error_detail());
         return 1; /* not a silent skip: make ctest passes the codecs fastloop.images finds */
     }
     load_corpus("tests/fuzz/corpus/image");
