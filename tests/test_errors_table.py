@@ -60,21 +60,30 @@ def test_cuda_error_from_cuda_carries_the_library_code_and_the_cuda_number():
     _cuda = cuda_module()
     try:
         _cuda.device_count()
-    except fastloop.CudaError as error:  # no driver or no device: what this test checks
-        assert error.code < 0 and error.code != 0
+    except fastloop.CudaError as error:  # no driver or no device: the failing call's own error
+        assert error.code == -13  # FL_ECUDA
         assert error.cuda_code is not None and f"code {error.cuda_code})" in str(error)
-    else:
-        pytest.skip("CUDA works here: no error to look at")
+        return
+    # A GPU: an allocation of 1 PiB fails in cudaMalloc (cudaErrorMemoryAllocation, 2).
+    with pytest.raises(fastloop.CudaError) as raised:
+        _cuda.empty((1 << 50,), "uint8")
+    assert raised.value.code == -13 and raised.value.cuda_code == 2
+    assert "code 2)" in str(raised.value)
 
 
-def test_cuda_unavailable_from_cuda_is_the_errors_class():
+def test_cuda_unavailable_or_a_missing_device_from_cuda():
     _cuda = cuda_module()
     try:
-        _cuda.memcpy_benchmark(1024)
-    except fastloop.CudaUnavailable as error:
-        assert type(error) is errors.CudaUnavailable
-    except ValueError:
-        pytest.skip("CUDA works here")
+        count = _cuda.device_count()
+    except fastloop.CudaError:
+        count = 0
+    if count == 0:
+        with pytest.raises(fastloop.CudaUnavailable) as raised:
+            _cuda.memcpy_benchmark(1024)
+        assert type(raised.value) is errors.CudaUnavailable
+    else:  # a GPU: the device one past the last is refused, naming the argument
+        with pytest.raises(ValueError, match=rf"'device' {count} does not exist"):
+            _cuda.memcpy_benchmark(1024, device=count)
 
 
 def test_cuda_error_made_in_python_keeps_its_arguments():

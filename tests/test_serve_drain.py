@@ -41,13 +41,13 @@ def build():
     loaded = os.environ.get("FASTLOOP_TEST_LOADED")
     if loaded:
         open(loaded + ".loading", "w").close()
-    while loaded and not os.path.exists(loaded):
+    while loaded and not os.path.exists(loaded):  # polls the test's condition (another process)
         time.sleep(0.005)
 
     def model(batch):
         while gate and not os.path.exists(gate):
             time.sleep(0.005)
-        time.sleep(0.001)
+        time.sleep(0.001)  # paces the model: a call takes time, so a drain finds jobs in flight
         return batch * 2
     return model, Input("float32", (4,))
 '''

@@ -85,7 +85,7 @@ static PyObject *stream_exit(Stream *self, PyObject *args) {
 }
 
 static PyObject *stream_repr(Stream *self) {
-    char handle[32]; /* %zx is not portable in PyUnicode_FromFormat */
+    char handle[32]; /* hex of a size_t: PyUnicode_FromFormat has no such conversion before 3.13 */
     snprintf(handle, sizeof handle, "0x%zx", (size_t)self->handle);
     return PyUnicode_FromFormat("Stream(device=%d, handle=%s)", self->device, handle);
 }
