@@ -46,7 +46,10 @@ def test_quick_classification_run_writes_everything(tmp_path):
     assert s["val/accuracy"] > 0.4  # 10 classes: chance is 0.1
     assert (folder / "plot.png").stat().st_size > 10_000
     assert len(os.listdir(folder / "checkpoints")) >= 1
-    assert "tensorboard --logdir" in result.stdout and "samples/s" in result.stdout
+    assert "tensorboard --logdir" in result.stdout
+    # a quick run's steps may take under a second on a fast machine: then no rate is printed
+    expected = "samples/s" if s["samples_per_s"] is not None else "too short to time a rate"
+    assert expected in result.stdout
     rows = (folder / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("wall_time,step,name,value") and any(",train/loss," in r for r in rows)
     tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
