@@ -269,9 +269,9 @@ def test_a_bad_image_in_a_shard_names_shard_member_and_index(tmp_path: Path) -> 
     with fastloop.Loader(shards, batch_size=2, workers=2, transform=FUSED) as loader:
         it = iter(loader)
         next(it), next(it)  # earlier batches delivered
-        with pytest.raises(ValueError, match=r"sample 4: .*bad\.tar.*libjpeg.*member 'k4\.jpg'"):
+        with pytest.raises(fastloop.DecodeError, match=r"sample 4: .*bad\.tar.*libjpeg.*member 'k4\.jpg'"):
             next(it)
-    with pytest.raises(ValueError, match=r"sample 4: .*bad\.tar, member 'k4\.jpg'"):
+    with pytest.raises(fastloop.DecodeError, match=r"sample 4: .*bad\.tar, member 'k4\.jpg'"):
         shards[4]
 
 

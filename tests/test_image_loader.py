@@ -167,7 +167,7 @@ def test_a_truncated_file_fails_at_its_batch_naming_path_index_and_decoder_messa
         it = iter(loader)
         assert next(it)[0].shape == (3, 32, 32, 3)
         assert next(it)[0].shape == (3, 32, 32, 3)  # earlier batches are delivered
-        with pytest.raises(ValueError, match=r"sample 7: .*007\.jpg: libjpeg: truncated"):
+        with pytest.raises(fastloop.DecodeError, match=r"sample 7: .*007\.jpg: libjpeg: truncated"):
             next(it)
 
 
@@ -178,7 +178,7 @@ def test_empty_and_non_image_files_name_the_file(tmp_path: Path, content: bytes,
     with fastloop.Loader(EncodedImages(paths), batch_size=1, transform=ops.Pipeline([ops.RandomResizedCrop(8)])) as loader:
         it = iter(loader)
         next(it)
-        with pytest.raises(ValueError, match=rf"sample 1: .*001\.jpg: .*{message}"):
+        with pytest.raises(fastloop.DecodeError, match=rf"sample 1: .*001\.jpg: .*{message}"):
             next(it)
 
 

@@ -111,21 +111,21 @@ def test_info_names_the_decoders_and_where_they_come_from() -> None:
 def test_zero_byte_file_names_the_path(tmp_path) -> None:
     path = tmp_path / "empty.jpg"
     path.write_bytes(b"")
-    with pytest.raises(ValueError, match=r"empty\.jpg.*0 bytes"):
+    with pytest.raises(fastloop.DecodeError, match=r"empty\.jpg.*0 bytes"):
         images.decode(path)
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_truncated_image_raises_with_the_decoders_message(fmt: str) -> None:
     data = encode(Image.fromarray(natural(80, 90)), fmt)
-    with pytest.raises(ValueError, match="truncated"):
+    with pytest.raises(fastloop.DecodeError, match="truncated"):
         images.decode(data[: len(data) // 2])
 
 
 def test_non_image_names_what_it_starts_with(tmp_path) -> None:
     path = tmp_path / "notes.png"
     path.write_text("just some text")
-    with pytest.raises(ValueError, match=r"notes\.png.*not a JPEG or PNG.*6a 75 73 74"):
+    with pytest.raises(fastloop.DecodeError, match=r"notes\.png.*not a JPEG or PNG.*6a 75 73 74"):
         images.decode(path)
 
 
@@ -133,8 +133,26 @@ def test_corrupt_jpeg_raises_libjpegs_message() -> None:
     data = bytearray(JPEG_CASES["rgb_q90"]())
     sof = data.index(b"\xff\xc0")
     data[sof + 9] = 7  # component count 7: libjpeg refuses the frame header
-    with pytest.raises(ValueError, match="libjpeg"):
+    with pytest.raises(fastloop.DecodeError, match="libjpeg"):
         images.decode(bytes(data))
+
+
+@pytest.mark.parametrize("call", [images.decode, images.size])
+def test_decode_error_is_a_value_error_with_the_library_code(tmp_path, call) -> None:
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(JPEG_CASES["rgb_q90"]()[:5])
+    for data in (path, path.read_bytes()):  # a path is named in the message; the code stays
+        with pytest.raises(fastloop.DecodeError) as raised:
+            call(data)
+        assert isinstance(raised.value, ValueError) and isinstance(raised.value, fastloop.Error)
+        assert raised.value.code == -14, raised.value.code  # FL_EDECODE
+
+
+def test_an_image_over_the_pixel_cap_is_a_value_error_not_a_decode_error() -> None:
+    huge = with_size(JPEG_CASES["rgb_q90"](), 16384, 16384)  # a valid header: the cap is a choice
+    with pytest.raises(ValueError, match="pixel cap") as raised:
+        images.decode(huge)
+    assert not isinstance(raised.value, fastloop.DecodeError)
 
 
 def with_size(data: bytes, height: int, width: int) -> bytes:

@@ -22,7 +22,8 @@
     X(EWORKER, "a worker process failed")                             \
     X(EUNAVAILABLE, "a library is not available")                     \
     X(ENOTSUP, "not handled by this fast path: take the general one") \
-    X(ECUDA, "a CUDA or cuBLAS call failed")
+    X(ECUDA, "a CUDA or cuBLAS call failed")                          \
+    X(EDECODE, "the data is not a valid image")
 
 /* X-macro expansions inside enums confuse clang-format. */
 /* clang-format off */

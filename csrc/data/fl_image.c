@@ -17,7 +17,7 @@ uint64_t fl_image_max_pixels(void) { return atomic_load_explicit(&max_pixels, me
 
 int image_check_size(size_t width, size_t height) {
     if (width == 0 || height == 0)
-        return fl_error_set(FL_EINVAL, "the image header says %zux%zu pixels", width, height);
+        return fl_error_set(FL_EDECODE, "the image header says %zux%zu pixels", width, height);
     uint64_t cap = fl_image_max_pixels();
     size_t pixels, bytes; /* header fields: a decode buffer of up to 4 bytes a pixel (CMYK) must fit */
     int rc = fl_size_mul(width, height, "the image header's width x height", &pixels);
@@ -84,14 +84,14 @@ void fl_decoder_free(fl_decoder *d) {
     free(d);
 }
 
-/* The format of data, or FL_EINVAL / FL_EUNAVAILABLE saying why it cannot be decoded. */
+/* The format of data, or FL_EDECODE / FL_EUNAVAILABLE saying why it cannot be decoded. */
 static int usable_format(const void *data, size_t len, fl_image_format *format) {
     const unsigned char *b = data;
     *format = fl_image_sniff(data, len);
     if (*format == FL_IMAGE_UNKNOWN) {
         if (len == 0)
-            return fl_error_set(FL_EINVAL, "empty data (0 bytes): not an image");
-        return fl_error_set(FL_EINVAL, "not a JPEG or PNG image (%zu bytes starting %02x %02x %02x %02x)",
+            return fl_error_set(FL_EDECODE, "empty data (0 bytes): not an image");
+        return fl_error_set(FL_EDECODE, "not a JPEG or PNG image (%zu bytes starting %02x %02x %02x %02x)",
                             len, b[0], len > 1 ? b[1] : 0, len > 2 ? b[2] : 0, len > 3 ? b[3] : 0);
     }
     if (fl_image_codec(*format) == NULL)

@@ -10,9 +10,9 @@
  * samples reduced as Pillow reads them); EXIF orientation is ignored.
  *
  * A decoder (fl_decoder) holds one thread's codec state and output buffer, reused from image
- * to image: one per thread, never shared. Nothing here blocks; errors are FL_EINVAL (bad or
- * truncated data, an image over the pixel cap; the detail has the codec's message),
- * FL_EUNAVAILABLE (the codec for that format is not loaded) or FL_ENOMEM.
+ * to image: one per thread, never shared. Nothing here blocks; errors are FL_EDECODE (bad or
+ * truncated data; the detail has the codec's message), FL_EINVAL (an image over the pixel
+ * cap, a bad argument), FL_EUNAVAILABLE (the codec for that format is not loaded) or FL_ENOMEM.
  */
 #ifndef FL_IMAGE_H
 #define FL_IMAGE_H
@@ -59,8 +59,8 @@ void fl_decoder_free(fl_decoder *d);
  * call. NULL when out of memory. */
 uint8_t *fl_decoder_scratch(fl_decoder *d, size_t bytes);
 
-/* Reads the header of `data`: the format and full size. Returns 0, FL_EINVAL (not a JPEG or
- * PNG, a bad header, over the pixel cap) or FL_EUNAVAILABLE. */
+/* Reads the header of `data`: the format and full size. Returns 0, FL_EDECODE (not a JPEG or
+ * PNG, a bad header), FL_EINVAL (over the pixel cap) or FL_EUNAVAILABLE. */
 int fl_image_probe(fl_decoder *d, const void *data, size_t len, fl_image_info *info);
 
 /* The size of an image of w x h decoded at 1/denom (libjpeg's rounding up). */
@@ -85,8 +85,9 @@ typedef struct fl_decoded {
 
 /* Decodes `data` scaled by 1/denom (1, 2, 4 or 8; JPEG only, PNG takes 1) and at least the
  * rectangle `want` of the scaled image (NULL: all of it); JPEG skips the rows above it and
- * decodes only the columns around it. Returns 0 with *out, or FL_EINVAL (bad, truncated or
- * too large data; a rectangle outside the image), FL_EUNAVAILABLE or FL_ENOMEM. */
+ * decodes only the columns around it. Returns 0 with *out, or FL_EDECODE (bad or truncated
+ * data), FL_EINVAL (too large an image; a rectangle outside it), FL_EUNAVAILABLE or
+ * FL_ENOMEM. */
 int fl_image_decode(fl_decoder *d, const void *data, size_t len, unsigned denom,
                     const fl_image_rect *want, fl_decoded *out);
 

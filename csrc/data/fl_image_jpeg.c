@@ -164,20 +164,36 @@ static void source_set(jpeg_state *s, const void *data, size_t len) {
 
 /* ---- decoding ---- */
 
-int jpeg_probe(fl_decoder *d, const void *data, size_t len, fl_image_info *info) {
+/* A step run with libjpeg's errors caught (see run_caught). */
+typedef int (*jpeg_step)(fl_decoder *d, jpeg_state *s, void *arg);
+
+/* Runs step on data with libjpeg's errors caught. Every libjpeg call may longjmp to the
+ * setjmp armed here, so it must be in a frame that outlives them all: the step runs inside
+ * it. A libjpeg error is the data's (FL_EDECODE, libjpeg's message). */
+static int run_caught(fl_decoder *d, const void *data, size_t len, jpeg_step step, void *arg) {
     jpeg_state *s;
     int rc = state_get(d, &s);
     if (rc != FL_OK)
         return rc;
     if (setjmp(s->jump)) {
         lib.jpeg_abort_decompress(&s->cinfo);
-        return fl_error_set(FL_EINVAL, "libjpeg: %s", s->message);
+        return fl_error_set(FL_EDECODE, "libjpeg: %s", s->message);
     }
     source_set(s, data, len);
+    rc = step(d, s, arg);
+    lib.jpeg_abort_decompress(&s->cinfo); /* also when rows below the rectangle were not read */
+    return rc;
+}
+
+static int read_info(fl_decoder *d, jpeg_state *s, void *info) {
+    (void)d;
     lib.jpeg_read_header(&s->cinfo, TRUE);
-    *info = (fl_image_info){s->cinfo.image_width, s->cinfo.image_height, FL_IMAGE_JPEG};
-    lib.jpeg_abort_decompress(&s->cinfo);
+    *(fl_image_info *)info = (fl_image_info){s->cinfo.image_width, s->cinfo.image_height, FL_IMAGE_JPEG};
     return FL_OK;
+}
+
+int jpeg_probe(fl_decoder *d, const void *data, size_t len, fl_image_info *info) {
+    return run_caught(d, data, len, read_info, info);
 }
 
 /* Pillow's CMYK -> RGB (Convert.c cmyk2rgb) on the inverted samples Pillow reads from an
@@ -196,7 +212,7 @@ static void cmyk_row_to_rgb(uint8_t *row, size_t width) {
     }
 }
 
-/* The decode proper; every libjpeg call may longjmp to the caller's setjmp. */
+/* The decode proper; every libjpeg call may longjmp to run_caught's setjmp. */
 static int decode_rows(fl_decoder *d, jpeg_state *s, unsigned denom, const fl_image_rect *want,
                        fl_decoded *out) {
     struct jpeg_decompress_struct *c = &s->cinfo;
@@ -238,20 +254,21 @@ static int decode_rows(fl_decoder *d, jpeg_state *s, unsigned denom, const fl_im
     return FL_OK;
 }
 
+typedef struct decode_request {
+    unsigned denom;
+    const fl_image_rect *want;
+    fl_decoded *out;
+} decode_request;
+
+static int decode_step(fl_decoder *d, jpeg_state *s, void *arg) {
+    const decode_request *r = arg;
+    return decode_rows(d, s, r->denom, r->want, r->out);
+}
+
 int jpeg_decode(fl_decoder *d, const void *data, size_t len, unsigned denom,
                 const fl_image_rect *want, fl_decoded *out) {
-    jpeg_state *s;
-    int rc = state_get(d, &s);
-    if (rc != FL_OK)
-        return rc;
-    if (setjmp(s->jump)) {
-        lib.jpeg_abort_decompress(&s->cinfo);
-        return fl_error_set(FL_EINVAL, "libjpeg: %s", s->message);
-    }
-    source_set(s, data, len);
-    rc = decode_rows(d, s, denom, want, out);
-    lib.jpeg_abort_decompress(&s->cinfo); /* also when rows below the rectangle were not read */
-    return rc;
+    decode_request request = {denom, want, out};
+    return run_caught(d, data, len, decode_step, &request);
 }
 
 #else /* no jpeglib.h at build time: no JPEG codec, and every call says why */

@@ -23,7 +23,7 @@ static uint32_t be32(const unsigned char *b) {
 int png_probe(const void *data, size_t len, fl_image_info *info) {
     const unsigned char *b = data;
     if (len < 33 || memcmp(b + 12, "IHDR", 4) != 0) /* signature, IHDR length, type, 13 bytes, CRC */
-        return fl_error_set(FL_EINVAL, "libpng: truncated or bad PNG header (%zu bytes)", len);
+        return fl_error_set(FL_EDECODE, "libpng: truncated or bad PNG header (%zu bytes)", len);
     *info = (fl_image_info){be32(b + 16), be32(b + 20), FL_IMAGE_PNG};
     return FL_OK;
 }
@@ -200,7 +200,7 @@ int png_decode(fl_decoder *d, const void *data, size_t len, const fl_image_rect 
     }
     int rc;
     if (setjmp(call.jump)) {
-        rc = fl_error_set(FL_EINVAL, "libpng: %s", call.message);
+        rc = fl_error_set(FL_EDECODE, "libpng: %s", call.message);
     } else {
         lib.png_set_read_fn(png, &call, on_read);
         rc = read_rows(d, png, info, want, out);

@@ -70,18 +70,18 @@ static const char *marker_name(int code, char *buf) {
  * and *at (the offset of the 0xFF right before the code). */
 static int next_marker(walker *w, int *code, size_t *at) {
     if (w->pos >= w->len)
-        return fl_error_set(FL_EINVAL, "truncated at byte %zu: a marker must follow", w->len);
+        return fl_error_set(FL_EDECODE, "truncated at byte %zu: a marker must follow", w->len);
     if (w->data[w->pos] != 0xFF)
-        return fl_error_set(FL_EINVAL, "expected a marker at byte %zu, found 0x%02X", w->pos,
+        return fl_error_set(FL_EDECODE, "expected a marker at byte %zu, found 0x%02X", w->pos,
                             w->data[w->pos]);
     size_t p = w->pos;
     while (p < w->len && w->data[p] == 0xFF)
         p++;
     if (p == w->len)
-        return fl_error_set(FL_EINVAL, "truncated at byte %zu: fill bytes without a marker",
+        return fl_error_set(FL_EDECODE, "truncated at byte %zu: fill bytes without a marker",
                             w->len);
     if (w->data[p] == 0x00)
-        return fl_error_set(FL_EINVAL, "expected a marker at byte %zu, found 0xFF00", p - 1);
+        return fl_error_set(FL_EDECODE, "expected a marker at byte %zu, found 0xFF00", p - 1);
     *code = w->data[p];
     *at = p - 1;
     w->pos = p + 1;
@@ -93,15 +93,15 @@ static int next_marker(walker *w, int *code, size_t *at) {
 static int take_segment(walker *w, int code, size_t at, const uint8_t **body, size_t *body_len) {
     char name[8];
     if (w->len - w->pos < 2)
-        return fl_error_set(FL_EINVAL,
+        return fl_error_set(FL_EDECODE,
                             "truncated at byte %zu: the %s segment at byte %zu has no length",
                             w->len, marker_name(code, name), at);
     unsigned length = be16(w->data + w->pos);
     if (length < 2)
-        return fl_error_set(FL_EINVAL, "bad segment length %u at byte %zu (%s)", length, w->pos,
+        return fl_error_set(FL_EDECODE, "bad segment length %u at byte %zu (%s)", length, w->pos,
                             marker_name(code, name));
     if (w->len - w->pos < length)
-        return fl_error_set(FL_EINVAL,
+        return fl_error_set(FL_EDECODE,
                             "truncated at byte %zu: the %s segment at byte %zu is %u bytes long",
                             w->len, marker_name(code, name), at, length);
     *body = w->data + w->pos + 2;
@@ -113,7 +113,7 @@ static int take_segment(walker *w, int code, size_t at, const uint8_t **body, si
 static int bad_length(const walker *w, const uint8_t *body, int code, const char *why) {
     char name[8];
     size_t length_at = (size_t)(body - w->data) - 2;
-    return fl_error_set(FL_EINVAL, "bad segment length %u at byte %zu (%s: %s)",
+    return fl_error_set(FL_EDECODE, "bad segment length %u at byte %zu (%s: %s)",
                         be16(w->data + length_at), length_at, marker_name(code, name), why);
 }
 
@@ -144,16 +144,16 @@ static int read_components(walker *w, const uint8_t *spec, size_t at) {
         size_t byte = at + 10 + 3 * (size_t)i;
         int hs = spec[1] >> 4, vs = spec[1] & 15;
         if (hs < 1 || hs > 4 || vs < 1 || vs > 4)
-            return fl_error_set(FL_EINVAL,
+            return fl_error_set(FL_EDECODE,
                                 "sampling factor %d for component %d at byte %zu (1 to 4)",
                                 hs < 1 || hs > 4 ? hs : vs, i, byte + 1);
         if (spec[2] >= QUANT_TABLES)
-            return fl_error_set(FL_EINVAL,
+            return fl_error_set(FL_EDECODE,
                                 "quantization table %d for component %d at byte %zu (0 to 3)",
                                 spec[2], i, byte + 2);
         for (int j = 0; j < i; j++)
             if (h->component_id[j] == spec[0])
-                return fl_error_set(FL_EINVAL, "component id %d repeated at byte %zu", spec[0],
+                return fl_error_set(FL_EDECODE, "component id %d repeated at byte %zu", spec[0],
                                     byte);
         h->component_id[i] = spec[0];
         h->h_sampling[i] = (uint8_t)hs;
@@ -170,21 +170,21 @@ static int read_frame(walker *w, int code, size_t at, const uint8_t *body, size_
     int precision = body[0], components = body[5];
     unsigned height = be16(body + 1), width = be16(body + 3);
     if (components < 1 || components > FL_JPEG_MAX_COMPONENTS)
-        return fl_error_set(FL_EINVAL,
+        return fl_error_set(FL_EDECODE,
                             "%d components in the frame header at byte %zu (1 to 4 are supported)",
                             components, at);
     if (n != 6 + 3 * (size_t)components)
         return bad_length(w, body, code, "8 bytes + 3 per component");
     if (!precision_allowed(code, precision))
-        return fl_error_set(FL_EINVAL, "precision of %d bits in the frame header at byte %zu",
+        return fl_error_set(FL_EDECODE, "precision of %d bits in the frame header at byte %zu",
                             precision, at);
     if (height == 0)
-        return fl_error_set(FL_EINVAL,
+        return fl_error_set(FL_EDECODE,
                             "frame of %u x 0 pixels at byte %zu (a height defined by a DNL marker "
                             "is not supported)",
                             width, at);
     if (width == 0)
-        return fl_error_set(FL_EINVAL, "frame of 0 x %u pixels at byte %zu", height, at);
+        return fl_error_set(FL_EDECODE, "frame of 0 x %u pixels at byte %zu", height, at);
     h->precision = precision;
     h->height = height;
     h->width = width;
@@ -200,7 +200,7 @@ static int read_scan(walker *w, size_t at, const uint8_t *body, size_t n) {
     const fl_jpeg_header *h = &w->h;
     int count = n > 0 ? body[0] : 0;
     if (count < 1 || count > h->components)
-        return fl_error_set(FL_EINVAL, "scan of %d components at byte %zu (the frame has %d)",
+        return fl_error_set(FL_EDECODE, "scan of %d components at byte %zu (the frame has %d)",
                             count, at, h->components);
     if (n != 4 + 2 * (size_t)count)
         return bad_length(w, body, M_SOS, "6 bytes + 2 per component");
@@ -210,7 +210,7 @@ static int read_scan(walker *w, size_t at, const uint8_t *body, size_t n) {
         while (k < h->components && h->component_id[k] != id)
             k++;
         if (k == h->components || (used & (1 << k)))
-            return fl_error_set(FL_EINVAL, "scan at byte %zu names component id %d %s", at, id,
+            return fl_error_set(FL_EDECODE, "scan at byte %zu names component id %d %s", at, id,
                                 k == h->components ? "not in the frame" : "twice");
         used |= 1 << k;
     }
@@ -223,7 +223,7 @@ static int check_dqt(const walker *w, const uint8_t *body, size_t n) {
     for (size_t i = 0; i < n;) {
         int precision = body[i] >> 4, index = body[i] & 15;
         if (precision > 1 || index >= QUANT_TABLES)
-            return fl_error_set(FL_EINVAL, "quantization table %d of precision %d at byte %zu",
+            return fl_error_set(FL_EDECODE, "quantization table %d of precision %d at byte %zu",
                                 index, precision, (size_t)(body - w->data) + i);
         size_t size = 1 + 64 * (size_t)(precision + 1);
         if (n - i < size)
@@ -238,7 +238,7 @@ static int check_dht(const walker *w, const uint8_t *body, size_t n) {
     for (size_t i = 0; i < n;) {
         int table_class = body[i] >> 4, index = body[i] & 15;
         if (table_class > 1 || index >= HUFF_TABLES)
-            return fl_error_set(FL_EINVAL, "Huffman table class %d number %d at byte %zu",
+            return fl_error_set(FL_EDECODE, "Huffman table class %d number %d at byte %zu",
                                 table_class, index, (size_t)(body - w->data) + i);
         if (n - i < 17)
             return bad_length(w, body, M_DHT, "a table runs past the segment");
@@ -246,7 +246,7 @@ static int check_dht(const walker *w, const uint8_t *body, size_t n) {
         for (int k = 1; k <= 16; k++)
             codes += body[i + (size_t)k];
         if (codes > 256)
-            return fl_error_set(FL_EINVAL, "Huffman table of %zu codes at byte %zu (at most 256)",
+            return fl_error_set(FL_EDECODE, "Huffman table of %zu codes at byte %zu (at most 256)",
                                 codes, (size_t)(body - w->data) + i);
         if (n - i - 17 < codes)
             return bad_length(w, body, M_DHT, "a table runs past the segment");
@@ -297,22 +297,22 @@ static int take_marker(walker *w, int code, size_t at) {
     if (code == M_TEM || (code >= M_RST0 && code <= M_RST7))
         return 0; /* standalone, no segment; libjpeg skips them */
     if (code == M_SOI)
-        return fl_error_set(FL_EINVAL, "second SOI marker at byte %zu", at);
+        return fl_error_set(FL_EDECODE, "second SOI marker at byte %zu", at);
     if (code == M_EOI)
-        return fl_error_set(FL_EINVAL, "end of image at byte %zu, before the %s", at,
+        return fl_error_set(FL_EDECODE, "end of image at byte %zu, before the %s", at,
                             w->have_frame ? "first scan" : "frame header");
     if (code == M_SOS && !w->have_frame)
-        return fl_error_set(FL_EINVAL, "scan before the frame header at byte %zu", at);
+        return fl_error_set(FL_EDECODE, "scan before the frame header at byte %zu", at);
     if (is_sof(code) && w->have_frame)
-        return fl_error_set(FL_EINVAL,
+        return fl_error_set(FL_EDECODE,
                             "second frame header (%s) at byte %zu, the first at byte %zu",
                             marker_name(code, name), at, w->h.frame_offset);
     if (code == M_DHP && w->have_frame)
-        return fl_error_set(FL_EINVAL, "DHP marker after the frame header at byte %zu", at);
+        return fl_error_set(FL_EDECODE, "DHP marker after the frame header at byte %zu", at);
     int known = is_sof(code) || code == M_DHT || code == M_DAC || code == M_COM ||
                 (code >= M_SOS && code <= M_APP15);
     if (!known)
-        return fl_error_set(FL_EINVAL, "unsupported marker 0xFF%02X at byte %zu", code, at);
+        return fl_error_set(FL_EDECODE, "unsupported marker 0xFF%02X at byte %zu", code, at);
     int rc = read_segment(w, code, at);
     return rc != FL_OK ? rc : code == M_SOS;
 }
@@ -321,7 +321,7 @@ int fl_jpeg_header_parse(const void *data, size_t len, fl_jpeg_header *out) {
     walker w = {.data = data, .len = len, .pos = 2};
     w.h.adobe_transform = -1;
     if (len < 2 || w.data[0] != 0xFF || w.data[1] != M_SOI)
-        return fl_error_set(FL_EINVAL, "not a JPEG: no SOI marker");
+        return fl_error_set(FL_EDECODE, "not a JPEG: no SOI marker");
     for (;;) {
         int code = 0, rc;
         size_t at = 0;

@@ -2,7 +2,7 @@
  * that can take it: nvJPEG's hardware engine, nvJPEG's CUDA decoder, or only the CPU one.
  *
  * Loader threads call this on each file's bytes before a batch goes to nvJPEG. The parser is
- * as strict as ITU-T T.81 (and libjpeg where T.81 leaves a choice): a refusal (FL_EINVAL) means
+ * as strict as ITU-T T.81 (and libjpeg where T.81 leaves a choice): a refusal (FL_EDECODE) means
  * "do not hand these bytes to nvJPEG"; the caller gives them to the CPU decoder, which has the
  * last word on whether the file is corrupt (libjpeg also reads some files refused here, such as
  * stray bytes between segments, only warning). Nothing here allocates, blocks or needs Python;
@@ -42,7 +42,7 @@ typedef struct fl_jpeg_header {
 
 /* Walks the markers of `data` through the frame header (SOF) to the header of the first scan
  * (SOS), so that tables and APPn segments placed after the frame header (an Adobe APP14 there
- * changes the colour space) count. Returns 0 with *out, or FL_EINVAL with a detail naming the
+ * changes the colour space) count. Returns 0 with *out, or FL_EDECODE with a detail naming the
  * cause and byte offset ("not a JPEG: no SOI marker", "truncated at byte N ...", "bad segment
  * length L at byte N", "scan before the frame header at byte N", "frame of W x 0 pixels at byte N
  * (a height defined by a DNL marker is not supported)", "5 components in the frame header at

@@ -72,6 +72,8 @@ static const struct {
     int err;
     fl_exc exc;
 } code_table[] = {
+    /* from every origin, before the origins' catch-alls */
+    {FL_IN_CORE, FL_EDECODE, FL_EXC_DECODE},
     /* a file or a spec from the user: I/O is OSError, bad content ValueError */
     {FL_IN_DATA, FL_ESYS, FL_EXC_OS},
     {FL_IN_DATA, FL_ENOMEM, FL_EXC_MEMORY},

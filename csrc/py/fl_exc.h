@@ -25,6 +25,7 @@
     X(CUDA, "CudaError", NULL)                            \
     X(CUDA_UNAVAILABLE, "CudaUnavailable", NULL)          \
     X(UNAVAILABLE, "CodecUnavailable", NULL)              \
+    X(DECODE, "DecodeError", NULL)                        \
     X(VALUE, "ValueError", PyExc_ValueError)              \
     X(TYPE, "TypeError", PyExc_TypeError)                 \
     X(INDEX, "IndexError", PyExc_IndexError)              \

@@ -19,6 +19,7 @@ __all__ = [
     "CudaError",
     "CudaUnavailable",
     "CodecUnavailable",
+    "DecodeError",
 ]
 
 
@@ -117,3 +118,26 @@ class CodecUnavailable(Error, RuntimeError):
 
     >>> fastloop.images.decode(b"\\xff\\xd8\\xff...")  # raises CodecUnavailable without libjpeg
     """
+
+
+class DecodeError(Error, ValueError):
+    """Bytes that should be an image are not a valid one: not a JPEG or PNG, a corrupt or
+    truncated file. The message has the codec's words, and the path and sample index where
+    the bytes came from a file; ``code`` is ``FL_EDECODE``. It is a ValueError, so code that
+    caught one before this class existed still does. A Loader with ``on_error="skip"``
+    drops such samples instead of raising.
+
+    >>> try: fastloop.images.decode(b"\\xff\\xd8 not really a JPEG")
+    ... except fastloop.DecodeError as e: print(e)
+    """
+
+
+
+def retold(error: Exception, message: str) -> Exception:
+    """The error again with a fuller message (naming the file or sample it came from): a
+    fastloop error keeps its class and codes, any other becomes a plain ValueError."""
+    if not isinstance(error, Error):
+        return ValueError(message)
+    told = type(error)(message)
+    told.code, told.cuda_code = error.code, error.cuda_code
+    return told

@@ -1,7 +1,7 @@
 /* test_jpeg_header.c - the JPEG header parser and nvJPEG routing: headers built byte by byte
  * here (SOI, APP0 JFIF, Adobe APP14, DQT, SOFn, DHT, SOS) parse into what they say and route to
  * the engine, the CUDA decoder or the CPU as nvJPEG's rules want; every cut of a valid header
- * and every malformed segment is refused with FL_EINVAL and a detail naming the byte. */
+ * and every malformed segment is refused with FL_EDECODE and a detail naming the byte. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -134,13 +134,13 @@ static int detail_has(const char *needle) {
     return 0;
 }
 
-/* 1 when the bytes are refused with FL_EINVAL, a detail containing needle, *out untouched. */
+/* 1 when the bytes are refused with FL_EDECODE, a detail containing needle, *out untouched. */
 static int refused(const void *data, size_t len, const char *needle) {
     fl_jpeg_header h, before;
     memset(&h, 0xA5, sizeof h);
     before = h;
     int rc = parse(data, len, &h);
-    if (rc != FL_EINVAL) {
+    if (rc != FL_EDECODE) {
         fprintf(stderr, "  %s for \"%s\"\n", fl_err_name(rc), needle);
         return 0;
     }
@@ -480,41 +480,39 @@ static size_t frame_with(uint8_t *b, int code, int precision, unsigned h, unsign
 
 static void test_bad_frame_headers_are_refused(void) {
     static const uint8_t ycc[] = {1, 0x22, 0, 2, 0x11, 1, 3, 0x11, 1, 4, 0x11, 1, 5, 0x11, 1};
-    uint8_t b[64];
-    size_t n;
-    n = frame_with(b, 0xC0, 8, 0, 32, 3, ycc);
-    CHECK(refused(b, n, "frame of 32 x 0 pixels at byte 2 (a height defined by a DNL marker"));
-    n = frame_with(b, 0xC0, 8, 16, 0, 3, ycc);
-    CHECK(refused(b, n, "frame of 0 x 16 pixels at byte 2"));
-    n = frame_with(b, 0xC0, 8, 16, 32, 0, ycc);
-    CHECK(refused(b, n, "0 components in the frame header at byte 2"));
-    n = frame_with(b, 0xC0, 8, 16, 32, 5, ycc);
-    CHECK(refused(b, n, "5 components in the frame header at byte 2 (1 to 4 are supported)"));
-    n = frame_with(b, 0xC0, 12, 16, 32, 3, ycc);
-    CHECK(refused(b, n, "precision of 12 bits in the frame header at byte 2"));
-    n = frame_with(b, 0xC1, 7, 16, 32, 3, ycc);
-    CHECK(refused(b, n, "precision of 7 bits"));
-    n = frame_with(b, 0xC2, 16, 16, 32, 3, ycc);
-    CHECK(refused(b, n, "precision of 16 bits"));
-    n = frame_with(b, 0xC3, 1, 16, 32, 3, ycc);
-    CHECK(refused(b, n, "precision of 1 bits"));
-    n = frame_with(b, 0xC3, 17, 16, 32, 3, ycc);
-    CHECK(refused(b, n, "precision of 17 bits"));
     static const uint8_t zero_h[] = {1, 0x22, 0, 2, 0x01, 1, 3, 0x11, 1};
-    n = frame_with(b, 0xC0, 8, 16, 32, 3, zero_h);
-    CHECK(refused(b, n, "sampling factor 0 for component 1 at byte 16 (1 to 4)"));
     static const uint8_t zero_v[] = {1, 0x20, 0, 2, 0x11, 1, 3, 0x11, 1};
-    n = frame_with(b, 0xC0, 8, 16, 32, 3, zero_v);
-    CHECK(refused(b, n, "sampling factor 0 for component 0 at byte 13"));
     static const uint8_t five[] = {1, 0x22, 0, 2, 0x11, 1, 3, 0x15, 1};
-    n = frame_with(b, 0xC0, 8, 16, 32, 3, five);
-    CHECK(refused(b, n, "sampling factor 5 for component 2 at byte 19"));
     static const uint8_t table4[] = {1, 0x22, 0, 2, 0x11, 4, 3, 0x11, 1};
-    n = frame_with(b, 0xC0, 8, 16, 32, 3, table4);
-    CHECK(refused(b, n, "quantization table 4 for component 1 at byte 17 (0 to 3)"));
     static const uint8_t twice[] = {1, 0x22, 0, 2, 0x11, 1, 1, 0x11, 1};
-    n = frame_with(b, 0xC0, 8, 16, 32, 3, twice);
-    CHECK(refused(b, n, "component id 1 repeated at byte 18"));
+    static const struct {
+        int code, precision;
+        unsigned h, w;
+        int n;
+        const uint8_t *components;
+        const char *needle; /* also names the case when it fails */
+    } cases[] = {
+        {0xC0, 8, 0, 32, 3, ycc, "frame of 32 x 0 pixels at byte 2 (a height defined by a DNL marker"},
+        {0xC0, 8, 16, 0, 3, ycc, "frame of 0 x 16 pixels at byte 2"},
+        {0xC0, 8, 16, 32, 0, ycc, "0 components in the frame header at byte 2"},
+        {0xC0, 8, 16, 32, 5, ycc, "5 components in the frame header at byte 2 (1 to 4 are supported)"},
+        {0xC0, 12, 16, 32, 3, ycc, "precision of 12 bits in the frame header at byte 2"},
+        {0xC1, 7, 16, 32, 3, ycc, "precision of 7 bits"},
+        {0xC2, 16, 16, 32, 3, ycc, "precision of 16 bits"},
+        {0xC3, 1, 16, 32, 3, ycc, "precision of 1 bits"},
+        {0xC3, 17, 16, 32, 3, ycc, "precision of 17 bits"},
+        {0xC0, 8, 16, 32, 3, zero_h, "sampling factor 0 for component 1 at byte 16 (1 to 4)"},
+        {0xC0, 8, 16, 32, 3, zero_v, "sampling factor 0 for component 0 at byte 13"},
+        {0xC0, 8, 16, 32, 3, five, "sampling factor 5 for component 2 at byte 19"},
+        {0xC0, 8, 16, 32, 3, table4, "quantization table 4 for component 1 at byte 17 (0 to 3)"},
+        {0xC0, 8, 16, 32, 3, twice, "component id 1 repeated at byte 18"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint8_t b[64];
+        size_t n = frame_with(b, cases[i].code, cases[i].precision, cases[i].h, cases[i].w,
+                              cases[i].n, cases[i].components);
+        CHECK(refused(b, n, cases[i].needle));
+    }
 }
 
 /* The first scan's header: 1 to (frame components) components, each in the frame, once. */
@@ -619,7 +617,7 @@ static void *parse_in_a_loop(void *arg) {
         fl_jpeg_header h;
         if (fl_jpeg_header_parse(j.b, j.n, &h) != FL_OK || h.scan_offset != j.sos_at)
             t->failures++;
-        if (fl_jpeg_header_parse(j.b, t->cut, &h) != FL_EINVAL ||
+        if (fl_jpeg_header_parse(j.b, t->cut, &h) != FL_EDECODE ||
             strstr(fl_error_detail(), needle) == NULL)
             t->failures++;
     }

@@ -2,7 +2,7 @@
  * either parses into a header that satisfies every documented invariant (its frame and scan
  * headers inside the data, saying what the header says; the same header from the bytes up to the
  * scan header's end, a refusal one byte short of it) and routes the same way every time, within
- * the routing rules; or is refused with FL_EINVAL, a printable detail and *out untouched.
+ * the routing rules; or is refused with FL_EDECODE, a printable detail and *out untouched.
  * replay_jpeg_header.c includes this file to run the corpus without clang. */
 #include <stddef.h>
 #include <stdint.h>
@@ -112,7 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fl_error_clear();
     int rc = fl_jpeg_header_parse(data, size, &h);
     if (rc != FL_OK) {
-        INVARIANT(rc == FL_EINVAL && memcmp(&h, &untouched, sizeof h) == 0);
+        INVARIANT(rc == FL_EDECODE && memcmp(&h, &untouched, sizeof h) == 0);
         INVARIANT(fl_error_detail()[0] != '\0' && printable(fl_error_detail()));
         return 0;
     }
@@ -122,6 +122,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_route(&h);
     /* Nothing after the scan header is read: those bytes alone parse the same, one less fails. */
     INVARIANT(fl_jpeg_header_parse(data, end, &again) == FL_OK && same_header(&h, &again));
-    INVARIANT(fl_jpeg_header_parse(data, end - 1, &again) == FL_EINVAL);
+    INVARIANT(fl_jpeg_header_parse(data, end - 1, &again) == FL_EDECODE);
     return 0;
 }

@@ -26,6 +26,7 @@ import numpy as np
 from . import _tar_index
 from .._cache import cache_root
 from .._files import write_atomically
+from ..errors import retold
 
 __all__ = ["ImageFolder", "Images", "TarShards", "IMG_EXTENSIONS"]
 
@@ -77,7 +78,7 @@ class _EncodedSource:
         try:
             image: Any = images.decode(self._read(index))
         except ValueError as error:
-            raise ValueError(f"sample {index}: {self._where(index)}: {error}") from None
+            raise retold(error, f"sample {index}: {self._where(index)}: {error}") from None
         target: Any = self.targets[index]
         if self.transform is not None:
             image = self.transform(image)

@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from .. import _core
-from ..errors import CodecUnavailable
+from ..errors import CodecUnavailable, retold
 
 __all__ = ["decode", "size", "info", "MAX_PIXELS", "set_max_pixels", "CodecUnavailable"]
 
@@ -140,13 +140,14 @@ def _call(fn: Any, data: Any, *args: Any) -> Any:
     except (ValueError, CodecUnavailable) as error:
         if path is None:
             raise
-        raise type(error)(f"{path}: {error}") from None
+        raise retold(error, f"{path}: {error}") from None
 
 
 def decode(data: Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]) -> np.ndarray:
     """Decodes a JPEG or PNG (bytes, or a file path) to an (h, w, 3) uint8 RGB array, with
-    the GIL released. Raises ValueError naming the cause (and the path) for bad, truncated
-    or oversized data, CodecUnavailable when the decoder for its format is not installed.
+    the GIL released. Raises DecodeError (a ValueError) naming the cause (and the path) for
+    bad or truncated data, ValueError for an image over the pixel cap, CodecUnavailable
+    when the decoder for its format is not installed.
 
     >>> fastloop.images.decode(open("cat.jpg", "rb").read()).shape
     (375, 500, 3)

@@ -35,7 +35,7 @@ from ._samples import Fetcher, SampleLayout, SharedOrder
 from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
                              seed_generators, setup_worker_torch, torch_single_threaded)
-from ..errors import WorkerError
+from ..errors import DecodeError, WorkerError, retold
 from .ops import _GEOMETRY_HINT, Pipeline
 
 _log = logging.getLogger("fastloop")
@@ -869,10 +869,10 @@ def _check_pipeline_field(layout: SampleLayout) -> None:
 
 def _naming_member(source: Any, error: BaseException) -> BaseException | None:
     """The C loader's error on a tar member names the shard; this adds the member's name."""
-    match = re.match(r"sample (\d+): ", str(error)) if type(error) is ValueError else None
+    match = re.match(r"sample (\d+): ", str(error)) if type(error) in (ValueError, DecodeError) else None
     if match is None or not hasattr(source, "members") or not int(match.group(1)) < len(source.members):
         return None
-    return ValueError(f"{error} (member {source.members[int(match.group(1))]!r})")
+    return retold(error, f"{error} (member {source.members[int(match.group(1))]!r})")
 
 
 _MAX_WORKERS = 1024  # threads; fl_procpool takes at most 256 processes
