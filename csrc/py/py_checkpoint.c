@@ -257,11 +257,12 @@ static PyObject *ckpt_stats(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"directory", "keep", "max_pending", NULL};
-    PyObject *dir_bytes = NULL;
+    static fl_arg_cache checkpointer_args = FL_ARG_CACHE("_Checkpointer");
+    PyObject *dir_obj, *dir_bytes = NULL;
     int keep = 3, max_pending = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|ii:_Checkpointer", keywords,
-                                     PyUnicode_FSConverter, &dir_bytes, &keep, &max_pending))
+    if (fl_parse_args_dict(&checkpointer_args, args, kwargs, FL_ARG("directory", OBJECT, &dir_obj),
+                           FL_ARG("|keep", INT, &keep), FL_ARG("max_pending", INT, &max_pending)) < 0 ||
+        !PyUnicode_FSConverter(dir_obj, &dir_bytes))
         return NULL;
     fl_module_state *state = fl_state_from_type(type);
     CheckpointerObject *self = (CheckpointerObject *)type->tp_alloc(type, 0);

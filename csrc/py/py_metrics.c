@@ -118,11 +118,8 @@ static int metrics_contains(PyObject *self, PyObject *name_obj) {
 }
 
 static PyObject *metrics_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if (!PyArg_ParseTuple(args, ":Metrics") || (kwargs && PyDict_GET_SIZE(kwargs))) {
-        if (!PyErr_Occurred())
-            fl_raisef(NULL, FL_EXC_TYPE, "Metrics() takes no arguments");
-        return NULL;
-    }
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs && PyDict_GET_SIZE(kwargs)))
+        return fl_raisef(NULL, FL_EXC_TYPE, "Metrics() takes no arguments");
     MetricsObject *self = (MetricsObject *)type->tp_alloc(type, 0);
     if (self != NULL && fl_metrics_new(&self->metrics) != FL_OK) {
         Py_DECREF(self);

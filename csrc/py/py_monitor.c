@@ -130,13 +130,19 @@ static int attempt_put_summary(void *ctx, double timeout_s) {
 
 /* summary(kind, tag, data, step, bins, height, width, channels): data is a C-contiguous
  * buffer already in the kind's layout (fastloop.Monitor converts and checks it). */
-static PyObject *monitor_summary(PyObject *self, PyObject *args) {
+static PyObject *monitor_summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    static fl_arg_cache summary_args = FL_ARG_CACHE("summary");
     MonitorObject *mon = (MonitorObject *)self;
     int kind, bins, height, width, channels;
-    PyObject *tag_obj, *step_obj;
+    PyObject *tag_obj, *data_obj, *step_obj;
     Py_buffer data;
-    if (!PyArg_ParseTuple(args, "iUy*Oiiii:summary", &kind, &tag_obj, &data, &step_obj, &bins,
-                          &height, &width, &channels))
+    if (fl_parse_args(&summary_args, args, nargs, kwnames, FL_ARG("kind", INT, &kind),
+                      FL_ARG("tag", STR_OBJECT, &tag_obj), FL_ARG("data", OBJECT, &data_obj),
+                      FL_ARG("step", OBJECT, &step_obj), FL_ARG("bins", INT, &bins),
+                      FL_ARG("height", INT, &height), FL_ARG("width", INT, &width),
+                      FL_ARG("channels", INT, &channels)) < 0 ||
+        PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0) /* C-contiguous bytes */
         return NULL;
     fl_summary *summary = NULL;
     int64_t step;
@@ -454,8 +460,8 @@ static PyMethodDef monitor_methods[] = {
      "scalar($self, name, value, step=None)\n--\n\nQueue a scalar record."},
     {"event", (PyCFunction)(void (*)(void))monitor_event, METH_FASTCALL | METH_KEYWORDS,
      "event($self, name, step=None, value=0.0)\n--\n\nQueue a marker record."},
-    {"summary", monitor_summary, METH_VARARGS,
-     "summary($self, kind, tag, data, step, bins, height, width, channels, /)\n--\n\n"
+    {"summary", (PyCFunction)(void (*)(void))monitor_summary, METH_FASTCALL | METH_KEYWORDS,
+     "summary($self, kind, tag, data, step, bins, height, width, channels)\n--\n\n"
      "Queue a histogram (1), image (2) or text (3) record; the writer encodes it."},
     {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
      "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "

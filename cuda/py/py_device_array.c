@@ -379,11 +379,14 @@ static PyObject *array_repr(DeviceArray *self) {
 
 /* _queued(stream, host): notes a write fastloop queued on `stream` by other means (the JPEG
  * decoder), keeping `host` (the memory it reads) alive until the array is settled. */
-static PyObject *array_mark_queued(DeviceArray *self, PyObject *args) {
+static PyObject *array_mark_queued(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+    static fl_arg_cache queued_args = FL_ARG_CACHE("_queued");
     PyObject *stream_obj, *host, *ref = NULL;
     uintptr_t stream;
     cuda_state *state = fl_py_state_of(Py_TYPE(self));
-    if (!PyArg_ParseTuple(args, "OO:_queued", &stream_obj, &host) ||
+    if (fl_parse_args(&queued_args, args, nargs, kwnames, FL_ARG("stream", OBJECT, &stream_obj),
+                      FL_ARG("host", OBJECT, &host)) < 0 ||
         fl_py_parse_stream(state, stream_obj, self->device, &stream, &ref) < 0 ||
         fl_py_device_array_queued(state, self, stream, ref, host) < 0)
         return NULL;
@@ -391,8 +394,8 @@ static PyObject *array_mark_queued(DeviceArray *self, PyObject *args) {
 }
 
 static PyMethodDef array_methods[] = {
-    {"_queued", (PyCFunction)array_mark_queued, METH_VARARGS,
-     "_queued(stream, host, /)\n--\n\nNote a write queued on `stream` that reads `host`; returns self."},
+    {"_queued", (PyCFunction)(void (*)(void))array_mark_queued, METH_FASTCALL | METH_KEYWORDS,
+     "_queued(stream, host)\n--\n\nNote a write queued on `stream` that reads `host`; returns self."},
     {"to_numpy", (PyCFunction)array_to_numpy, METH_NOARGS,
      "to_numpy()\n--\n\nA new NumPy array holding a copy (waits for the array's pending write\n"
      "and the copy)."},

@@ -275,11 +275,14 @@ static PyType_Spec decoder_spec = {
 };
 
 /* _check_staged(entries, out_h, out_w): decode()'s checks alone (no GPU needed), for tests. */
-static PyObject *check_staged(PyObject *module, PyObject *args) {
+static PyObject *check_staged(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
     (void)module;
+    static fl_arg_cache check_staged_args = FL_ARG_CACHE("_check_staged");
     PyObject *entries;
     Py_ssize_t out_h, out_w;
-    if (!PyArg_ParseTuple(args, "Onn:_check_staged", &entries, &out_h, &out_w))
+    if (fl_parse_args(&check_staged_args, args, nargs, kwnames, FL_ARG("entries", OBJECT, &entries),
+                      FL_ARG("out_h", SSIZE, &out_h), FL_ARG("out_w", SSIZE, &out_w)) < 0)
         return NULL;
     if (out_h < 1 || out_w < 1)
         return fl_raisef(NULL, FL_EXC_VALUE, "'out_h' and 'out_w' must be >= 1, not %zd and %zd", out_h, out_w);
@@ -287,8 +290,8 @@ static PyObject *check_staged(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef decode_functions[] = {
-    {"_check_staged", check_staged, METH_VARARGS,
-     "_check_staged(entries, out_h, out_w, /)\n--\n\nJpegDecoder.decode's checks of staged entries."},
+    {"_check_staged", (PyCFunction)(void (*)(void))check_staged, METH_FASTCALL | METH_KEYWORDS,
+     "_check_staged(entries, out_h, out_w)\n--\n\nJpegDecoder.decode's checks of staged entries."},
     {"nvjpeg_load", (PyCFunction)(void (*)(void))nvjpeg_load, METH_VARARGS | METH_KEYWORDS,
      "nvjpeg_load(path=None)\n--\n\nLoad nvJPEG (path, then $FASTLOOP_NVJPEG, then\n"
      "libnvjpeg.so.13/.12/.so) unless loaded; returns the file loaded. Raises\n"
