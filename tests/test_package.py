@@ -39,6 +39,18 @@ def test_error_hierarchy():
     assert error.code == 35 and str(error) == "boom"
 
 
+
+def test_serve_exports_the_job_record_and_every_job_exception_once():
+    from fastloop import serve
+    from fastloop.serve import jobs
+
+    exceptions = {name for name, obj in vars(jobs).items()
+                  if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == jobs.__name__}
+    assert sorted(jobs.__all__) == sorted(exceptions | {"JobRecord"})
+    assert len(serve.__all__) == len(set(serve.__all__))
+    for name in jobs.__all__:
+        assert getattr(serve, name) is getattr(jobs, name) and name in serve.__all__
+
 def test_cli_info_runs():
     out = subprocess.run([sys.executable, "-m", "fastloop", "info"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

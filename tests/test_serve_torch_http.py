@@ -79,15 +79,23 @@ def test_a_torch_mlp_over_http_takes_json_lists_and_npy_arrays(mlp_server):
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("inputs, words", [
-    (np.zeros(16, np.float64), ["'input'", "float32", "float64"]),
-    ([0.0] * 15, ["'input'", "(16,)", "(15,)"]),
-    (["x"] * 16, ["'inputs'", "str"]),  # the front refuses non-numbers before the spec sees them
-    ({"a": [1.0]}, ["'input'", "dict"]),
+@pytest.mark.parametrize("server, inputs, words", [
+    pytest.param("mlp_server", np.zeros(16, np.float64), ["'input'", "float32", "float64"], id="mlp-float64"),
+    pytest.param("mlp_server", [0.0] * 15, ["'input'", "(16,)", "(15,)"], id="mlp-short"),
+    # the front refuses non-numbers before the spec sees them
+    pytest.param("mlp_server", ["x"] * 16, ["'inputs'", "str"], id="mlp-strings"),
+    pytest.param("mlp_server", {"a": [1.0]}, ["'input'", "dict"], id="mlp-dict"),
+    pytest.param("scorer_server", {"features": [0.0] * 6}, ["missing ['weight']"], id="scorer-missing-weight"),
+    pytest.param("scorer_server", {"features": [0.0] * 5, "weight": 1}, ["'features'", "(6,)", "(5,)"],
+                 id="scorer-short-features"),
+    pytest.param("scorer_server", {"features": np.zeros(6, np.float64), "weight": np.ones((), np.float32)},
+                 ["'features'", "float64"], id="scorer-float64-features"),
+    pytest.param("scorer_server", {"features": [0.0] * 6, "weight": "heavy"}, ["'weight'", "str"],
+                 id="scorer-string-weight"),
 ])
-def test_wrong_inputs_over_http_are_400_naming_the_input(mlp_server, inputs, words):
+def test_wrong_inputs_over_http_are_400_naming_the_input(request, server, inputs, words):
     with pytest.raises(BadRequest) as raised:
-        Client(mlp_server[0]).submit(inputs=inputs)
+        Client(request.getfixturevalue(server)[0]).submit(inputs=inputs)
     assert raised.value.status == 400
     assert all(word in raised.value.reason for word in words), raised.value.reason
 
@@ -113,19 +121,6 @@ def test_multi_input_dict_outputs_over_json_npy_and_the_client(scorer_server):
     y2 = Client(base).result(Client(base).submit(inputs={"features": features, "weight": np.float32(2.0) * np.ones(
         (), np.float32)}), timeout=10)
     np.testing.assert_array_equal(y2["logits"], y["logits"])
-
-
-@pytest.mark.parametrize("inputs, words", [
-    ({"features": [0.0] * 6}, ["missing ['weight']"]),
-    ({"features": [0.0] * 5, "weight": 1}, ["'features'", "(6,)", "(5,)"]),
-    ({"features": np.zeros(6, np.float64), "weight": np.ones((), np.float32)}, ["'features'", "float64"]),
-    ({"features": [0.0] * 6, "weight": "heavy"}, ["'weight'", "str"]),
-])
-def test_wrong_multi_inputs_over_http_are_400(scorer_server, inputs, words):
-    with pytest.raises(BadRequest) as raised:
-        Client(scorer_server[0]).submit(inputs=inputs)
-    assert raised.value.status == 400
-    assert all(word in raised.value.reason for word in words), raised.value.reason
 
 
 def test_websocket_carries_the_result_when_asked(scorer_server):

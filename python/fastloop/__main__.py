@@ -21,7 +21,7 @@ def run_bench(quick: bool, out_dir: str) -> int:
     import warnings
 
     from .bench import answer, images, loader, logistics, model, preprocess, targets
-    from .bench.report import format_table, machine_summary
+    from .bench.report import format_section, format_table, machine_summary
 
     warnings.simplefilter("ignore", RuntimeWarning)  # "no GPU metrics" is expected on CPU hosts
     machine = machine_summary()
@@ -29,7 +29,7 @@ def run_bench(quick: bool, out_dir: str) -> int:
     sections: list[tuple[str, list[str], list[list[object]], list[str]]] = []  # title, headers, rows, notes
 
     def section(title: str, headers: list[str], rows: list[list[object]], notes: list[str]) -> None:
-        print(f"\n== {title}\n" + format_table(headers, rows) + ("\n" + "\n".join(notes) if notes else ""))
+        print(f"\n== {title}\n" + format_section(headers, rows, notes))
         sections.append((title, headers, rows, notes))
 
     print("== targets (ops, queue, logging, checkpointing)")

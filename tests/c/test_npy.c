@@ -138,6 +138,33 @@ static int rejects(const char *dict, const char *needle) {
     return detail_has(needle);
 }
 
+/* A header the parser must refuse: the text that varies in its dict, what the detail says, and
+ * the line the case is written on (a failure names it, as CHECK's own line would). */
+typedef struct refusal {
+    const char *text, *detail;
+    int line;
+} refusal;
+#define REFUSAL(text, detail) {text, detail, __LINE__}
+
+/* Checks that the dict `format` makes of each case's text is refused with the case's detail. */
+static void check_refusals(const char *format, const refusal *cases, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        char dict[512];
+        snprintf(dict, sizeof dict, format, cases[i].text);
+        if (!rejects(dict, cases[i].detail)) {
+            fprintf(stderr, "%s:%d: CHECK failed: rejects(\"%s\", \"%s\")\n", __FILE__,
+                    cases[i].line, dict, cases[i].detail);
+            check_failures++;
+        }
+    }
+}
+#define CHECK_REFUSALS(format, cases) check_refusals(format, cases, sizeof cases / sizeof *cases)
+
+/* The dict of a header whose descr, fortran_order or shape is the case's text. */
+#define WITH_DESCR "{'descr': %s, 'fortran_order': False, 'shape': ()}"
+#define WITH_FORTRAN_ORDER "{'descr': '<f4', 'fortran_order': %s, 'shape': ()}"
+#define WITH_SHAPE "{'descr': '<f4', 'fortran_order': False, 'shape': %s}"
+
 static int accepts(const char *dict, fl_npy_header *h) {
     char buf[4096];
     size_t len = make_npy(dict, buf, sizeof buf);
@@ -297,28 +324,30 @@ static void test_oversized_header_is_rejected(void) {
 }
 
 static void test_malformed_dicts_are_rejected(void) {
-    CHECK(rejects("['descr', 'fortran_order', 'shape']", "header is not a dict"));
-    CHECK(rejects("", "header is not a dict"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}",
-                  "unexpected key 'x'"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False}", "no 'shape' key"));
-    CHECK(rejects("{'shape': (), 'fortran_order': False}", "no 'descr' key"));
-    CHECK(rejects("{}", "no 'descr' key"));
-    CHECK(rejects("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': ()}",
-                  "key 'descr' twice"));
-    CHECK(rejects("{'descr': '<f4' 'fortran_order': False, 'shape': ()}", "expected ',' or '}'"));
-    CHECK(rejects("{'descr' '<f4', 'fortran_order': False, 'shape': ()}", "expected ':'"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': ()} x",
-                  "unexpected text after the dict"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': ()", "end of the header"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': ()} # x", "unexpected text"));
-    CHECK(rejects("{'descr': '<f4, 'fortran_order': False, 'shape': ()}",
-                  "descr '<f4, ': unexpected text after the item size"));
-    CHECK(
-        rejects("{'descr': '<f4\n', 'fortran_order': False, 'shape': ()}", "unterminated string"));
-    CHECK(rejects("{'descr': '<f\\x34', 'fortran_order': False, 'shape': ()}", "escapes"));
-    CHECK(rejects("{descr: '<f4', 'fortran_order': False, 'shape': ()}", "expected a quoted key"));
-    CHECK(rejects("{b'descr': '<f4', 'fortran_order': False, 'shape': ()}", "quoted key"));
+    static const refusal cases[] = {
+        REFUSAL("['descr', 'fortran_order', 'shape']", "header is not a dict"),
+        REFUSAL("", "header is not a dict"),
+        REFUSAL("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}",
+                "unexpected key 'x'"),
+        REFUSAL("{'descr': '<f4', 'fortran_order': False}", "no 'shape' key"),
+        REFUSAL("{'shape': (), 'fortran_order': False}", "no 'descr' key"),
+        REFUSAL("{}", "no 'descr' key"),
+        REFUSAL("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': ()}",
+                "key 'descr' twice"),
+        REFUSAL("{'descr': '<f4' 'fortran_order': False, 'shape': ()}", "expected ',' or '}'"),
+        REFUSAL("{'descr' '<f4', 'fortran_order': False, 'shape': ()}", "expected ':'"),
+        REFUSAL("{'descr': '<f4', 'fortran_order': False, 'shape': ()} x",
+                "unexpected text after the dict"),
+        REFUSAL("{'descr': '<f4', 'fortran_order': False, 'shape': ()", "end of the header"),
+        REFUSAL("{'descr': '<f4', 'fortran_order': False, 'shape': ()} # x", "unexpected text"),
+        REFUSAL("{'descr': '<f4, 'fortran_order': False, 'shape': ()}",
+                "descr '<f4, ': unexpected text after the item size"),
+        REFUSAL("{'descr': '<f4\n', 'fortran_order': False, 'shape': ()}", "unterminated string"),
+        REFUSAL("{'descr': '<f\\x34', 'fortran_order': False, 'shape': ()}", "escapes"),
+        REFUSAL("{descr: '<f4', 'fortran_order': False, 'shape': ()}", "expected a quoted key"),
+        REFUSAL("{b'descr': '<f4', 'fortran_order': False, 'shape': ()}", "quoted key"),
+    };
+    CHECK_REFUSALS("%s", cases);
 }
 
 /* As Python's tokenizer does (NumPy reads the header with ast.literal_eval). */
@@ -346,71 +375,63 @@ static void test_embedded_nul_is_rejected(void) {
 }
 
 static void test_unsupported_descrs_are_rejected(void) {
-    CHECK(rejects("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': ()}",
-                  "structured dtypes are not supported"));
-    CHECK(rejects("{'descr': '|O', 'fortran_order': False, 'shape': ()}", "object arrays"));
-    CHECK(rejects("{'descr': '<O8', 'fortran_order': False, 'shape': ()}", "object arrays"));
-    CHECK(rejects("{'descr': '<x4', 'fortran_order': False, 'shape': ()}",
-                  "descr '<x4': unsupported dtype kind 'x'"));
-    CHECK(rejects("{'descr': '<', 'fortran_order': False, 'shape': ()}", "kind ''"));
-    CHECK(rejects("{'descr': '', 'fortran_order': False, 'shape': ()}", "descr '' is empty"));
-    CHECK(rejects("{'descr': 3, 'fortran_order': False, 'shape': ()}", "descr is not a string"));
-    CHECK(rejects("{'descr': '<f', 'fortran_order': False, 'shape': ()}",
-                  "'<f': missing or malformed item size"));
-    CHECK(rejects("{'descr': '<f04', 'fortran_order': False, 'shape': ()}", "malformed item"));
-    CHECK(rejects("{'descr': '<f4x', 'fortran_order': False, 'shape': ()}",
-                  "unexpected text after the item size"));
-    CHECK(rejects("{'descr': '<f0', 'fortran_order': False, 'shape': ()}", "item size 0"));
-    CHECK(rejects("{'descr': '|V0', 'fortran_order': False, 'shape': ()}", "item size 0"));
-    CHECK(rejects("{'descr': '<U0', 'fortran_order': False, 'shape': ()}", "item size 0"));
-    CHECK(rejects("{'descr': '|S0', 'fortran_order': False, 'shape': ()}", "item size 0"));
-    CHECK(rejects("{'descr': '<i3', 'fortran_order': False, 'shape': ()}",
-                  "item size 3 is not valid for kind 'i'"));
-    CHECK(rejects("{'descr': '|b2', 'fortran_order': False, 'shape': ()}", "not valid"));
-    CHECK(rejects("{'descr': '<f12', 'fortran_order': False, 'shape': ()}", "not valid"));
-    CHECK(rejects("{'descr': '<c24', 'fortran_order': False, 'shape': ()}", "not valid"));
-    CHECK(rejects("{'descr': '|S99999999999', 'fortran_order': False, 'shape': ()}",
-                  "malformed item size"));
-    CHECK(rejects("{'descr': '<M8[xs]', 'fortran_order': False, 'shape': ()}",
-                  "unexpected text after the item size"));
-    CHECK(rejects("{'descr': '<M8[0ns]', 'fortran_order': False, 'shape': ()}", "'<M8[0ns]'"));
-    CHECK(rejects("{'descr': '<M8[ns', 'fortran_order': False, 'shape': ()}", "'<M8[ns'"));
-    CHECK(rejects("{'descr': '<M8[]', 'fortran_order': False, 'shape': ()}", "'<M8[]'"));
-    CHECK(rejects("{'descr': '<f8[ns]', 'fortran_order': False, 'shape': ()}", "unexpected"));
-    CHECK(rejects("{'descr': '<V111111111111111111111111111111', 'fortran_order': False, "
-                  "'shape': ()}",
-                  "too long"));
+    static const refusal cases[] = {
+        REFUSAL("[('a', '<f4')]", "structured dtypes are not supported"),
+        REFUSAL("'|O'", "object arrays"),
+        REFUSAL("'<O8'", "object arrays"),
+        REFUSAL("'<x4'", "descr '<x4': unsupported dtype kind 'x'"),
+        REFUSAL("'<'", "kind ''"),
+        REFUSAL("''", "descr '' is empty"),
+        REFUSAL("3", "descr is not a string"),
+        REFUSAL("'<f'", "'<f': missing or malformed item size"),
+        REFUSAL("'<f04'", "malformed item"),
+        REFUSAL("'<f4x'", "unexpected text after the item size"),
+        REFUSAL("'<f0'", "item size 0"),
+        REFUSAL("'|V0'", "item size 0"),
+        REFUSAL("'<U0'", "item size 0"),
+        REFUSAL("'|S0'", "item size 0"),
+        REFUSAL("'<i3'", "item size 3 is not valid for kind 'i'"),
+        REFUSAL("'|b2'", "not valid"),
+        REFUSAL("'<f12'", "not valid"),
+        REFUSAL("'<c24'", "not valid"),
+        REFUSAL("'|S99999999999'", "malformed item size"),
+        REFUSAL("'<M8[xs]'", "unexpected text after the item size"),
+        REFUSAL("'<M8[0ns]'", "'<M8[0ns]'"),
+        REFUSAL("'<M8[ns'", "'<M8[ns'"),
+        REFUSAL("'<M8[]'", "'<M8[]'"),
+        REFUSAL("'<f8[ns]'", "unexpected"),
+        REFUSAL("'<V111111111111111111111111111111'", "too long"),
+    };
+    CHECK_REFUSALS(WITH_DESCR, cases);
 }
 
 static void test_bad_fortran_order_is_rejected(void) {
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': 1, 'shape': ()}",
-                  "fortran_order is not True or False"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': Truth, 'shape': ()}", "not True or False"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': 'False', 'shape': ()}", "not True"));
+    static const refusal cases[] = {
+        REFUSAL("1", "fortran_order is not True or False"),
+        REFUSAL("Truth", "not True or False"),
+        REFUSAL("'False'", "not True"),
+    };
+    CHECK_REFUSALS(WITH_FORTRAN_ORDER, cases);
 }
 
 static void test_bad_shapes_are_rejected(void) {
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -1)}",
-                  "shape (2, -1) has a negative dimension"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (-3,)}",
-                  "shape (-3,) has a negative dimension"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (5)}",
-                  "shape (5) is not a tuple: it needs a trailing comma"));
-    CHECK(
-        rejects("{'descr': '<f4', 'fortran_order': False, 'shape': [5]}", "shape is not a tuple"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (,)}", "integer dimension"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2 3)}", "expected ','"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2,,3)}", "integer dim"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2.5,)}", "expected ','"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}",
-                  "dimension is too large"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (3037000500, 3037000500)}",
-                  "shape (3037000500, 3037000500) with item size 4 is too large"));
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904,)}",
-                  "too large"));
-    /* 2**63 bytes: fits in size_t, but no array NumPy makes is over PTRDIFF_MAX bytes */
-    CHECK(rejects("{'descr': '<f4', 'fortran_order': False, 'shape': (2305843009213693952,)}",
-                  "too large: over 9223372036854775807 bytes"));
+    static const refusal cases[] = {
+        REFUSAL("(2, -1)", "shape (2, -1) has a negative dimension"),
+        REFUSAL("(-3,)", "shape (-3,) has a negative dimension"),
+        REFUSAL("(5)", "shape (5) is not a tuple: it needs a trailing comma"),
+        REFUSAL("[5]", "shape is not a tuple"),
+        REFUSAL("(,)", "integer dimension"),
+        REFUSAL("(2 3)", "expected ','"),
+        REFUSAL("(2,,3)", "integer dim"),
+        REFUSAL("(2.5,)", "expected ','"),
+        REFUSAL("(99999999999999999999,)", "dimension is too large"),
+        REFUSAL("(3037000500, 3037000500)",
+                "shape (3037000500, 3037000500) with item size 4 is too large"),
+        REFUSAL("(4611686018427387904,)", "too large"),
+        /* 2**63 bytes: fits in size_t, but no array NumPy makes is over PTRDIFF_MAX bytes */
+        REFUSAL("(2305843009213693952,)", "too large: over 9223372036854775807 bytes"),
+    };
+    CHECK_REFUSALS(WITH_SHAPE, cases);
     fl_npy_header h;
     CHECK(accepts("{'descr': '|u1', 'fortran_order': False, 'shape': (9223372036854775807,)}", &h));
     CHECK(h.data_len == (size_t)PTRDIFF_MAX);

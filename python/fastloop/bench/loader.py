@@ -351,7 +351,7 @@ def summary(rows: list[Row]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .report import format_table, machine_summary
+    from .report import print_suite
 
     parser = argparse.ArgumentParser(description="fastloop.Loader vs torch DataLoader, side by side")
     parser.add_argument("--quick", action="store_true", help="4,096 images instead of 20,000")
@@ -361,11 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is not None:
         print(json.dumps(dataclasses.asdict(measure_config(args.config, args.n))))
         return 0
-    print(f"fastloop.Loader vs torch DataLoader on {machine_summary()}")
-    rows = run(quick=args.quick, log=print)
-    print(format_table(HEADERS, table_rows(rows)))
-    print("\n".join(summary(rows)))
-    return 0
+    return print_suite(sys.modules[__name__], "fastloop.Loader vs torch DataLoader", quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -161,16 +161,12 @@ def summary(rows: list[Row]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .report import format_table, machine_summary
+    from .report import print_suite
 
     parser = argparse.ArgumentParser(description="fastloop.nn train step vs torch on the CPU")
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     args = parser.parse_args(argv)
-    print(f"fastloop.nn vs torch on {machine_summary()}; BLAS: {nn.blas_info()}")
-    rows = run(quick=args.quick, log=print)
-    print(format_table(HEADERS, table_rows(rows)))
-    print("\n".join(summary(rows)))
-    return 0
+    return print_suite(sys.modules[__name__], f"fastloop.nn (BLAS: {nn.blas_info()}) vs torch", quick=args.quick)
 
 
 if __name__ == "__main__":

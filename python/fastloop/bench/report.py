@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from typing import Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -27,6 +27,35 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, ma
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
 
+
+def format_section(headers: Sequence[str], rows: Sequence[Sequence[object]], notes: Sequence[str]) -> str:
+    """A suite's table with its notes (summary lines) below it, as its script and ``python -m fastloop bench``
+    print them.
+
+    >>> print(format_section(["a", "b"], [[1, 2.5]], ["a is 1"]))
+    """
+    return format_table(headers, rows) + "".join(f"\n{line}" for line in notes)
+
+
+
+class Suite(Protocol):
+    """A suite module (``bench.loader``, ``bench.model``) as its script and ``python -m fastloop bench`` use it."""
+
+    HEADERS: list[str]
+
+    def run(self, quick: bool = ..., log: Callable[[str], None] = ...) -> list[Any]: ...
+
+    def table_rows(self, rows: list[Any]) -> list[list[object]]: ...
+
+    def summary(self, rows: list[Any]) -> list[str]: ...
+
+
+def print_suite(suite: Suite, title: str, *, quick: bool) -> int:
+    """A suite's script: the title and this machine, the progress as it runs, then the table and the summary."""
+    print(f"{title} on {machine_summary()}")
+    rows = suite.run(quick=quick, log=print)
+    print(format_section(suite.HEADERS, suite.table_rows(rows), suite.summary(rows)))
+    return 0
 
 def _cell(value: object) -> str:
     if isinstance(value, float):

@@ -36,13 +36,30 @@ HEADERS = ["model", "variant", "jobs/s", "p50 ms", "p99 ms", "mean batch", "jobs
 
 
 @dataclass
-class Run:
+class ClosedLoopRun:
+    """One closed-loop measurement of a served model: the jobs that finished within the
+    measured `seconds`, and their client-side latency (submit to result)."""
+
     model: str
     variant: str
     jobs: int
     seconds: float
     p50_ms: float
     p99_ms: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds
+
+    def first_cells(self) -> list[object]:
+        """The row's first cells, as every serving table starts: model, variant, jobs/s, p50 ms, p99 ms."""
+        return [self.model, self.variant, round(self.jobs_per_s), round(self.p50_ms, 2), round(self.p99_ms, 2)]
+
+
+@dataclass
+class Run(ClosedLoopRun):
+    """A run of the in-process InferenceService."""
+
     mean_batch: float
     cpu_s: float = float("nan")  # this process's CPU time (all threads) over the measured seconds
 
@@ -52,13 +69,8 @@ class Run:
         the time other processes held the cores)."""
         return self.jobs / self.cpu_s
 
-    @property
-    def jobs_per_s(self) -> float:
-        return self.jobs / self.seconds
-
     def row(self) -> list[object]:
-        return [self.model, self.variant, round(self.jobs_per_s), round(self.p50_ms, 2), round(self.p99_ms, 2),
-                round(self.mean_batch, 1), self.jobs]
+        return self.first_cells() + [round(self.mean_batch, 1), self.jobs]
 
 
 def mlp(hidden: int = 512, seed: int = 0) -> fl.nn.Sequential:

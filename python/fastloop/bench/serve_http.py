@@ -46,7 +46,7 @@ import numpy as np
 import fastloop as fl
 
 from ..serve.http_inputs import NPY_TYPE, npy_bytes
-from .serve import mlp
+from .serve import ClosedLoopRun, mlp
 from .targets import Result
 from .timing import best_times, cpu_s
 
@@ -189,26 +189,17 @@ def _batch_totals(text: str) -> tuple[float, float]:
 
 # ------------------------------------------------------------ 1. closed loop
 @dataclass
-class Run:
-    model: str
-    variant: str
-    jobs: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
+class Run(ClosedLoopRun):
+    """A run of the HTTP server, its clients polling for results."""
+
     polls_per_job: float
     mean_batch: float
     server_cpu: float  # share of one core over the window
     client_cpu: float
 
-    @property
-    def jobs_per_s(self) -> float:
-        return self.jobs / self.seconds
-
     def row(self) -> list[object]:
-        return [self.model, self.variant, round(self.jobs_per_s), round(self.p50_ms, 2), round(self.p99_ms, 2),
-                round(self.polls_per_job, 1), round(self.mean_batch, 1), round(100 * self.server_cpu),
-                round(100 * self.client_cpu), self.jobs]
+        return self.first_cells() + [round(self.polls_per_job, 1), round(self.mean_batch, 1),
+                                     round(100 * self.server_cpu), round(100 * self.client_cpu), self.jobs]
 
 
 def model_name(model: fl.nn.Sequential) -> str:

@@ -24,7 +24,8 @@ from .cli import arch_of
 from .client import BadRequest, Client, ServiceUnavailable
 from .filestore import FileStore
 from .http import App
-from .jobs import JobCancelled, JobExpired, JobFailed, JobRecord, RowsFailed, StoreError
+from . import jobs
+from .jobs import *  # noqa: F403 - the job record and exceptions, listed once in jobs.__all__
 from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import Admission, InferenceService
@@ -40,12 +41,6 @@ __all__ = [
     "RedisStore",
     "RedisQueue",
     "Store",
-    "JobRecord",
-    "JobFailed",
-    "JobCancelled",
-    "JobExpired",
-    "RowsFailed",
-    "StoreError",
     "StoreUnavailable",
     "App",
     "Client",
@@ -53,3 +48,4 @@ __all__ = [
     "ServiceUnavailable",
     "arch_of",
 ]
+__all__ += jobs.__all__

@@ -20,24 +20,9 @@ from typing import Any
 
 from ..errors import Error
 
-__all__ = [
-    "QUEUED",
-    "RUNNING",
-    "DONE",
-    "FAILED",
-    "EXPIRED",
-    "STATUSES",
-    "FINISHED",
-    "JobRecord",
-    "JobFailed",
-    "JobCancelled",
-    "JobExpired",
-    "RowsFailed",
-    "StoreError",
-    "DEADLINE_EXCEEDED",
-    "new_job_id",
-    "check_job_id",
-]
+# What fastloop.serve re-exports: the record and the exceptions a user meets. The statuses and
+# the id helpers below are the serve package's own; its modules import them by name.
+__all__ = ["JobRecord", "JobFailed", "JobCancelled", "JobExpired", "RowsFailed", "StoreError"]
 
 QUEUED, RUNNING, DONE, FAILED, EXPIRED = "queued", "running", "done", "failed", "expired"
 STATUSES = (QUEUED, RUNNING, DONE, FAILED, EXPIRED)

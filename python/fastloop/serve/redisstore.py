@@ -91,10 +91,22 @@ redis.call('HSET', KEYS[1], 'record', ARGV[1])
 return 1
 """
 
+# The end of finishing or expiring a job, whose script's KEYS begin job, the index it leaves,
+# the index it enters, and ARGV with its id: moves the id to the new index at `at` and renews
+# the TTLs of the job's hash and of the new index.
+_MOVE_JOB = """
+local function move_job(at, ttl, index_ttl)
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[3], at, ARGV[1])
+  redis.call('EXPIRE', KEYS[3], index_ttl)
+end
+"""
+
 # KEYS: job, pending, finished. ARGV: id, record, result, has_result, finished_at, ttl, index_ttl
 # (RedisStore.finish_args). Writes the job even if Redis lost it (restarted without
 # persistence): its final record wins. RedisQueue runs it behind a guard of its own.
-FINISH_SCRIPT = """
+FINISH_SCRIPT = _MOVE_JOB + """
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[3], 'record', ARGV[2])
 else
@@ -102,16 +114,13 @@ else
   redis.call('HSET', KEYS[1], 'record', ARGV[2])
 end
 redis.call('HDEL', KEYS[1], 'input')
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-redis.call('EXPIRE', KEYS[3], ARGV[7])
+move_job(ARGV[5], ARGV[6], ARGV[7])
 return 1
 """
 
 # KEYS: job, finished, expired. ARGV: id, old record, new record, expired_at, ttl, index_ttl.
 # 1: marked expired; 0: the job is gone (its index entry removed); -1: it changed meanwhile.
-_EXPIRE = """
+_EXPIRE = _MOVE_JOB + """
 local cur = redis.call('HGET', KEYS[1], 'record')
 if not cur then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -120,10 +129,7 @@ end
 if cur ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'record', ARGV[3])
 redis.call('HDEL', KEYS[1], 'result', 'input')
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-redis.call('EXPIRE', KEYS[3], ARGV[6])
+move_job(ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
 
