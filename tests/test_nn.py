@@ -301,6 +301,20 @@ def test_load_state_dict_checks_names_and_shapes_before_writing():
     np.testing.assert_array_equal(model.state_dict()["0.bias"], np.ones(3, np.float32))
 
 
+def test_optimizer_state_buffer_outside_the_optimizers_raises_naming_it():
+    model = mlp((3, 2))
+    opt = nn.SGD(model, lr=0.1, momentum=0.9)  # one buffer per parameter
+    model.train_step(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), loss="mse", opt=opt)
+    velocity = opt._opt.get_state(0, 0)
+    assert velocity.any()
+    with pytest.raises(ValueError, match=r"optimizer state: state buffer 1 is outside \[0, 1\)") as error:
+        opt._opt.get_state(0, 1)
+    assert error.value.code < 0  # the core's code, raised through the table
+    with pytest.raises(ValueError, match=r"state buffer -1 is outside \[0, 1\)"):
+        opt._opt.set_state(0, -1, np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(opt._opt.get_state(0, 0), velocity)  # nothing written
+
+
 # ---------------------------------------------------------------- bad inputs
 
 

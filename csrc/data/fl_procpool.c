@@ -89,10 +89,16 @@ struct fl_procpool {
 
 /* ---- sockets ---- */
 
-static int write_all(int fd, const void *data, size_t len) {
-    const char *p = data;
+enum { RECEIVE, SEND };
+
+/* Moves exactly len bytes over a worker's socket in `direction`, retrying short transfers and
+ * EINTR; -1 on EOF or error (the other end is gone). */
+static int transfer_all(int fd, void *data, size_t len, int direction) {
+    char *p = data;
     while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        /* send(MSG_NOSIGNAL), not write: a peer that died fails with EPIPE instead of raising
+         * SIGPIPE, whose default action would kill this process. */
+        ssize_t n = direction == SEND ? send(fd, p, len, MSG_NOSIGNAL) : read(fd, p, len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -103,19 +109,12 @@ static int write_all(int fd, const void *data, size_t len) {
     return 0;
 }
 
-/* Reads exactly len bytes; -1 on EOF or error (the writer is gone). */
+static int write_all(int fd, const void *data, size_t len) {
+    return transfer_all(fd, (void *)data, len, SEND); /* send only reads data */
+}
+
 static int read_all(int fd, void *data, size_t len) {
-    char *p = data;
-    while (len > 0) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return transfer_all(fd, data, len, RECEIVE);
 }
 
 /* ---- the worker process ---- */

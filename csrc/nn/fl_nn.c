@@ -538,20 +538,23 @@ int fl_nn_optimizer_buffers(fl_nn_optimizer *opt) {
     return buffers;
 }
 
-static int check_state_index(fl_nn_optimizer *opt, int index, int which) {
-    if (index < 0 || index >= opt->model->param_count)
-        return fl_error_set(FL_EINVAL, "parameter index %d is outside [0, %d)", index, opt->model->param_count);
+/* Checks that (index, which) names one of opt's state buffers; *bytes is that buffer's size. */
+static int state_bytes(fl_nn_optimizer *opt, int index, int which, size_t *bytes) {
+    fl_nn_model *m = opt->model;
+    if (index < 0 || index >= m->param_count)
+        return fl_error_set(FL_EINVAL, "parameter index %d is outside [0, %d)", index, m->param_count);
     if (which < 0 || which >= optimizer_buffer_count(opt->kind))
         return fl_error_set(FL_EINVAL, "state buffer %d is outside [0, %d)", which, optimizer_buffer_count(opt->kind));
+    *bytes = (size_t)m->params[index].count * m->esize;
     return FL_OK;
 }
 
 int fl_nn_optimizer_get_state(fl_nn_optimizer *opt, int index, int which, void *host_dst) {
-    int rc = check_state_index(opt, index, which);
+    fl_nn_model *m = opt->model;
+    size_t bytes = 0;
+    int rc = state_bytes(opt, index, which, &bytes);
     if (rc != FL_OK)
         return rc;
-    fl_nn_model *m = opt->model;
-    size_t bytes = (size_t)m->params[index].count * m->esize;
     pthread_mutex_lock(&m->lock);
     void *buf = opt->state[which][index];
     if (buf == NULL)
@@ -563,11 +566,11 @@ int fl_nn_optimizer_get_state(fl_nn_optimizer *opt, int index, int which, void *
 }
 
 int fl_nn_optimizer_set_state(fl_nn_optimizer *opt, int index, int which, const void *host_src) {
-    int rc = check_state_index(opt, index, which);
+    fl_nn_model *m = opt->model;
+    size_t bytes = 0;
+    int rc = state_bytes(opt, index, which, &bytes);
     if (rc != FL_OK)
         return rc;
-    fl_nn_model *m = opt->model;
-    size_t bytes = (size_t)m->params[index].count * m->esize;
     pthread_mutex_lock(&m->lock);
     int fresh;
     void *buf = state_buffer(opt, index, which, &fresh, &rc);

@@ -69,6 +69,11 @@ PyObject *fl_raise_with(fl_module_state *state, int err, const fl_raise_opts *op
 /* fl_raise_with() with the table and the core's detail, prefixed by `what` ("normalize"). */
 PyObject *fl_raise(fl_module_state *state, int err, const char *what);
 
+/* The tail of a binding that built `result` (a new reference) for a core call to fill: returns
+ * result when err is FL_OK; else raises as fl_raise() does and drops result, returning NULL.
+ * `return fl_result_or_raise(state, rc, array, "resize");` */
+PyObject *fl_result_or_raise(fl_module_state *state, int err, PyObject *result, const char *what);
+
 /* ---- blocking waits (py_wait.c) ---- */
 
 /* One attempt at a blocking core call that waits at most timeout_s (0: not at all). */

@@ -26,3 +26,11 @@ PyObject *fl_raise_with(fl_module_state *state, int err, const fl_raise_opts *op
 PyObject *fl_raise(fl_module_state *state, int err, const char *what) {
     return fl_raise_with(state, err, &(fl_raise_opts){.what = what});
 }
+
+PyObject *fl_result_or_raise(fl_module_state *state, int err, PyObject *result, const char *what) {
+    if (err == FL_OK)
+        return result;
+    fl_raise(state, err, what); /* first: result's deallocation must not clear the core's detail */
+    Py_DECREF(result);
+    return NULL;
+}

@@ -213,11 +213,7 @@ static PyObject *transform(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (!is_array)
         PyBuffer_Release(&view);
-    if (rc != FL_OK) {
-        Py_DECREF(result);
-        return fl_raise(state_of(module), rc, "image");
-    }
-    return result;
+    return fl_result_or_raise(state_of(module), rc, result, "image");
 }
 
 static PyObject *resize(PyObject *module, PyObject *args) {
@@ -245,11 +241,7 @@ static PyObject *resize(PyObject *module, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rc = fl_resize(PyArray_DATA(a), h, w, c, PyArray_DATA((PyArrayObject *)result), (size_t)out_h, (size_t)out_w);
     Py_END_ALLOW_THREADS
-    if (rc != FL_OK) {
-        Py_DECREF(result);
-        return fl_raise(state_of(module), rc, "resize");
-    }
-    return result;
+    return fl_result_or_raise(state_of(module), rc, result, "resize");
 }
 
 static PyObject *resized_crop_params(PyObject *module, PyObject *args) {

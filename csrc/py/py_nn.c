@@ -262,11 +262,7 @@ static PyObject *get_tensor(PyObject *self, PyObject *arg, param_get_fn get) {
     Py_BEGIN_ALLOW_THREADS
         rc = get(((ModelObject *)self)->model, index, data);
     Py_END_ALLOW_THREADS
-    if (rc != FL_OK) {
-        Py_DECREF(array);
-        return fl_raise(nn_state(self), rc, "reading a parameter");
-    }
-    return array;
+    return fl_result_or_raise(nn_state(self), rc, array, "reading a parameter");
 }
 
 static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, const char *name) {
@@ -515,11 +511,7 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return NULL;
     self->model = (ModelObject *)Py_NewRef(model_obj);
     int rc = fl_nn_optimizer_new(self->model->model, (fl_nn_optimizer_kind)kind, &hyper, &self->opt);
-    if (rc != FL_OK) {
-        Py_DECREF(self);
-        return fl_raise(state, rc, "optimizer");
-    }
-    return (PyObject *)self;
+    return fl_result_or_raise(state, rc, (PyObject *)self, "optimizer");
 }
 
 static void optimizer_dealloc(PyObject *self) {
@@ -623,11 +615,7 @@ static PyObject *optimizer_get_state(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
         rc = fl_nn_optimizer_get_state(o->opt, index, which, data);
     Py_END_ALLOW_THREADS
-    if (rc != FL_OK) {
-        Py_DECREF(array);
-        return fl_raise(nn_state(self), rc, "optimizer state");
-    }
-    return array;
+    return fl_result_or_raise(nn_state(self), rc, array, "optimizer state");
 }
 
 static PyObject *optimizer_set_state(PyObject *self, PyObject *args) {
