@@ -265,9 +265,12 @@ static PyObject *get_tensor(PyObject *self, PyObject *arg, param_get_fn get) {
     return fl_result_or_raise(nn_state(self), rc, array, "reading a parameter");
 }
 
-static PyObject *set_tensor(PyObject *self, PyObject *args, param_set_fn set, const char *name) {
+static PyObject *set_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames, fl_arg_cache *cache, param_set_fn set,
+                            const char *name) {
     PyObject *index_obj, *value;
-    if (!PyArg_ParseTuple(args, "OO", &index_obj, &value))
+    if (fl_parse_args(cache, args, nargs, kwnames, FL_ARG("index", OBJECT, &index_obj),
+                      FL_ARG(name, OBJECT, &value)) < 0)
         return NULL;
     ModelObject *m = (ModelObject *)self;
     fl_nn_param_info info;
@@ -329,8 +332,17 @@ static PyObject *model_get_all(PyObject *self, PyObject *arg) {
 
 static PyObject *model_get_param(PyObject *self, PyObject *arg) { return get_tensor(self, arg, fl_nn_get_param); }
 static PyObject *model_get_grad(PyObject *self, PyObject *arg) { return get_tensor(self, arg, fl_nn_get_grad); }
-static PyObject *model_set_param(PyObject *self, PyObject *args) { return set_tensor(self, args, fl_nn_set_param, "value"); }
-static PyObject *model_set_grad(PyObject *self, PyObject *args) { return set_tensor(self, args, fl_nn_set_grad, "grad"); }
+static PyObject *model_set_param(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    static fl_arg_cache set_param_args = FL_ARG_CACHE("set_param");
+    return set_tensor(self, args, nargs, kwnames, &set_param_args, fl_nn_set_param, "value");
+}
+
+static PyObject *model_set_grad(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static fl_arg_cache set_grad_args = FL_ARG_CACHE("set_grad");
+    return set_tensor(self, args, nargs, kwnames, &set_grad_args, fl_nn_set_grad, "grad");
+}
 
 /* forward(x, out, rows): out = model(x); x (rows, in), out (rows, out). */
 static PyObject *model_forward(PyObject *self, PyObject *args) {
@@ -437,9 +449,11 @@ static PyMethodDef model_methods[] = {
     {"param_info", model_param_info, METH_NOARGS, "[(layer, is_bias, shape)] in torch's order."},
     {"get_param", model_get_param, METH_O, "A host copy of parameter i."},
     {"get_all", model_get_all, METH_O, "get_all(grad): host copies of every parameter (or gradient), one lock."},
-    {"set_param", model_set_param, METH_VARARGS, "Overwrite parameter i from a host array."},
+    {"set_param", (PyCFunction)(void (*)(void))model_set_param, METH_FASTCALL | METH_KEYWORDS,
+     "set_param(index, value): overwrite parameter `index` from a host array."},
     {"get_grad", model_get_grad, METH_O, "A host copy of the gradient of parameter i."},
-    {"set_grad", model_set_grad, METH_VARARGS, "Overwrite the gradient of parameter i."},
+    {"set_grad", (PyCFunction)(void (*)(void))model_set_grad, METH_FASTCALL | METH_KEYWORDS,
+     "set_grad(index, grad): overwrite the gradient of parameter `index`."},
     {"forward", model_forward, METH_VARARGS, "forward(x, out, rows): out = model(x)."},
     {"backward", model_backward, METH_VARARGS, "backward(x, y, rows, loss) -> loss value."},
     {"train_step", model_train_step, METH_VARARGS, "train_step(x, y, rows, loss, opt) -> loss."},
@@ -497,12 +511,17 @@ static int parse_hyper(PyObject *dict, fl_nn_hyper *h) {
 
 /* _Optimizer(model, kind, hyper: dict) with kind 0 SGD, 1 Adam. */
 static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"model", "kind", "hyper", NULL};
+    static fl_arg_cache optimizer_args = FL_ARG_CACHE("_Optimizer");
     PyObject *model_obj, *hyper_obj;
     int kind;
     fl_module_state *state = fl_state_from_type(type);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!iO!:_Optimizer", keywords, state->model_type, &model_obj, &kind, &PyDict_Type, &hyper_obj))
+    if (fl_parse_args_dict(&optimizer_args, args, kwargs, FL_ARG("model", OBJECT, &model_obj),
+                           FL_ARG("kind", INT, &kind), FL_ARG("hyper", OBJECT, &hyper_obj)) < 0)
         return NULL;
+    if (!PyObject_TypeCheck(model_obj, state->model_type))
+        return fl_raisef(NULL, FL_EXC_TYPE, "_Optimizer() argument 'model' must be a _Model");
+    if (!PyDict_Check(hyper_obj))
+        return fl_raisef(NULL, FL_EXC_TYPE, "_Optimizer() argument 'hyper' must be a dict");
     fl_nn_hyper hyper = {0};
     if (parse_hyper(hyper_obj, &hyper) < 0)
         return NULL;
@@ -599,10 +618,13 @@ static PyObject *optimizer_get_buffers(PyObject *self, void *unused) {
 }
 
 /* get_state(i, which) -> host copy of state buffer `which` of parameter i. */
-static PyObject *optimizer_get_state(PyObject *self, PyObject *args) {
+static PyObject *optimizer_get_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    static fl_arg_cache get_state_args = FL_ARG_CACHE("get_state");
     PyObject *index_obj;
     int which;
-    if (!PyArg_ParseTuple(args, "Oi", &index_obj, &which))
+    if (fl_parse_args(&get_state_args, args, nargs, kwnames, FL_ARG("index", OBJECT, &index_obj),
+                      FL_ARG("which", INT, &which)) < 0)
         return NULL;
     OptimizerObject *o = (OptimizerObject *)self;
     fl_nn_param_info info;
@@ -618,10 +640,13 @@ static PyObject *optimizer_get_state(PyObject *self, PyObject *args) {
     return fl_result_or_raise(nn_state(self), rc, array, "optimizer state");
 }
 
-static PyObject *optimizer_set_state(PyObject *self, PyObject *args) {
+static PyObject *optimizer_set_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    static fl_arg_cache set_state_args = FL_ARG_CACHE("set_state");
     PyObject *index_obj, *value;
     int which;
-    if (!PyArg_ParseTuple(args, "OiO", &index_obj, &which, &value))
+    if (fl_parse_args(&set_state_args, args, nargs, kwnames, FL_ARG("index", OBJECT, &index_obj),
+                      FL_ARG("which", INT, &which), FL_ARG("array", OBJECT, &value)) < 0)
         return NULL;
     OptimizerObject *o = (OptimizerObject *)self;
     fl_nn_param_info info;
@@ -644,8 +669,10 @@ static PyMethodDef optimizer_methods[] = {
     {"step", optimizer_step, METH_NOARGS, "Apply one update from the model's gradients."},
     {"get_hyper", optimizer_get_hyper, METH_NOARGS, "The hyper-parameters as a dict."},
     {"set_hyper", optimizer_set_hyper, METH_O, "Replace some hyper-parameters (a dict)."},
-    {"get_state", optimizer_get_state, METH_VARARGS, "get_state(i, which): a state buffer."},
-    {"set_state", optimizer_set_state, METH_VARARGS, "set_state(i, which, array)."},
+    {"get_state", (PyCFunction)(void (*)(void))optimizer_get_state, METH_FASTCALL | METH_KEYWORDS,
+     "get_state(index, which): a state buffer."},
+    {"set_state", (PyCFunction)(void (*)(void))optimizer_set_state, METH_FASTCALL | METH_KEYWORDS,
+     "set_state(index, which, array)."},
     {NULL, NULL, 0, NULL},
 };
 
