@@ -1,7 +1,6 @@
 /* fl_cublas.c - dlopen()s cuBLAS and resolves the entry points in fl_cublas.h. */
 #include "fl_cublas.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

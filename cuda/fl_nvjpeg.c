@@ -1,10 +1,7 @@
 /* fl_nvjpeg.c - dlopen()s nvJPEG and resolves the entry points in fl_nvjpeg.h. */
 #include "fl_nvjpeg.h"
 
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "base/fl_dl.h"
 #include "base/fl_error.h"

@@ -315,6 +315,26 @@ def test_optimizer_state_buffer_outside_the_optimizers_raises_naming_it():
     np.testing.assert_array_equal(opt._opt.get_state(0, 0), velocity)  # nothing written
 
 
+def test_the_private_bindings_name_a_wrong_argument():
+    """nn's C calls parse by declaration: keywords work, and a wrong argument is named."""
+    model = mlp((3, 2))
+    opt = nn.SGD(model, lr=0.1, momentum=0.9)
+    core = type(opt._opt)
+    with pytest.raises(TypeError, match="argument 'model' must be a _Model"):
+        core(model=[], kind=0, hyper={})
+    with pytest.raises(TypeError, match="argument 'hyper' must be a dict"):
+        core(model._model, 0, [("lr", 0.1)])
+    with pytest.raises(TypeError, match=r"get_state\(\) missing required argument 'which'"):
+        opt._opt.get_state(0)
+    velocity = np.full((2, 3), 0.5, np.float32)
+    opt._opt.set_state(index=0, which=0, array=velocity)
+    np.testing.assert_array_equal(opt._opt.get_state(which=0, index=0), velocity)
+    with pytest.raises(TypeError, match=r"set_param\(\) .*'weights'"):
+        model._model.set_param(0, weights=velocity)
+    model._model.set_param(index=0, value=velocity)
+    np.testing.assert_array_equal(model._model.get_param(0), velocity)
+
+
 # ---------------------------------------------------------------- bad inputs
 
 

@@ -132,7 +132,6 @@ class DecodeError(Error, ValueError):
     """
 
 
-
 def retold(error: Exception, message: str) -> Exception:
     """The error again with a fuller message (naming the file or sample it came from): a
     fastloop error keeps its class and codes, any other becomes a plain ValueError."""

@@ -37,7 +37,6 @@ def format_section(headers: Sequence[str], rows: Sequence[Sequence[object]], not
     return format_table(headers, rows) + "".join(f"\n{line}" for line in notes)
 
 
-
 class Suite(Protocol):
     """A suite module (``bench.loader``, ``bench.model``) as its script and ``python -m fastloop bench`` use it."""
 
@@ -56,6 +55,7 @@ def print_suite(suite: Suite, title: str, *, quick: bool) -> int:
     rows = suite.run(quick=quick, log=print)
     print(format_section(suite.HEADERS, suite.table_rows(rows), suite.summary(rows)))
     return 0
+
 
 def _cell(value: object) -> str:
     if isinstance(value, float):
