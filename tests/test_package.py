@@ -39,7 +39,6 @@ def test_error_hierarchy():
     assert error.code == 35 and str(error) == "boom"
 
 
-
 def test_serve_exports_the_job_record_and_every_job_exception_once():
     from fastloop import serve
     from fastloop.serve import jobs
@@ -50,6 +49,7 @@ def test_serve_exports_the_job_record_and_every_job_exception_once():
     assert len(serve.__all__) == len(set(serve.__all__))
     for name in jobs.__all__:
         assert getattr(serve, name) is getattr(jobs, name) and name in serve.__all__
+
 
 def test_cli_info_runs():
     out = subprocess.run([sys.executable, "-m", "fastloop", "info"], capture_output=True, text=True, timeout=60)
