@@ -11,15 +11,20 @@
  * Stopping waits for one chunk at most, not for a whole batch.
  *
  * `lock` guards every slot's state and counters, the epoch (order, cursors), `stopping`,
- * `helping`, the error and `lent`; `changed` is broadcast when a batch completes, a slot is
- * freed, an epoch starts or stops. A chunk's bytes are written only by the thread holding
- * it, and read by the consumer after the slot is READY.
+ * `joining`, `helping`, the error and `lent`; `changed` is broadcast when a batch completes, a
+ * slot is freed, an epoch starts or stops. A chunk's bytes are written only by the thread
+ * holding it, and read by the consumer after the slot is READY.
+ *
+ * Stopping: the first stop sets `joining` under the lock and is the only one to join the
+ * workers; every other stop, and every start_epoch, waits on `changed` until it clears, so a
+ * thread is never joined twice and an epoch never starts into a stop's tail.
  */
 #include "data/fl_loader.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +70,16 @@ typedef struct scratch {
     size_t encoded_capacity;
 } scratch;
 
+/* What each worker thread starts with. */
+typedef struct worker_arg {
+    fl_loader *loader;
+    int id;
+} worker_arg;
+
 struct fl_loader {
     fl_loader_config config;
+    fl_loader_filler filler; /* config.filler points here when set */
+    worker_arg *worker_args;
     fl_field *fields;
     size_t *field_offset, *field_bytes; /* per field: offset in a slot, output bytes per sample */
     size_t slot_bytes;
@@ -84,11 +97,14 @@ struct fl_loader {
     pthread_mutex_t lock;
     pthread_cond_t changed;
     int stopping;
+    int joining; /* a stop owns the join now: other stops and start_epoch wait for it */
+    atomic_int cancel; /* a stop asked the fillers to return early: read without the lock */
     int helping; /* chunks the consumer is filling now: stop() waits for them */
     int epoch_active;
     uint64_t epoch_seed;
     int64_t *order;
     uint64_t order_len, n_batches, next_claim, next_deliver;
+    uint64_t *ends; /* fl_loader_set_batches: where each batch ends in the order, or NULL */
     int error;
     uint64_t error_batch; /* the earliest batch that failed: delivered up to it, then the error */
     char error_text[ERROR_TEXT];
@@ -97,6 +113,11 @@ struct fl_loader {
     uint64_t skipped;               /* skip_errors: samples dropped */
     char skipped_text[ERROR_TEXT];  /* the first one's message */
 };
+
+/* The loader whose worker the calling thread is (NULL on any other thread), and whether that
+ * loader was freed by code the worker ran (see fl_loader_free). */
+static _Thread_local fl_loader *worker_of;
+static _Thread_local int orphaned;
 
 /* ---- reading one sample ---- */
 
@@ -314,6 +335,18 @@ static int batches_ahead(const fl_loader *l) {
     return n;
 }
 
+/* Where batch b starts in the epoch's order, and its samples. */
+static void batch_span(const fl_loader *l, uint64_t b, size_t *start, size_t *count) {
+    if (l->ends != NULL) { /* a batch sampler's batches */
+        *start = (size_t)(b > 0 ? l->ends[b - 1] : 0);
+        *count = (size_t)(l->ends[b] - *start);
+        return;
+    }
+    *start = (size_t)(b * l->config.sampler.batch_size);
+    size_t left = (size_t)l->order_len - *start;
+    *count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size;
+}
+
 /* Opens the next batch in a free slot; NULL when none can open now (no slot, or `ahead`
  * batches already in flight). */
 static slot *open_batch(fl_loader *l) {
@@ -326,11 +359,11 @@ static slot *open_batch(fl_loader *l) {
     if (s == NULL)
         return NULL;
     uint64_t b = l->next_claim++;
-    size_t start = (size_t)(b * l->config.sampler.batch_size);
-    size_t left = (size_t)l->order_len - start;
+    size_t start, count;
+    batch_span(l, b, &start, &count);
     *s = (slot){.state = SLOT_FILLING,
                 .batch = b,
-                .count = left < l->config.sampler.batch_size ? left : l->config.sampler.batch_size,
+                .count = count,
                 .ids = l->order + start,
                 .data = s->data,
                 .dropped = s->dropped};
@@ -404,30 +437,53 @@ static void chunk_done(fl_loader *l, const chunk *c, int rc) {
     }
 }
 
-/* Fills a chunk, releasing the lock meanwhile. */
-static void fill_chunk(fl_loader *l, const chunk *c, scratch *scr) {
+/* Fills a chunk, releasing the lock meanwhile (a filler's chunk is a whole batch). Returns 0,
+ * or -1, without the lock, when the filler's code freed the loader (fl_loader_orphaned). */
+static int fill_chunk(fl_loader *l, const chunk *c, scratch *scr, int worker) {
     pthread_mutex_unlock(&l->lock);
-    int rc = fill(l, c, scr);
+    const fl_loader_filler *f = l->config.filler;
+    int rc = f == NULL ? fill(l, c, scr)
+                       : f->fill(f->ctx, worker, c->s->batch, l->epoch_seed, c->s->ids, c->s->count,
+                                 (int)(c->s - l->slots), c->s->data);
+    if (orphaned)
+        return -1;
     pthread_mutex_lock(&l->lock);
     chunk_done(l, c, rc);
+    return 0;
+}
+
+/* A worker's own state: the readers' scratch, or what the filler sets up on its thread. */
+static int worker_begin(fl_loader *l, int worker, scratch *scr) {
+    const fl_loader_filler *f = l->config.filler;
+    if (f == NULL)
+        return scratch_alloc(l, scr) == FL_OK ? FL_OK : fl_error_set(FL_ENOMEM, "out of memory for a worker's scratch");
+    return f->thread_start != NULL ? f->thread_start(f->ctx, worker) : FL_OK;
 }
 
 static void *worker_main(void *arg) {
-    fl_loader *l = arg;
+    const worker_arg *w = arg;
+    fl_loader *l = w->loader;
+    int worker = w->id;
+    worker_of = l;
     scratch scr = {0};
-    int rc = scratch_alloc(l, &scr);
+    int rc = worker_begin(l, worker, &scr);
     pthread_mutex_lock(&l->lock);
-    if (rc != FL_OK)
-        record_error(l, rc, 0, "out of memory for a worker's scratch");
+    if (rc != FL_OK) { /* the next batch to deliver fails with it */
+        record_error(l, rc, l->next_deliver, fl_error_detail());
+        pthread_cond_broadcast(&l->changed);
+    }
     while (!l->stopping && rc == FL_OK) {
         chunk c;
-        if (worker_chunk(l, &c))
-            fill_chunk(l, &c, &scr);
-        else
+        if (!worker_chunk(l, &c))
             pthread_cond_wait(&l->changed, &l->lock);
+        else if (fill_chunk(l, &c, &scr, worker) < 0)
+            return NULL; /* the loader is gone, this thread detached: touch nothing of it */
     }
     pthread_mutex_unlock(&l->lock);
+    if (rc == FL_OK && l->config.filler != NULL && l->config.filler->thread_end != NULL)
+        l->config.filler->thread_end(l->config.filler->ctx, worker);
     scratch_free(&scr);
+    worker_of = NULL;
     return NULL;
 }
 
@@ -494,6 +550,8 @@ static int plan(fl_loader *l) {
         return rc;
     l->chunk_samples = CHUNK_BYTES / (sample_bytes ? sample_bytes : 1);
     l->chunk_samples = l->chunk_samples < 1 ? 1 : l->chunk_samples > batch ? batch : l->chunk_samples;
+    if (l->config.filler != NULL) /* a filler keeps per-batch state: one thread fills a batch */
+        l->chunk_samples = batch;
     return FL_OK;
 }
 
@@ -506,20 +564,32 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
         config->ahead >= config->slots)
         return fl_error_set(FL_EINVAL, "a loader needs >= 2 slots, >= 0 workers, >= 1 field, "
                                        "0 <= ahead < slots");
+    if (config->filler != NULL && (config->workers < 1 || config->pipeline != NULL || config->skip_errors ||
+                                   config->filler->fill == NULL))
+        return fl_error_set(FL_EINVAL, "a filler needs >= 1 worker, a fill function, no pipeline and no "
+                                       "skip_errors");
     fl_loader *l = calloc(1, sizeof *l);
     if (l == NULL)
         return FL_ENOMEM;
     l->config = *config;
-    /* with a worker per CPU, a helping consumer would only preempt one mid-chunk */
-    l->consumer_helps = config->workers == 0 || config->workers < fl_thread_cpus();
+    if (config->filler != NULL) {
+        l->filler = *config->filler;
+        l->config.filler = &l->filler;
+    }
+    /* with a worker per CPU, a helping consumer would only preempt one mid-chunk; a filler's
+     * batches are filled on its workers only */
+    l->consumer_helps = config->filler == NULL && (config->workers == 0 || config->workers < fl_thread_cpus());
     l->fields = malloc(config->n_fields * sizeof *l->fields);
     l->field_offset = malloc(config->n_fields * sizeof *l->field_offset);
     l->field_bytes = malloc(config->n_fields * sizeof *l->field_bytes);
     l->threads = calloc((size_t)(config->workers ? config->workers : 1), sizeof *l->threads);
+    l->worker_args = calloc((size_t)(config->workers ? config->workers : 1), sizeof *l->worker_args);
     pthread_mutex_init(&l->lock, NULL);
     rc = fl_cond_init(&l->changed);
-    if (!l->fields || !l->field_offset || !l->field_bytes || !l->threads)
+    if (!l->fields || !l->field_offset || !l->field_bytes || !l->threads || !l->worker_args)
         rc = FL_ENOMEM;
+    for (int w = 0; rc == FL_OK && w < config->workers; w++)
+        l->worker_args[w] = (worker_arg){l, w};
     if (rc == FL_OK) {
         memcpy(l->fields, config->fields, config->n_fields * sizeof *l->fields);
         l->config.fields = l->fields;
@@ -549,7 +619,7 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
 static int start_workers(fl_loader *l) {
     int started = 0;
     while (started < l->config.workers &&
-           fl_thread_start(&l->threads[started], worker_main, l) == FL_OK)
+           fl_thread_start(&l->threads[started], worker_main, &l->worker_args[started]) == FL_OK)
         started++;
     if (started == l->config.workers) {
         l->running = 1;
@@ -568,17 +638,20 @@ static int start_workers(fl_loader *l) {
 
 int fl_loader_start_epoch(fl_loader *l, uint64_t epoch) { return fl_loader_start_epoch_at(l, epoch, 0); }
 
-/* 1 when the last epoch was cut short or failed: its workers and batches must go first. */
+/* 1 when the last epoch was cut short or failed, or a stop was asked for on a worker: its
+ * workers and batches must go first. Called with the lock held. */
+static int cut_short_locked(const fl_loader *l) {
+    return (l->epoch_active && (l->next_deliver < l->n_batches || l->error)) || l->stopping;
+}
+
 static int cut_short(fl_loader *l) {
     pthread_mutex_lock(&l->lock);
-    int abandon = (l->epoch_active && l->next_deliver < l->n_batches) || l->error;
+    int abandon = cut_short_locked(l) || l->joining || l->error;
     pthread_mutex_unlock(&l->lock);
     return abandon;
 }
 
 int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch) {
-    if (cut_short(l))
-        fl_loader_stop(l);
     uint64_t shard = fl_sampler_shard_size(&l->config.sampler);
     int64_t *order = malloc((shard ? shard : 1) * sizeof *order);
     if (order == NULL || fl_sampler_epoch(&l->config.sampler, epoch, order) != FL_OK) {
@@ -586,6 +659,15 @@ int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch)
         return FL_ENOMEM;
     }
     pthread_mutex_lock(&l->lock);
+    while (l->joining || cut_short_locked(l)) { /* no epoch starts into a stop, or over a live one */
+        if (l->joining) {
+            pthread_cond_wait(&l->changed, &l->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&l->lock);
+        fl_loader_stop(l);
+        pthread_mutex_lock(&l->lock);
+    }
     free(l->order);
     l->order = order;
     l->order_len = shard;
@@ -646,7 +728,7 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot_out, size_t *count)
         chunk c;
         if (consumer_chunk(l, &c)) { /* rather than wait idle, help fill the batch we want */
             l->helping++;
-            fill_chunk(l, &c, &l->consumer_scratch);
+            fill_chunk(l, &c, &l->consumer_scratch, -1); /* never a filler's: it cannot free l */
             if (--l->helping == 0 && l->stopping)
                 pthread_cond_broadcast(&l->changed);
             continue;
@@ -685,11 +767,27 @@ void fl_loader_release(fl_loader *l, int slot_index) {
     pthread_mutex_unlock(&l->lock);
 }
 
+/* Asks the workers to end after the batch in hand and ends the epoch for next(); called with
+ * the lock held. The stop that joins them clears it. */
+static void ask_to_stop(fl_loader *l) {
+    l->stopping = 1;
+    l->epoch_active = 0; /* a next() waiting on another thread returns FL_EEND */
+    atomic_store_explicit(&l->cancel, 1, memory_order_relaxed); /* a flag: orders nothing */
+    pthread_cond_broadcast(&l->changed);
+}
+
 void fl_loader_stop(fl_loader *l) {
     pthread_mutex_lock(&l->lock);
+    if (worker_of == l || l->joining) { /* this thread cannot join itself; or another one joins */
+        ask_to_stop(l);
+        while (worker_of != l && l->joining)
+            pthread_cond_wait(&l->changed, &l->lock);
+        pthread_mutex_unlock(&l->lock);
+        return;
+    }
+    l->joining = 1;
     int running = l->running;
-    l->stopping = 1;
-    pthread_cond_broadcast(&l->changed);
+    ask_to_stop(l);
     pthread_mutex_unlock(&l->lock);
     for (int i = 0; running && i < l->config.workers; i++)
         pthread_join(l->threads[i], NULL);
@@ -701,9 +799,39 @@ void fl_loader_stop(fl_loader *l) {
             l->slots[i].state = SLOT_FREE;
     l->running = 0;
     l->stopping = 0;
-    l->epoch_active = 0;
-    pthread_cond_broadcast(&l->changed); /* a next() waiting on another thread returns FL_EEND */
+    l->joining = 0;
+    atomic_store_explicit(&l->cancel, 0, memory_order_relaxed);
+    pthread_cond_broadcast(&l->changed); /* the stops and start_epochs waiting for this one */
     pthread_mutex_unlock(&l->lock);
+}
+
+int fl_loader_cancelled(const fl_loader *l) {
+    return atomic_load_explicit(&((fl_loader *)l)->cancel, memory_order_relaxed);
+}
+
+int fl_loader_orphaned(void) { return orphaned; }
+
+int fl_loader_set_batches(fl_loader *l, const uint64_t *ends, uint64_t n) {
+    int rc = ends != NULL ? fl_sampler_check_ends(&l->config.sampler, ends, n) : FL_OK;
+    uint64_t *copy = NULL;
+    if (rc == FL_OK && ends != NULL &&
+        (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
+        rc = FL_ENOMEM;
+    if (rc != FL_OK)
+        return rc;
+    if (copy != NULL)
+        memcpy(copy, ends, n * sizeof *copy);
+    pthread_mutex_lock(&l->lock);
+    if (l->epoch_active && l->next_deliver < l->n_batches) {
+        pthread_mutex_unlock(&l->lock);
+        free(copy);
+        return fl_error_set(FL_EINVAL, "the batches cannot change while an epoch is in progress");
+    }
+    free(l->ends);
+    l->ends = copy;
+    l->n_batches = copy != NULL ? n : fl_sampler_batches(&l->config.sampler);
+    pthread_mutex_unlock(&l->lock);
+    return FL_OK;
 }
 
 const char *fl_loader_error(fl_loader *l) { return l->error_text; }
@@ -747,11 +875,35 @@ int fl_loader_ahead(fl_loader *l) {
 
 uint64_t fl_loader_batches(const fl_loader *l) { return l->n_batches; }
 
+/* fl_loader_free on one of l's workers: joins the others, detaches this one, and marks it
+ * orphaned so it returns without touching l (see fl_loader_orphaned). */
+static void free_from_own_worker(fl_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    ask_to_stop(l);
+    int running = l->running;
+    pthread_mutex_unlock(&l->lock);
+    pthread_t self = pthread_self();
+    for (int i = 0; running && i < l->config.workers; i++)
+        if (!pthread_equal(l->threads[i], self))
+            pthread_join(l->threads[i], NULL);
+    pthread_detach(self);
+    orphaned = 1;
+    worker_of = NULL;
+}
+
+static void free_memory(fl_loader *l);
+
 void fl_loader_free(fl_loader *l) {
     if (l == NULL)
         return;
-    if (l->threads != NULL && l->slots != NULL) /* else fl_loader_new failed: no worker ran */
+    if (worker_of == l)
+        free_from_own_worker(l);
+    else if (l->threads != NULL && l->slots != NULL) /* else fl_loader_new failed: no worker ran */
         fl_loader_stop(l);
+    free_memory(l);
+}
+
+static void free_memory(fl_loader *l) {
     for (int i = 0; l->slots && i < l->config.slots; i++) {
         free(l->slots[i].data);
         free(l->slots[i].dropped);
@@ -760,8 +912,10 @@ void fl_loader_free(fl_loader *l) {
     pthread_cond_destroy(&l->changed);
     pthread_mutex_destroy(&l->lock);
     free(l->order);
+    free(l->ends);
     free(l->slots);
     free(l->threads);
+    free(l->worker_args);
     free(l->field_bytes);
     free(l->field_offset);
     free(l->fields);

@@ -14,6 +14,16 @@
  * A worker's error (an unreadable file) travels as data: the error of the earliest failing
  * batch is kept with the sample index and path; next() delivers the batches before it, then
  * returns it.
+ *
+ * With a filler (fl_loader_filler) the workers run the caller's code instead of reading the
+ * fields: the Python binding runs a dataset's __getitem__ on them. Each worker then fills
+ * whole batches (the filler keeps per-batch state), and the consumer never fills.
+ *
+ * Stopping from several threads: fl_loader_stop() may be called by any thread, at once by
+ * many: exactly one caller joins the workers (it owns the stop under the lock), the others
+ * wait until that stop is done; an epoch started meanwhile waits for it too, then starts for
+ * real. A stop or free called on one of the loader's own workers (a filler's code dropping the
+ * last reference to its loader) cannot join that worker: see fl_loader_stop/fl_loader_free.
  */
 #ifndef FL_LOADER_H
 #define FL_LOADER_H
@@ -50,6 +60,25 @@ typedef struct fl_field {
     size_t gpu_entry_bytes;
 } fl_field;
 
+/* Code that fills whole batches on the workers in place of the fields' readers (the fields
+ * then give only each sample's bytes, and `pipeline` must be NULL: the filler runs its own). */
+typedef struct fl_loader_filler {
+    /* On each worker as it starts (before its first fill), or NULL. A nonzero return (an
+     * fl_err code, the detail set) ends that worker and becomes next()'s error. */
+    int (*thread_start)(void *ctx, int worker);
+    /* On each worker as it ends, or NULL. Not called on a worker whose loader was freed
+     * under it (fl_loader_orphaned). */
+    void (*thread_end)(void *ctx, int worker);
+    /* Fills batch `batch`: `count` samples, the epoch order's `ids`, into slot `slot` (its
+     * memory `data`, field f at fl_loader_field_offset(f)); `seed` is the epoch's augmentation
+     * seed. Returns FL_OK, or an fl_err code with the detail set; should return early once
+     * fl_loader_cancelled(). Runs without the loader's lock, on one worker at a time per
+     * batch. */
+    int (*fill)(void *ctx, int worker, uint64_t batch, uint64_t seed, const int64_t *ids, size_t count,
+                int slot, unsigned char *data);
+    void *ctx;
+} fl_loader_filler;
+
 typedef struct fl_loader_config {
     fl_sampler sampler;
     int workers;               /* C threads; 0: the consumer fills batches in next() */
@@ -67,6 +96,7 @@ typedef struct fl_loader_config {
     fl_metrics *metrics;       /* optional; counts "loader/samples", "loader/batches", "loader/skipped" */
     int skip_errors;           /* a sample that fails to read or decode is dropped from its batch
                                 * (the batch comes shorter; one of nothing is not delivered) */
+    const fl_loader_filler *filler; /* or NULL; copied */
 } fl_loader_config;
 
 typedef struct fl_loader fl_loader;
@@ -75,8 +105,9 @@ typedef struct fl_loader fl_loader;
  * thread yet. Returns 0 and sets *out, or FL_EINVAL/FL_ENOMEM (detail says why). */
 int fl_loader_new(const fl_loader_config *config, fl_loader **out);
 
-/* Begins `epoch`: computes its order and (re)starts the workers. Any earlier epoch must have
- * ended (FL_EEND) or been stopped. Returns 0, FL_ENOMEM or FL_ESYS (no thread). */
+/* Begins `epoch`: computes its order and (re)starts the workers. An epoch in progress (cut
+ * short, or failed) is stopped first; a stop in progress on another thread is waited for.
+ * Returns 0, FL_ENOMEM or FL_ESYS (no thread). */
 int fl_loader_start_epoch(fl_loader *l, uint64_t epoch);
 
 /* fl_loader_start_epoch, resuming at batch first_batch of the epoch (the batches before it
@@ -93,8 +124,24 @@ int fl_loader_next(fl_loader *l, double timeout_s, int *slot, size_t *count);
 void fl_loader_release(fl_loader *l, int slot);
 
 /* Abandons the epoch: stops and joins the workers and forgets batches not yet delivered.
- * Lent slots stay lent. Idempotent. */
+ * Lent slots stay lent. Idempotent, and safe from any number of threads at once: one joins,
+ * the others return once it has. On one of the loader's own workers it only asks the workers
+ * to end (a thread cannot join itself): next() then returns FL_EEND, and the next stop or
+ * start_epoch on another thread joins them. */
 void fl_loader_stop(fl_loader *l);
+
+/* 1 once a stop has asked the workers to end: a filler returns early. Any thread; no lock. */
+int fl_loader_cancelled(const fl_loader *l);
+
+/* 1 on a worker thread whose loader was freed by code that worker ran (see fl_loader_free):
+ * the filler must then return at once without touching the loader or its own state. */
+int fl_loader_orphaned(void);
+
+/* Batches of uneven sizes, as a batch sampler gives them (see fl_sampler_check_ends): `ends`
+ * (n, copied) replace the split into batch_size samples (NULL and 0: back to it) and the
+ * number of batches, for the epochs started next. Returns 0, FL_EINVAL (an epoch is in
+ * progress, or a bad end: the detail says which batch) or FL_ENOMEM. */
+int fl_loader_set_batches(fl_loader *l, const uint64_t *ends, uint64_t n);
 
 /* The first worker error's message ("" if none). */
 const char *fl_loader_error(fl_loader *l);
@@ -119,7 +166,10 @@ int fl_loader_ahead(fl_loader *l);
 /* Batches per epoch. */
 uint64_t fl_loader_batches(const fl_loader *l);
 
-/* Stops the workers and frees everything. No slot may still be in use. NULL is a no-op. */
+/* Stops the workers and frees everything. No slot may still be in use. NULL is a no-op.
+ * Called on one of the loader's own workers (a filler's code dropped the last reference),
+ * it joins the other workers, detaches the calling one and frees everything; that worker
+ * then sees fl_loader_orphaned() and must return without touching the loader. */
 void fl_loader_free(fl_loader *l);
 
 /* The loader as a batch source (fl_batch_source.h); it stays the loader's handle: the

@@ -82,3 +82,15 @@ int fl_sampler_epoch(const fl_sampler *s, uint64_t epoch, int64_t *order) {
     free(all);
     return FL_OK;
 }
+
+int fl_sampler_check_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n) {
+    uint64_t shard = fl_sampler_shard_size(s), start = 0;
+    for (uint64_t b = 0; b < n; start = ends[b++])
+        if (ends[b] <= start || ends[b] - start > s->batch_size)
+            return fl_error_set(FL_EINVAL, "batch %llu has %lld samples; each must have 1 to %zu",
+                                (unsigned long long)b, (long long)(ends[b] - start), s->batch_size);
+    if (start != shard)
+        return fl_error_set(FL_EINVAL, "the batches hold %llu samples in all, the order %llu",
+                            (unsigned long long)start, (unsigned long long)shard);
+    return FL_OK;
+}

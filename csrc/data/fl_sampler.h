@@ -53,4 +53,10 @@ int fl_sampler_epoch(const fl_sampler *s, uint64_t epoch, int64_t *order);
  * anew while staying reproducible. */
 uint64_t fl_sampler_epoch_seed(uint64_t seed, uint64_t epoch);
 
+/* Batches of uneven sizes, as a batch sampler gives them: batch b is the epoch order's
+ * positions ends[b - 1] (0 for b = 0) up to ends[b]. Returns 0 when the n `ends` split this
+ * shard into batches of 1 to batch_size samples each, else FL_EINVAL naming the first bad
+ * batch. Pure. */
+int fl_sampler_check_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n);
+
 #endif
