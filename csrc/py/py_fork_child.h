@@ -1,20 +1,15 @@
 /* py_fork_child.h - the Python runtime of a forked worker of _ProcLoader (py_procloader.c):
  * the fill function and fork hooks it gives fl_procpool.
  *
- * In the child, fill() calls the Python `fetch(index[, epoch_seed])` for each sample of a
- * batch (a dataset's __getitem__ and Python transforms; with a batch's first sample it gets
- * the epoch seed and seeds the generators once per batch), checks each field's dtype and
- * shape against the first sample's, and writes it straight into the shared-memory slot;
- * field 0 may then go through a C pipeline, one image at a time. A Python exception travels
- * back as "module.qualname\x1emessage\x1etraceback" with the failing index.
+ * In the child, fill() writes each sample of a batch into the shared-memory slot with
+ * fl_sample_store (py_sample_writer.h; with a batch's first sample, fetch gets the epoch seed
+ * and seeds the generators once per batch). A Python exception travels back as
+ * "module.qualname\x1emessage\x1etraceback" with the failing index.
  *
  * Then `finish(raw)` gives the batch's other values as bytes (strings, None, nested values:
  * see fastloop/_sample_codec.py), written after an 8-byte length into the slot's object area,
  * or, when they do not fit it, handed to fl_procpool as the batch's extra bytes (the length
- * then reads FL_OBJECTS_AFTER). A sample that does not fit the slots' fields (fetch returned
- * None, another shape, a value of another kind) makes the batch "raw": nothing more is
- * written into the fields, and finish(1) sends the batch's whole samples instead. With a
- * pipeline, such a sample is an error, as the pipeline needs field 0 in the slot.
+ * then reads FL_OBJECTS_AFTER); raw: the batch's samples went whole.
  *
  * The hooks call PyOS_BeforeFork / PyOS_AfterFork_Parent / PyOS_AfterFork_Child with the
  * GIL held, as os.fork() does (around a gc.freeze(), so the workers do not copy the
@@ -26,30 +21,21 @@
 
 #include "fl_module.h"
 
-#include "data/fl_pipeline.h"
 #include "data/fl_procpool.h"
-#include "py_batch_source.h"
+#include "py_sample_writer.h"
 
 /* What a worker needs; filled by the parent before the first fork, read-only after it
  * (but the scratch, made in each child on first use). References are borrowed from the
  * _ProcLoader that embeds this. */
 typedef struct fl_fork_child {
-    fl_module_state *state;
+    fl_sample_writer writer;        /* the samples into the slot */
+    fl_sample_scratch scratch;      /* per child */
     PyObject *fetch;                /* (index[, epoch seed]) -> sample (a tuple of fields, or one) */
     PyObject *worker_setup;         /* worker_id -> None, run in each child; or None */
-    PyObject *in_descrs, *in_shapes; /* tuples, per field as fetched */
-    size_t n_fields;
-    size_t in_bytes[FL_SOURCE_MAX_FIELDS], out_bytes[FL_SOURCE_MAX_FIELDS]; /* per sample */
-    const size_t *offsets;          /* per field: where its batch starts in a slot */
-    const fl_pipeline *pipeline;    /* for field 0, or NULL */
-    fl_images image;                /* field 0's geometry, as fetched */
-    fl_dtype image_dtype;
-    size_t scratch_per_image;       /* the pipeline's scratch for one image */
-    unsigned char *scratch_input, *scratch_pipeline; /* one image's, per child, made on first use */
-    int froze;                      /* this fork froze gc's generations (see before_fork) */
     PyObject *finish;               /* (raw) -> the batch's object bytes (a buffer) or None; or NULL */
     size_t objects_offset;          /* where a slot's object area starts: a u64 length, then the bytes */
     size_t objects_capacity;        /* bytes the area holds after its length */
+    int froze;                      /* this fork froze gc's generations (see before_fork) */
     PyObject *sending;              /* in a child: the last batch's bytes, while they travel as extra */
     Py_buffer sending_view;
 } fl_fork_child;

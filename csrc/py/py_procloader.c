@@ -110,48 +110,13 @@ static PyObject *proc_get_pids(PyObject *self, void *closure) {
 
 /* ---- construction ---- */
 
-/* Field 0 through the pipeline: its geometry in, and dtype and shape out. */
-static int plan_pipeline(fl_fork_child *child, PyObject *pipeline_obj, PyObject *out_descrs, PyObject *out_shapes) {
-    if (fl_pipeline_input_of(pipeline_obj, PyTuple_GET_ITEM(child->in_descrs, 0), PyTuple_GET_ITEM(child->in_shapes, 0),
-                             "sample[0]", &child->image, &child->image_dtype) < 0)
-        return -1;
-    fl_images out;
-    fl_dtype dtype;
-    fl_layout layout;
-    if (fl_pipeline_plan(child->pipeline, child->image, child->image_dtype, &out, &dtype, &layout,
-                         &child->scratch_per_image) != FL_OK) {
-        fl_raise_with(child->state, FL_EINVAL, &(fl_raise_opts){.what = "Pipeline", .in = FL_IN_DATA});
-        return -1;
-    }
-    return fl_pipeline_set_output(out, dtype, layout, out_descrs, out_shapes);
-}
-
-/* (dtype, sample shape) per field as fetched into the child's in_descrs/in_shapes and
- * in_bytes, and into the lists `descrs`/`shapes` (which become the output's). */
+/* (dtype, sample shape) per field as fetched into the writer, and into the lists
+ * `descrs`/`shapes` (which become the output's). */
 static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *descrs, PyObject *shapes) {
-    fl_fork_child *child = &self->child;
-    child->n_fields = self->base.n_fields = (size_t)PyTuple_GET_SIZE(fields);
-    if ((child->n_fields == 0 && child->finish == NULL) || child->n_fields > FL_SOURCE_MAX_FIELDS) {
-        fl_raisef(NULL, FL_EXC_VALUE, "a sample has 1 to 64 fields (0 with finish)");
+    if (fl_sample_writer_fields(&self->child.writer, fields, descrs, shapes, &self->in_descrs, &self->in_shapes) < 0)
         return -1;
-    }
-    for (size_t f = 0; f < child->n_fields; f++) {
-        PyObject *descr_obj, *shape;
-        PyArray_Descr *descr = NULL;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, (Py_ssize_t)f), "OO!", &descr_obj, &PyTuple_Type, &shape) ||
-            !PyArray_DescrConverter(descr_obj, &descr))
-            return -1;
-        PyList_Append(descrs, (PyObject *)descr);
-        PyList_Append(shapes, shape);
-        Py_ssize_t nbytes = fl_sample_nbytes((PyObject *)descr, shape);
-        Py_DECREF(descr);
-        if (nbytes < 0)
-            return -1;
-        child->in_bytes[f] = (size_t)nbytes;
-    }
-    child->in_descrs = self->in_descrs = PySequence_Tuple(descrs);
-    child->in_shapes = self->in_shapes = PySequence_Tuple(shapes);
-    return self->in_descrs != NULL && self->in_shapes != NULL ? 0 : -1;
+    self->base.n_fields = self->child.writer.n_fields;
+    return 0;
 }
 
 /* Lays the slot out for the output fields (then the object area, with `finish`) and makes the
@@ -159,16 +124,11 @@ static int parse_fields(ProcLoaderObject *self, PyObject *fields, PyObject *desc
 static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyObject *descrs, PyObject *shapes,
                         size_t objects_bytes) {
     fl_fork_child *child = &self->child;
-    for (size_t f = 0; f < child->n_fields; f++) {
-        Py_ssize_t nbytes = fl_sample_nbytes(PyList_GET_ITEM(descrs, (Py_ssize_t)f), PyList_GET_ITEM(shapes, (Py_ssize_t)f));
-        if (nbytes < 0)
-            return -1;
-        child->out_bytes[f] = (size_t)nbytes;
-    }
-    if (fl_slot_layout(child->out_bytes, child->n_fields, fl_sampler_batch_capacity(&config->sampler),
+    if (fl_sample_writer_outputs(&child->writer, descrs, shapes) < 0 ||
+        fl_slot_layout(child->writer.out_bytes, child->writer.n_fields, fl_sampler_batch_capacity(&config->sampler),
                        self->base.offsets, &config->slot_bytes) < 0)
         return -1;
-    child->offsets = self->base.offsets;
+    child->writer.offsets = self->base.offsets;
     if (child->finish != NULL) { /* the area: a u64 length, then objects_bytes */
         child->objects_offset = config->slot_bytes;
         child->objects_capacity = objects_bytes;
@@ -185,7 +145,7 @@ static int build_source(ProcLoaderObject *self, fl_procpool_config *config, PyOb
     fl_procpool *pool;
     int rc = fl_procpool_new(config, &pool);
     if (rc != FL_OK) {
-        fl_raise(child->state, rc, "Loader");
+        fl_raise(child->writer.state, rc, "Loader");
         return -1;
     }
     self->base.source = fl_procpool_source(pool);
@@ -221,12 +181,13 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         return NULL;
     self->base.type = &proc_type; /* first: gc may visit it from here on */
     fl_fork_child *child = &self->child;
-    child->state = state;
+    child->writer.state = state;
     child->fetch = self->fetch = Py_NewRef(fetch);
     child->worker_setup = self->worker_setup = Py_NewRef(setup);
     self->on_failure = Py_NewRef(on_failure);
     self->finish = Py_NewRef(finish);
     child->finish = finish != Py_None ? finish : NULL;
+    child->writer.raw_allowed = child->finish != NULL; /* and no pipeline: checked once it is known */
     self->workers = workers;
     self->base.keep_alive = PyList_New(0);
     PyObject *descrs = PyList_New(0), *shapes = PyList_New(0);
@@ -235,9 +196,10 @@ static PyObject *proc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         parse_fields(self, fields, descrs, shapes) < 0)
         goto fail;
     fl_metrics *metrics;
-    if (fl_source_borrow(&self->base, pipeline_obj, metrics_obj, &child->pipeline, &metrics) < 0 ||
-        (child->pipeline != NULL && plan_pipeline(child, pipeline_obj, descrs, shapes) < 0))
+    if (fl_source_borrow(&self->base, pipeline_obj, metrics_obj, &child->writer.pipeline, &metrics) < 0 ||
+        (child->writer.pipeline != NULL && fl_sample_writer_plan(&child->writer, pipeline_obj, descrs, shapes) < 0))
         goto fail;
+    child->writer.raw_allowed &= child->writer.pipeline == NULL;
     fl_procpool_config config = {
         .sampler = {.n = n, .shuffle = shuffle, .seed = seed, .rank = rank, .world_size = world_size,
                     .batch_size = batch_size > 0 ? (size_t)batch_size : 1, .drop_last = drop_last},
@@ -280,7 +242,7 @@ static void proc_clear(fl_source_object *base) {
 static void proc_free(fl_source_object *base) {
     ProcLoaderObject *self = (ProcLoaderObject *)base;
     fl_fork_child_free(&self->child);
-    self->child.in_descrs = self->child.in_shapes = NULL;
+    self->child.writer.in_descrs = self->child.writer.in_shapes = NULL;
     Py_CLEAR(self->in_descrs);
     Py_CLEAR(self->in_shapes);
 }
