@@ -427,7 +427,8 @@ static void chunk_done(fl_loader *l, const chunk *c, int rc) {
     s->finished += c->n;
     if (rc != FL_OK && !s->failed) {
         s->failed = 1;
-        record_error(l, rc, s->batch, fl_error_detail());
+        if (!(rc == FL_ECLOSED && l->stopping)) /* a filler cut short by a stop failed nothing */
+            record_error(l, rc, s->batch, fl_error_detail());
         s->finished += s->count - s->claimed;
         s->claimed = s->count;
     }

@@ -150,6 +150,7 @@ int fl_checkpoint_module_init(PyObject *module, fl_module_state *state);
 int fl_pipeline_module_init(PyObject *module, fl_module_state *state);
 int fl_loader_module_init(PyObject *module, fl_module_state *state);
 int fl_procloader_module_init(PyObject *module, fl_module_state *state);
+int fl_thread_loader_module_init(PyObject *module, fl_module_state *state);
 int fl_npy_module_init(PyObject *module, fl_module_state *state);
 int fl_nn_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);

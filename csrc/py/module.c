@@ -63,6 +63,7 @@ static int module_exec(PyObject *module) {
         fl_monitor_module_init(module, state) < 0 ||
         fl_checkpoint_module_init(module, state) < 0 || fl_pipeline_module_init(module, state) < 0 ||
         fl_loader_module_init(module, state) < 0 || fl_procloader_module_init(module, state) < 0 ||
+        fl_thread_loader_module_init(module, state) < 0 ||
         fl_npy_module_init(module, state) < 0 || fl_nn_module_init(module, state) < 0 || fl_ops_module_init(module) < 0 ||
         fl_image_module_init(module) < 0 || fl_json_numbers_module_init(module) < 0)
         return -1;

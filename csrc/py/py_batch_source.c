@@ -125,6 +125,9 @@ static PyObject *source_start_epoch(PyObject *self, PyObject *const *args, Py_ss
         return NULL;
     if (src->ops->needs_stop(src->impl)) /* an abandoned epoch's workers go first, without the GIL */
         stop_without_gil(src);
+    fl_source_object *source = (fl_source_object *)self;
+    if (source->type->epoch_starting != NULL)
+        source->type->epoch_starting(source);
     int rc;
     if (src->ops->start_forks) { /* the fork hooks run PyOS_BeforeFork & co: the GIL stays held */
         rc = src->ops->start_epoch(src->impl, epoch, first_batch);

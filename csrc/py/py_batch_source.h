@@ -35,6 +35,9 @@ typedef struct fl_source_type {
     /* NULL, or what next() appends to the batch's arrays for the lent `slot`, read before the
      * slot can go back (a new reference; NULL with an exception). */
     PyObject *(*batch_extra)(fl_source_object *self, int slot);
+    /* NULL, or called by start_epoch once the last epoch's workers are stopped, before the
+     * new epoch starts: to forget what the mode kept of the last one. */
+    void (*epoch_starting)(fl_source_object *self);
     /* The mode's own Python objects (NULL: none): visited, dropped once the workers are
      * ended, and its own memory freed once the source is. */
     traverseproc traverse;

@@ -19,7 +19,7 @@ from . import cuda, data, nn
 from ._version import __version__
 from .checkpoint import Checkpoint, Checkpointer, read_checkpoint
 from .data import datasets, images, loader, ops
-from .data import Folder, ImageFolder, Images, Loader, TarShards, WorkerInfo, get_worker_info, load_npy
+from .data import Folder, ImageFolder, Images, Loader, TarShards, WorkerInfo, get_worker_info, load_npy, sample_rng
 from .monitor import CallbackSink, CSVSink, JSONLSink, Monitor, TensorBoardSink
 
 # The module paths from before data/ existed stay importable as the same module objects:
@@ -43,6 +43,7 @@ __all__ = [
     "load_npy",
     "get_worker_info",
     "WorkerInfo",
+    "sample_rng",
     "Monitor",
     "CSVSink",
     "JSONLSink",

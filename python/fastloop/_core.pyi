@@ -187,6 +187,39 @@ class _ProcLoader:
     @property
     def output(self) -> _Output: ...
 
+class _ThreadLoader:
+    def __init__(
+        self,
+        fields: _Fields,
+        worker_setup: Callable[[int], tuple[Callable[..., Any], Callable[[int], Any] | None]],
+        on_failure: Callable[[int, int, BaseException], BaseException],
+        n: int,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        workers: int = 1,
+        prefetch: int = 2,
+        pipeline: _Pipeline | None = None,
+        metrics: Metrics | None = None,
+        raw_allowed: bool = True,
+    ) -> None: ...
+    def next(self, timeout: float | None = None) -> tuple[Any, ...] | None:
+        """The batch's arrays, then its objects: (kind, indices, payload) from finish, or None."""
+    def start_epoch(self, epoch: int, first_batch: int = 0) -> None: ...
+    def stop(self) -> None: ...
+    batch_ends: npt.NDArray[np.uint64] | None  # write-only: a batch sampler's uneven batches
+    @property
+    def lent(self) -> int: ...
+    @property
+    def ahead(self) -> int: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def output(self) -> _Output: ...
+
 def load_npy(path: str | os.PathLike[str], /) -> npt.NDArray[Any]: ...
 def _npy_header(path: str | os.PathLike[str], /) -> tuple[str, bool, tuple[int, ...]]: ...
 def parse_json_inputs(body: bytes, /) -> tuple[npt.NDArray[np.float64], dict[str, bytes]] | None: ...

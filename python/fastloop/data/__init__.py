@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import images, ops
 from .datasets import ImageFolder, Images, TarShards
-from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy
+from .loader import Folder, Loader, WorkerInfo, get_worker_info, load_npy, sample_rng
 
 __all__ = ["Loader", "Folder", "ImageFolder", "Images", "TarShards", "load_npy", "get_worker_info", "WorkerInfo",
-           "images", "ops"]
+           "sample_rng", "images", "ops"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ._collate import collate, to_torch
+from ._collate import as_arrays, collate, to_torch
 from ._sample_codec import COLUMNS, decode
 from ._samples import SampleLayout
 from ._torch_interop import to_tensors
@@ -33,6 +33,15 @@ class Batch:
         if kind == COLUMNS:
             return cls(fixed, payload, None, indices)
         return cls((), None, payload, indices)
+
+
+    @classmethod
+    def from_thread(cls, arrays: tuple) -> "Batch":
+        """A batch of worker threads: its arrays, then its objects as (kind, indices, payload)."""
+        *fixed, (kind, indices, payload) = arrays
+        if kind == COLUMNS:
+            return cls(fixed, payload, None, indices)
+        return cls((), None, [as_arrays(s) for s in payload], indices)
 
 
 class Assembler:

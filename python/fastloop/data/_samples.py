@@ -6,6 +6,7 @@ indices shared with the workers."""
 
 from __future__ import annotations
 
+import copy
 import mmap
 from typing import Any, Callable, Iterable, Sequence
 
@@ -14,6 +15,7 @@ import numpy as np
 from ._collate import collate
 from ._sample_codec import COLUMNS, SAMPLES, encode, what
 from ._torch_interop import is_tensor, loaded_torch, sample_seed, seed_generators, tensor_as_array
+from ._worker import begin_sample, end_sample
 
 FIXED, OBJECT, SEQUENCE, MAPPING = range(4)
 MAX_FIXED = 64  # fields a batch slot holds (FL_SOURCE_MAX_FIELDS); further arrays travel as objects
@@ -218,10 +220,12 @@ def apply_transforms(sample: Any, transform: Callable | None, target_transform: 
 class Fetcher:
     """position -> the sample's slot fields. `order` (a sampler's indices for this epoch)
     maps the loader's positions to dataset indices. In workers, a batch's first sample comes
-    with the epoch seed: random, numpy and torch are then seeded from (epoch seed, index),
-    once per batch (~12 us), so augmentations are reproducible whichever worker draws them;
-    the batch's samples are kept until finish() sends their object values (or the samples
-    whole, when one did not fit the slots' fields)."""
+    with the epoch seed: in a worker process random, numpy and torch are then seeded from
+    (epoch seed, index), once per batch (~12 us), so augmentations are reproducible whichever
+    worker draws them (worker threads share those generators: they leave them alone, and
+    sample_rng() serves every mode); the batch's samples are kept until finish() sends their
+    object values (or the samples whole, when one did not fit the slots' fields). Each worker
+    thread fetches with its own copy (for_thread()), as each worker process has its own."""
 
     def __init__(self, dataset: Any, transform: Callable | None, target_transform: Callable | None,
                  order: "SharedOrder | None") -> None:
@@ -233,6 +237,14 @@ class Fetcher:
         self._epoch_seed = 0  # the seed comes with a batch's first sample only
         self._kept: list = []  # this batch's (dataset index, sample), for finish()
         self._objects: list = []  # this batch's object values, a tuple per sample
+        self._seeds_globals = True  # a worker process's; a worker thread's copy leaves them alone
+
+    def for_thread(self) -> "Fetcher":
+        """A copy for one worker thread: its own per-batch state; the dataset, transforms,
+        layout and order shared (read only)."""
+        mine = copy.copy(self)
+        mine._kept, mine._objects, mine._seeds_globals = [], [], False
+        return mine
 
     def index(self, position: int) -> int:
         return position if self.order is None else int(self.order.indices[position])
@@ -246,15 +258,21 @@ class Fetcher:
 
     def probe(self) -> Any:
         """The first sample; learns the layout."""
-        first = self.sample(0)
+        begin_sample(0, 0)  # a generator for sample_rng(); the probe's draws are only looked at
+        try:
+            first = self.sample(0)
+        finally:
+            end_sample()
         self.layout = SampleLayout(first)
         return first
 
     def __call__(self, position: int, epoch_seed: int | None = None) -> tuple | None:
         if epoch_seed is not None:  # a batch starts
-            seed_generators(sample_seed(epoch_seed, position))
+            if self._seeds_globals:
+                seed_generators(sample_seed(epoch_seed, position))
             self._epoch_seed = epoch_seed
             self._clear()
+        begin_sample(self._epoch_seed, position)
         if self.order is None and self.transform is None and self.target_transform is None:
             index, sample = position, self.dataset[position]
         else:
@@ -276,6 +294,19 @@ class Fetcher:
                 return encode(SAMPLES, indices, [sample for _, sample in self._kept])
             columns = [list(c) for c in zip(*self._objects)]
             return encode(COLUMNS, indices, columns, self.layout.objects)  # type: ignore[union-attr]
+        finally:
+            self._clear()
+
+    def finish_objects(self, raw: int) -> tuple | None:
+        """finish() for a worker thread: the same values as Python objects, not bytes (the
+        main thread takes them as they are): (kind, indices, samples or columns), or None."""
+        try:
+            if not raw and not self.layout.objects:  # type: ignore[union-attr]
+                return None
+            indices = [index for index, _ in self._kept]
+            if raw:
+                return SAMPLES, indices, [sample for _, sample in self._kept]
+            return COLUMNS, indices, [list(c) for c in zip(*self._objects)]
         finally:
             self._clear()
 

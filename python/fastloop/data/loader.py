@@ -1,6 +1,7 @@
 """fastloop.Loader: batches from arrays, memory-mapped .npy files, folders of per-sample
-files or any map-style dataset, assembled by C threads (for C pipelines) or by forked worker
-processes writing into shared memory (for Python code), handed out as zero-copy NumPy arrays.
+files or any map-style dataset, assembled by worker threads (C pipelines, or Python code) or
+by forked worker processes writing into shared memory (Python code), handed out as zero-copy
+NumPy arrays.
 
     loader = fastloop.Loader((images, labels), batch_size=256, shuffle=True, seed=0, workers=2,
                              transform=Pipeline([RandomCrop(56), RandomHFlip(), Normalize(m, s)], layout="CHW"))
@@ -18,8 +19,8 @@ import numbers
 import math
 import os
 import re
+import sys
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
@@ -27,44 +28,23 @@ import numpy as np
 from .._args import INT_MAX, SSIZE_MAX, int_arg, one_of
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
-from .._core import Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader, load_npy
+from .. import _lifecycle
+from .._core import (Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader,
+                     _ThreadLoader, load_npy)
 from .._device import parse_device
 from ._device_feed import dtype_name, memory_format_name
 from ._sample_codec import describe
 from ._samples import Fetcher, SampleLayout, SharedOrder
+from ._worker import WorkerInfo, begin_sample, end_sample, get_worker_info, sample_rng, set_worker_info
 from ._torch_feed import PinnedBatches
 from ._torch_interop import (as_array_if_tensor, import_torch_for_output, is_tensor, pins_tensors,
                              seed_generators, setup_worker_torch, torch_single_threaded)
-from ..errors import DecodeError, WorkerError, retold
+from ..errors import DecodeError, Error, WorkerError, retold
 from .ops import _GEOMETRY_HINT, Pipeline
 
 _log = logging.getLogger("fastloop")
 
-__all__ = ["Loader", "Folder", "load_npy", "get_worker_info", "WorkerInfo"]
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """Who this process is inside a Loader's worker processes (see get_worker_info()).
-
-    >>> fastloop.get_worker_info()   # in a worker: WorkerInfo(id=1, num_workers=2, seed=...)
-    """
-
-    id: int
-    num_workers: int
-    seed: int
-
-
-_worker_info: WorkerInfo | None = None
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """In a Loader worker process, its WorkerInfo; in the main process, None (as
-    torch.utils.data.get_worker_info).
-
-    >>> def transform(image): info = fastloop.get_worker_info(); ...
-    """
-    return _worker_info
+__all__ = ["Loader", "Folder", "load_npy", "get_worker_info", "WorkerInfo", "sample_rng"]
 
 
 class Folder:
@@ -172,6 +152,24 @@ def _failure(kind: str, worker: int, pid: int, signal: int, index: int, text: st
     return WorkerError(full, pid=pid, worker=worker, index=index)
 
 
+def _thread_failure(worker: int, index: int, error: BaseException) -> BaseException:
+    """The exception next() raises for a worker thread's failure: the same type as the one
+    raised in the worker (the original as its cause, traceback and all), naming the worker and
+    the sample, as processes mode does."""
+    on = f" on sample {index}" if index >= 0 else ""  # -1: the message names the sample
+    full = f"{type(error).__name__} in worker thread {worker}{on}: {error}"
+    try:
+        raised = retold(error, full) if isinstance(error, Error) else type(error)(full)
+    except Exception:  # a type that takes other arguments
+        raised = WorkerError(full, worker=worker, index=index)
+    raised.__cause__ = error
+    try:
+        raised.index = index  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return raised
+
+
 class _ArraysDataset:
     """Samples of several arrays, as tuples: what a Python transform over arrays receives."""
 
@@ -183,6 +181,11 @@ class _ArraysDataset:
 
     def __getitem__(self, i: int) -> Any:
         return tuple(a[i] for a in self.arrays) if len(self.arrays) > 1 else self.arrays[0][i]
+
+
+def _worker_seed(seed: int, worker_id: int) -> int:
+    """A worker's own seed (WorkerInfo.seed): distinct per worker, reproducible."""
+    return (seed * 1_000_003 + worker_id) % 2**32
 
 
 def _env_int(name: str, default: int) -> int:
@@ -328,7 +331,7 @@ class Loader:
         self.metrics = Metrics()
         self._single = False
         self._layout = SampleLayout.of_fields(0, False)
-        self._from_worker = False  # the core's batches end with their object bytes (processes mode)
+        self._from_worker: str | None = None  # a core's batches end with their objects: "bytes" or "objects"
         self._epoch = 0
         self._active: weakref.ref[_Epoch] | None = None  # weak: a dropped iterator abandons its epoch
         fields, dataset = self._classify(self._source)
@@ -456,12 +459,16 @@ class Loader:
         if self.device is not None:  # the first field as the workers' pipeline gets it
             geometry = pipeline is not None and pipeline.geometry is not None
             pipeline = self._start_feed(pipeline, np.uint8 if geometry else np.asarray(first[0]).dtype, False)
-        if self.mode == "processes":
-            self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
-            self._from_worker = True
-        else:
+        if workers == 0:
             self._core = _InProcess(self, fetch, pipeline)
-        if self._order is not None and self._order.ends is not None and self.mode == "processes":
+        elif self.mode == "processes":
+            self._core = self._processes(fetch, first, pipeline, workers, prefetch, worker_init_fn)
+            self._from_worker = "bytes"
+        else:
+            self._core = self._python_threads(fetch, first, pipeline, workers, prefetch, worker_init_fn)
+            self._from_worker = "objects"
+            _lifecycle.register(self)  # its workers run Python: stopped before the interpreter goes
+        if self._order is not None and self._order.ends is not None and self._from_worker:
             self._core.batch_ends = self._order.ends
 
     # ---- construction ----
@@ -542,11 +549,12 @@ class Loader:
                        skip_errors=self.on_error == "skip",
                        **self._sampling())
 
-    def _processes(self, fetch: Fetcher, first: Any, pipeline: Pipeline | None, workers: int,
-                   prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
+    def _python_fields(self, fetch: Fetcher, first: Any, pipeline: Pipeline | None) -> tuple[list, Any]:
+        """((dtype, sample shape) per slot field as the workers store them, the C part of the
+        pipeline): a Pipeline's fused crop/resize runs on each fetched image in the worker."""
         layout = fetch.layout
         assert layout is not None
-        fields = list(layout.specs)  # (dtype, sample shape) per slot field
+        fields = list(layout.specs)
         if pipeline is not None and pipeline.geometry is not None:
             # the crop/resize runs in the worker on each fetched image, the later steps in C
             if pipeline.fixed_size() is None:
@@ -556,14 +564,38 @@ class Loader:
             image = np.asarray(fetch.geometry(layout.flatten(first, [])[0], 0, 0))
             fields[0] = (image.dtype, tuple(image.shape))
         core_pipeline = pipeline._core(pipeline.channels_of(fields[0][1])) if pipeline is not None else None
+        return fields, core_pipeline
+
+    def _python_threads(self, fetch: Fetcher, first: Any, pipeline: Pipeline | None, workers: int,
+                        prefetch: int, worker_init_fn: Callable | None) -> _ThreadLoader:
+        """Worker threads of this process run the Python code: each its own Fetcher and
+        WorkerInfo (thread-local), then worker_init_fn, as a worker process would."""
+        fields, core_pipeline = self._python_fields(fetch, first, pipeline)
+        seed = self.seed
+
+        def worker_setup(worker_id: int) -> tuple:
+            set_worker_info(WorkerInfo(worker_id, workers, _worker_seed(seed, worker_id), "threads"))
+            if worker_init_fn is not None:
+                worker_init_fn(worker_id)
+            mine = fetch.for_thread()
+            return mine, mine.finish_objects
+
+        n = len(fetch.dataset) if fetch.order is None else fetch.order.n
+        return _ThreadLoader(fields, worker_setup, _thread_failure, n, workers=workers, prefetch=prefetch,
+                             pipeline=core_pipeline, metrics=self.metrics, **self._sampling())
+
+    def _processes(self, fetch: Fetcher, first: Any, pipeline: Pipeline | None, workers: int,
+                   prefetch: int, worker_init_fn: Callable | None) -> _ProcLoader:
+        layout = fetch.layout
+        assert layout is not None
+        fields, core_pipeline = self._python_fields(fetch, first, pipeline)
         seed = self.seed
 
         def worker_setup(worker_id: int) -> None:
-            global _worker_info
             setup_worker_torch()  # before any user code runs torch ops in this child
-            worker_seed = (seed * 1_000_003 + worker_id) % 2**32  # distinct per worker, reproducible
+            worker_seed = _worker_seed(seed, worker_id)
             seed_generators(worker_seed)
-            _worker_info = WorkerInfo(worker_id, workers, worker_seed)
+            set_worker_info(WorkerInfo(worker_id, workers, worker_seed, "processes"))
             if worker_init_fn is not None:
                 worker_init_fn(worker_id)
 
@@ -670,10 +702,10 @@ class Loader:
         """A batch as the user gets it: tensors or arrays, in the samples' structure, collated
         (or through the collate_fn, or one sample with batch_size=None); with a device, the
         slot fields as they are, for the feed."""
-        if type(made) is tuple:  # a core's arrays (then, from worker processes, their object bytes)
+        if type(made) is tuple:  # a core's arrays (then, from workers, their objects)
             if self._from_worker:
                 if made[-1] is not None:
-                    made = Batch.from_worker(made)
+                    made = Batch.from_worker(made) if self._from_worker == "bytes" else Batch.from_thread(made)
                     return self._deliver(made)
                 made = made[:-1]
             if self._feed is not None:  # the feed takes the fields as they are
@@ -683,6 +715,11 @@ class Loader:
             check_same_shapes(made)
             return tuple(made.fixed)
         return self._assemble(made)
+
+    def _close_at_exit(self, deadline: float) -> None:
+        """At interpreter exit (fastloop/_lifecycle.py): worker threads that run Python end
+        before the interpreter does."""
+        self.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -802,10 +839,17 @@ class _InProcess:
         if ids is None:
             return None
         indices = [self.fetch.index(int(i)) for i in ids]
-        samples = [self.fetch.sample(int(i)) for i in ids]
+        samples = [self._sample(int(i)) for i in ids]
         L.metrics.add("loader/samples", len(ids))
         L.metrics.add("loader/batches")
         return self._collect(samples, indices, ids)
+
+    def _sample(self, position: int) -> Any:
+        begin_sample(self.seed, position)  # sample_rng() draws as a worker's would
+        try:
+            return self.fetch.sample(position)
+        finally:
+            end_sample()
 
     def _collect(self, samples: list, indices: list, ids: np.ndarray) -> Batch:
         """The batch's slot fields stacked in the first sample's dtypes and shapes (field 0
@@ -887,14 +931,19 @@ def _split_transform(transform: Any) -> tuple[Pipeline | None, Any]:
     return None, transform
 
 
+def free_threaded() -> bool:
+    """Whether Python threads run in parallel here: a free-threaded build (3.13t, 3.14t) with
+    the GIL off (PYTHON_GIL=0, or no module turned it back on)."""
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
+    return is_gil_enabled is not None and not is_gil_enabled()
+
+
 def _choose_mode(mode: str, workers: int, needs_python: bool) -> str:
     """"threads" or "processes" for `mode` ("auto" picks), checked against the workers and
-    whether Python code reads the samples."""
+    whether Python code reads the samples. auto: Python code runs in worker threads where
+    threads run Python in parallel (a free-threaded interpreter), else in worker processes."""
     if mode == "auto":
-        mode = "processes" if needs_python and workers > 0 else "threads"
-    if mode == "threads" and needs_python and workers > 0:
-        raise ValueError("a Python dataset or transform runs in worker processes: use mode='processes' "
-                         "(or workers=0 to run it in this process)")
+        mode = "processes" if needs_python and workers > 0 and not free_threaded() else "threads"
     if mode == "processes" and workers == 0:
         raise ValueError("mode='processes' needs workers >= 1")
     return mode
