@@ -16,8 +16,9 @@ import fastloop
 from fastloop import _core
 from synthetic import Samples
 
-MODES = [dict(workers=0), dict(workers=2)]  # in this process; forked worker processes
-IDS = ["workers0", "processes"]
+# in this process; forked worker processes; worker threads
+MODES = [dict(workers=0), dict(workers=2, mode="processes"), dict(workers=2, mode="threads")]
+IDS = ["workers0", "processes", "threads"]
 
 
 def batches(dataset, **kwargs) -> list:
@@ -183,14 +184,12 @@ def test_more_than_64_arrays_in_a_sample_travel_beyond_the_slot_fields(mode):
     assert len(out[1]) == 70 and out[1]["k69"].tolist() == [[269, 269], [369, 369]]
 
 
-@pytest.mark.parametrize("mode", MODES + [dict(workers=2, mode="threads")], ids=IDS + ["threads"])
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
 def test_batch_size_none_hands_out_samples_one_by_one(mode):
     x, y = np.arange(12).reshape(6, 2), np.arange(6) * 10
     out = batches((x, y), batch_size=None, **mode)
     assert len(out) == 6 and all(type(s) is tuple for s in out)
     assert [s[0].tolist() for s in out] == x.tolist() and [int(s[1]) for s in out] == y.tolist()
-    if mode.get("mode") == "threads":
-        return
     data = Samples(5, lambda i: {"id": i, "name": f"s{i}", "v": np.full(3, i, np.float32), "n": None})
     out = batches(data, batch_size=None, shuffle=True, seed=3, **mode)
     assert sorted(s["id"] for s in out) == list(range(5)) and all(type(s["id"]) is int for s in out)

@@ -17,8 +17,8 @@ import synthetic
 torch = pytest.importorskip("torch")
 DataLoader = torch.utils.data.DataLoader
 
-MODES = [dict(workers=0), dict(workers=2)]
-IDS = ["workers0", "processes"]
+MODES = [dict(workers=0), dict(workers=2, mode="processes"), dict(workers=2, mode="threads")]
+IDS = ["workers0", "processes", "threads"]
 
 
 class Samples(synthetic.Samples, torch.utils.data.Dataset):

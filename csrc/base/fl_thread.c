@@ -2,8 +2,10 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "base/fl_thread.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -27,6 +29,12 @@ void fl_thread_background(void) {
     if (current < 10)
         setpriority(PRIO_PROCESS, (id_t)tid, 10);
 #endif
+}
+
+void fl_thread_name(const char *name) {
+    char kept[16];
+    snprintf(kept, sizeof kept, "%s", name); /* Linux refuses names over 15 bytes outright */
+    pthread_setname_np(pthread_self(), kept);
 }
 
 int fl_thread_cpus(void) {

@@ -13,6 +13,10 @@ int fl_thread_start(pthread_t *thread, void *(*main)(void *), void *arg);
  * effort: never fails. */
 void fl_thread_background(void);
 
+/* Names the calling thread (up to 15 bytes are kept), as ps, top, gdb and py-spy show it.
+ * Best effort: never fails. */
+void fl_thread_name(const char *name);
+
 /* The number of CPUs this process may run on (its affinity mask), at least 1. */
 int fl_thread_cpus(void);
 

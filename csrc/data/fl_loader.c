@@ -100,6 +100,7 @@ struct fl_loader {
     int joining; /* a stop owns the join now: other stops and start_epoch wait for it */
     atomic_int cancel; /* a stop asked the fillers to return early: read without the lock */
     int helping; /* chunks the consumer is filling now: stop() waits for them */
+    int starting; /* workers not yet through their start (a filler's thread_start) */
     int epoch_active;
     uint64_t epoch_seed;
     int64_t *order;
@@ -466,13 +467,14 @@ static void *worker_main(void *arg) {
     fl_loader *l = w->loader;
     int worker = w->id;
     worker_of = l;
+    fl_thread_name(l->config.filler != NULL ? "fl-loader-py" : "fl-loader");
     scratch scr = {0};
     int rc = worker_begin(l, worker, &scr);
     pthread_mutex_lock(&l->lock);
-    if (rc != FL_OK) { /* the next batch to deliver fails with it */
+    if (rc != FL_OK) /* the epoch's first batch fails with it: start_epoch waited for this */
         record_error(l, rc, l->next_deliver, fl_error_detail());
-        pthread_cond_broadcast(&l->changed);
-    }
+    l->starting--;
+    pthread_cond_broadcast(&l->changed);
     while (!l->stopping && rc == FL_OK) {
         chunk c;
         if (!worker_chunk(l, &c))
@@ -615,15 +617,19 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out) {
     return FL_OK;
 }
 
-/* Starts the workers; called with the lock held and none running. On failure joins the
- * ones that started. */
+/* Starts the workers and waits until each is through its start, so a worker that cannot
+ * start (a filler's thread_start failing) is the epoch's error from its first batch on;
+ * called with the lock held and none running. On failure joins the ones that started. */
 static int start_workers(fl_loader *l) {
     int started = 0;
+    l->starting = l->config.workers;
     while (started < l->config.workers &&
            fl_thread_start(&l->threads[started], worker_main, &l->worker_args[started]) == FL_OK)
         started++;
     if (started == l->config.workers) {
         l->running = 1;
+        while (l->starting > 0)
+            pthread_cond_wait(&l->changed, &l->lock);
         return FL_OK;
     }
     l->stopping = 1;

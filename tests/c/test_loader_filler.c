@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@ typedef struct filler_state {
     int hold_through_cancel; /* the gate stays shut after a cancel too */
     atomic_llong free_at_batch; /* the worker filling this batch frees the loader, or -1 */
     atomic_int freed;           /* set by that worker once fl_loader_free returned */
+    atomic_int let_go;          /* the consumer no longer uses the loader: it may be freed */
 } filler_state;
 
 static int on_start(void *ctx, int worker) {
@@ -68,6 +70,8 @@ static int on_fill(void *ctx, int worker, uint64_t batch, uint64_t seed, const i
     filler_state *st = ctx;
     atomic_fetch_add(&st->fills, 1);
     if ((long long)batch == atomic_load(&st->free_at_batch)) {
+        while (!atomic_load(&st->let_go)) /* a caller inside a loader call holds a reference */
+            sched_yield();
         fl_loader_free(st->loader); /* as a dataset's code dropping the last reference would */
         CHECK(fl_loader_orphaned());
         atomic_store(&st->freed, 1);
@@ -307,6 +311,7 @@ static void test_a_loader_freed_by_its_own_worker_ends_cleanly(void) {
         fl_loader *l = make_filled(&st, WORKERS, 0);
         atomic_store(&st.free_at_batch, 2);
         CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+        atomic_store(&st.let_go, 1);
         while (!atomic_load(&st.freed)) /* the consumer must not use the loader: it is going */
             sched_yield();
         CHECK(atomic_load(&st.ended) == WORKERS - 1); /* the others ended and were joined */

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from ._collate import as_arrays, collate, to_torch
 from ._sample_codec import COLUMNS, decode
-from ._samples import SampleLayout
+from ._samples import COLLATED, SampleLayout
 from ._torch_interop import to_tensors
 
 
@@ -17,11 +17,12 @@ class Batch:
     fields' values (a list per field) or, when some sample did not fit the slots' layout, the
     samples whole; `indices` are the samples' dataset indices, for error messages."""
 
-    __slots__ = ("fixed", "columns", "samples", "indices")
+    __slots__ = ("fixed", "columns", "samples", "indices", "collated")
 
     def __init__(self, fixed: Sequence[Any], columns: Sequence[list] | None = None, samples: list | None = None,
                  indices: Sequence[int] | None = None) -> None:
         self.fixed, self.columns, self.samples, self.indices = fixed, columns, samples, indices
+        self.collated: tuple | None = None  # (the batch as handed out,) when a worker thread made it
 
     @classmethod
     def from_worker(cls, arrays: tuple) -> "Batch":
@@ -41,6 +42,10 @@ class Batch:
         *fixed, (kind, indices, payload) = arrays
         if kind == COLUMNS:
             return cls(fixed, payload, None, indices)
+        if kind == COLLATED:
+            batch = cls((), None, None, indices)
+            batch.collated = (payload,)
+            return batch
         return cls((), None, [as_arrays(s) for s in payload], indices)
 
 
@@ -67,6 +72,8 @@ class Assembler:
         return self.deliver(fixed, None, None)
 
     def __call__(self, batch: Batch) -> Any:
+        if batch.collated is not None:
+            return batch.collated[0]
         if batch.samples is not None:
             return self._whole(batch.samples, batch.indices)
         fixed = self._tensors(batch.fixed) if self.torch else batch.fixed
@@ -87,6 +94,11 @@ class Assembler:
 
     def _convert(self, value: Any) -> Any:
         return to_torch(value, self.pin) if self.torch else value
+
+    def whole(self, samples: list, indices: Sequence[int] | None) -> Any:
+        """What the Loader hands out for these samples as the dataset gave them (in a worker
+        thread, where a collate_fn runs)."""
+        return self._whole([as_arrays(s) for s in samples], indices)
 
     def _whole(self, samples: list, indices: Sequence[int] | None) -> Any:
         """A batch whose samples came whole: collated here, or given to the collate_fn."""

@@ -18,6 +18,7 @@ from ._torch_interop import is_tensor, loaded_torch, sample_seed, seed_generator
 from ._worker import begin_sample, end_sample
 
 FIXED, OBJECT, SEQUENCE, MAPPING = range(4)
+COLLATED = b"C"  # a worker thread's batch, already what the Loader hands out (its collate_fn ran there)
 MAX_FIXED = 64  # fields a batch slot holds (FL_SOURCE_MAX_FIELDS); further arrays travel as objects
 _SCALARS = (bool, int, float, complex)
 
@@ -238,12 +239,15 @@ class Fetcher:
         self._kept: list = []  # this batch's (dataset index, sample), for finish()
         self._objects: list = []  # this batch's object values, a tuple per sample
         self._seeds_globals = True  # a worker process's; a worker thread's copy leaves them alone
+        self._collate: Callable[[list, list], Any] | None = None  # a worker thread's: (samples, indices) -> batch
 
-    def for_thread(self) -> "Fetcher":
+    def for_thread(self, collate: Callable[[list, list], Any] | None = None) -> "Fetcher":
         """A copy for one worker thread: its own per-batch state; the dataset, transforms,
-        layout and order shared (read only)."""
+        layout and order shared (read only). collate: the whole batch is made on the thread
+        from its samples as fetched (a collate_fn runs there, as in DataLoader's workers);
+        nothing goes through the batch slots."""
         mine = copy.copy(self)
-        mine._kept, mine._objects, mine._seeds_globals = [], [], False
+        mine._kept, mine._objects, mine._seeds_globals, mine._collate = [], [], False, collate
         return mine
 
     def index(self, position: int) -> int:
@@ -278,6 +282,8 @@ class Fetcher:
         else:
             index, sample = self.index(position), self.sample(position)
         self._kept.append((index, sample))
+        if self._collate is not None:
+            return None  # the batch goes "raw": its samples to finish_objects, none into the slot
         fields = self.layout.flatten(sample, self._objects)  # type: ignore[union-attr]
         if fields is not None and self.geometry is not None:
             fields = (self.geometry(fields[0], self._epoch_seed, position), *fields[1:])
@@ -304,6 +310,8 @@ class Fetcher:
             if not raw and not self.layout.objects:  # type: ignore[union-attr]
                 return None
             indices = [index for index, _ in self._kept]
+            if self._collate is not None:
+                return COLLATED, indices, self._collate([sample for _, sample in self._kept], indices)
             if raw:
                 return SAMPLES, indices, [sample for _, sample in self._kept]
             return COLUMNS, indices, [list(c) for c in zip(*self._objects)]

@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import threading
 import weakref
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -329,6 +330,7 @@ class Loader:
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.timeout, self.persistent_workers = timeout, persistent_workers
         self.metrics = Metrics()
+        self._closing = threading.RLock()  # reentrant: a collection inside close() may run __del__s
         self._single = False
         self._layout = SampleLayout.of_fields(0, False)
         self._from_worker: str | None = None  # a core's batches end with their objects: "bytes" or "objects"
@@ -571,13 +573,14 @@ class Loader:
         """Worker threads of this process run the Python code: each its own Fetcher and
         WorkerInfo (thread-local), then worker_init_fn, as a worker process would."""
         fields, core_pipeline = self._python_fields(fetch, first, pipeline)
-        seed = self.seed
+        seed, assemble = self.seed, self._assemble
+        collate_here = self.collate_fn is not None and pipeline is None  # the pipeline needs the slot
 
         def worker_setup(worker_id: int) -> tuple:
             set_worker_info(WorkerInfo(worker_id, workers, _worker_seed(seed, worker_id), "threads"))
             if worker_init_fn is not None:
                 worker_init_fn(worker_id)
-            mine = fetch.for_thread()
+            mine = fetch.for_thread(assemble.whole if collate_here else None)
             return mine, mine.finish_objects
 
         n = len(fetch.dataset) if fetch.order is None else fetch.order.n
@@ -687,16 +690,19 @@ class Loader:
 
     def close(self) -> None:
         """Stop the workers (threads joined, processes ended and reaped). A later iteration
-        starts them again.
+        starts them again. Safe from any thread, at once from many: an epoch being iterated
+        on another thread ends (its next() raises StopIteration; state_dict() keeps where it
+        was).
 
         >>> loader.close()
         """
-        self._abandon_active()
-        self._core.stop()
-        if self._feed is not None:
-            self._feed.close()
-        if self._pinned is not None:
-            self._pinned.close()
+        with self._closing:  # one close at a time: the feeds unpin once
+            self._abandon_active()
+            self._core.stop()
+            if self._feed is not None:
+                self._feed.close()
+            if self._pinned is not None:
+                self._pinned.close()
 
     def _deliver(self, made: Any) -> Any:
         """A batch as the user gets it: tensors or arrays, in the samples' structure, collated
@@ -761,6 +767,8 @@ class _Epoch:
                 raise named from None
             raise
         if batch is None:
+            if self.done:  # abandoned meanwhile (close() on another thread): the position stays
+                raise StopIteration
             self.done = True
             self.loader._progress = None
             if not self.loader.persistent_workers:
