@@ -8,6 +8,10 @@
 #   make wheel   sdist + a manylinux wheel per Python 3.9-3.13 present, in dist/ (make wheel-check tests them)
 #   make test-pythons  build + a fast test subset on every other Python 3.9-3.13 present
 #   make test-threads  the thread-heavy tests with many threads at once
+#   make python-ft     a free-threaded CPython 3.13t: found, or built from Debian's source package and
+#                      cached (tools/python_ft.sh; python-ft-tsan: its ThreadSanitizer build)
+#   make test-ft       the whole suite on the free-threaded interpreter (.venv-ft)
+#   make test-ft-tsan  the thread-heavy tests on the TSan interpreter, against a TSan build of fastloop
 # Compiler command lines are not echoed (errors still show, naming the target); V=1 echoes them.
 PYTHON ?= python3
 VENV ?= .venv
@@ -41,7 +45,7 @@ IMAGE_ENV = FASTLOOP_LIBJPEG="$$($(PY) -c 'import sys; $(CODEC_PATH)' jpeg 2>/de
 	FASTLOOP_LIBPNG="$$($(PY) -c 'import sys; $(CODEC_PATH)' png 2>/dev/null)"
 
 .PHONY: all venv demo-venv build docs test ctest ctest-asan ctest-tsan fuzz-replay core-warnings pytest pytest-asan stress demo bench install-check \
-	wheel wheel-check test-pythons test-threads clean
+	wheel wheel-check test-pythons test-threads python-ft python-ft-tsan test-ft test-ft-tsan clean
 
 all: build
 
@@ -231,6 +235,65 @@ test-threads: build
 	$(PY) -m pip install -q pytest-run-parallel
 	FASTLOOP_TEST_THREADS=32 $(PY) -m pytest -q -p no:cacheprovider tests/test_free_threading.py
 	$(PY) -m pytest -q -p no:cacheprovider --parallel-threads=8 $(THREAD_HEAVY_TESTS)
+
+# Free-threaded CPython (PEP 703). python-ft prints the interpreter's path last: python3.13t/3.14t
+# on PATH or in pyenv, else 3.13t built from Debian's source package (about 4 CPU-minutes) and
+# cached under ~/.cache/fastloop (docs/development.md, "Free threading": how to refresh it).
+# .venv-ft: NumPy 2.4.x (2.5 has no cp313t wheel) and scipy-openblas32 (fastloop.nn's CBLAS); wheels
+# preferred, as some packages' newest releases there are Rust sdists that cannot build offline
+# (safetensors has no cp313t wheel at all: its tests skip, saying so; torch's cp313t wheels are CUDA
+# builds of several GB: the torch tests skip, saying so). httptools builds from its sdist (C).
+VENV_FT ?= .venv-ft
+PY_FT := $(VENV_FT)/bin/python
+FT_DEPS := "setuptools>=70" wheel "numpy>=2.4,<2.5" scipy-openblas32 "pytest>=7" pytest-run-parallel hypothesis pillow \
+	matplotlib tensorboard nbclient nbformat ipykernel redis uvicorn httptools websockets starlette prometheus_client \
+	fastapi flask httpx
+BUILD_FT = FASTLOOP_WERROR=1 FASTLOOP_TESTING=1 $(1) -m pip install -q --no-build-isolation --no-deps -e .
+
+python-ft:
+	@tools/python_ft.sh
+
+python-ft-tsan:
+	@tools/python_ft.sh --with-thread-sanitizer
+
+$(VENV_FT)/.installed: pyproject.toml tools/python_ft.sh
+	@interpreter=$$(tools/python_ft.sh | tail -n 1) && rm -rf $(VENV_FT) && "$$interpreter" -m venv $(VENV_FT)
+	$(PY_FT) -m pip install -q --upgrade pip
+	$(PY_FT) -m pip install -q --prefer-binary $(FT_DEPS)
+	touch $@
+
+# The whole suite, on the free-threaded interpreter with the GIL off (tests/test_free_threading.py
+# fails if importing any fastloop module turns it back on).
+test-ft: $(VENV_FT)/.installed
+	@echo "pip install -e . (fastloop built for $$($(PY_FT) -c 'import sys; print(sys.version.split()[0] + "t")'))"
+	@$(call BUILD_FT,$(PY_FT))
+	$(PY_FT) -m pytest -q -p no:cacheprovider || { $(SHOW_HANG); exit 1; }
+
+# The thread-heavy tests on CPython's ThreadSanitizer build (free-threaded), against fastloop built
+# with -fsanitize=thread (objects in build/, the in-place .so swapped in for the run and restored):
+# a race in the binding or the core, or between them and the interpreter, fails it. Slow (TSan: 5-15x).
+VENV_FT_TSAN ?= .venv-ft-tsan
+PY_FT_TSAN := $(VENV_FT_TSAN)/bin/python
+TSAN_PYTESTS := tests/test_free_threading.py tests/test_loader_threads.py tests/test_queue.py
+$(VENV_FT_TSAN)/.installed: pyproject.toml tools/python_ft.sh
+	@interpreter=$$(tools/python_ft.sh --with-thread-sanitizer | tail -n 1) && rm -rf $(VENV_FT_TSAN) && \
+	"$$interpreter" -m venv $(VENV_FT_TSAN)
+	$(PY_FT_TSAN) -m pip install -q --upgrade pip
+	$(PY_FT_TSAN) -m pip install -q --prefer-binary "setuptools>=70" wheel "numpy>=2.4,<2.5" "pytest>=7" hypothesis
+	touch $@
+
+# The tree copied (git ls-files), fastloop built in place there with -fsanitize=thread and without
+# the CUDA extension, then the tests run from here against that copy (FASTLOOP_EXPECT_CORE).
+test-ft-tsan: $(VENV_FT_TSAN)/.installed
+	@set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	git ls-files -z | xargs -0 cp --parents -t "$$dir"; \
+	echo "fastloop built with -fsanitize=thread for the TSan interpreter"; \
+	(cd "$$dir" && CFLAGS="-fsanitize=thread -O1 -g" LDFLAGS="-fsanitize=thread" FASTLOOP_CUDA=0 FASTLOOP_WERROR=1 \
+	    FASTLOOP_TESTING=1 $(CURDIR)/$(PY_FT_TSAN) setup.py -q build_ext --inplace >/dev/null); \
+	so=$$(ls "$$dir"/python/fastloop/_core.*.so); \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	PYTHONPATH="$$dir/python" FASTLOOP_EXPECT_CORE="$$so" FASTLOOP_TEST_THREADS=8 FASTLOOP_STRESS_ROUNDS=10 \
+	FASTLOOP_TEST_TIMEOUT=1800 $(PY_FT_TSAN) -m pytest -q -p no:cacheprovider $(TSAN_PYTESTS) || { $(SHOW_HANG); exit 1; }
 
 # Quiet builds: the compiler lines (up to ~1,200 characters each, ~45 of them in make test) are not
 # echoed unless V=1; a failing one still prints the compiler's errors and make names its target.

@@ -12,6 +12,8 @@ also runs the thread-heavy test files under pytest-run-parallel).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections import Counter
 from typing import Callable
@@ -187,3 +189,32 @@ def test_one_inference_service_takes_jobs_from_many_submitters(tmp_path):
         results = run_at_once(body)
     for i in range(THREADS):
         np.testing.assert_allclose(results[i], model(rows[i]), rtol=1e-5, atol=1e-6)
+
+
+GIL_CHECK = """
+import importlib, pkgutil, sys, warnings
+import fastloop
+turned_on = []
+for module in pkgutil.walk_packages(fastloop.__path__, "fastloop."):
+    if module.name == "fastloop.__main__":  # runs the CLI
+        continue
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            importlib.import_module(module.name)
+        except ImportError:  # an optional dependency this interpreter lacks (torch)
+            continue
+    turned_on += [f"{module.name}: {w.message}" for w in caught if "(GIL) has been enabled" in str(w.message)]
+print("\\n".join(turned_on) or ("ok" if not sys._is_gil_enabled() else "the GIL is on, no module said why"))
+"""
+
+
+@pytest.mark.skipif(getattr(sys, "_is_gil_enabled", lambda: True)(),
+                    reason="needs a free-threaded interpreter with the GIL off (make test-ft)")
+def test_importing_any_fastloop_module_keeps_the_gil_off():
+    """Every module of the package, its C extensions (_core, _cuda) and what they import: none
+    may turn the GIL back on (an extension without Py_MOD_GIL_NOT_USED does, with a warning)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_GIL"}  # no override: the modules decide
+    done = subprocess.run([sys.executable, "-c", GIL_CHECK], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok", done.stdout
