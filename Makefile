@@ -158,10 +158,12 @@ pytest-asan: build $(ASAN_EXT)/_core.so
 test: build ctest pytest-asan pytest
 
 # The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
-# background job (`yes`, one per core, ended on every way out); first the extreme-argument
+# background job (`yes`, one per core, ended on every way out), then the close() races
+# (tests/test_close_race.py) once with STRESS_ROUNDS rounds each; first the extreme-argument
 # property tests under ASan with EXTREME_EXAMPLES per test (10,625 cases at 2,500). Not part
 # of make test.
 STRESS_RUNS ?= 20
+STRESS_ROUNDS ?= 200
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 EXTREME_EXAMPLES ?= 2500
@@ -173,7 +175,10 @@ stress: build $(ASAN_EXT)/_core.so
 	for run in $$(seq $(STRESS_RUNS)); do \
 	    echo "== stress run $$run of $(STRESS_RUNS), $$(nproc) cores loaded"; \
 	    $(PY) -m pytest -q -x -p no:cacheprovider $(STRESS_TESTS) || { echo "stress: run $$run failed"; exit 1; }; \
-	done; echo "stress: $(STRESS_RUNS) runs passed"
+	done; echo "stress: $(STRESS_RUNS) runs passed"; \
+	echo "== the close() races, $(STRESS_ROUNDS) rounds each, $$(nproc) cores loaded"; \
+	FASTLOOP_STRESS_ROUNDS=$(STRESS_ROUNDS) $(PY) -m pytest -q -x -p no:cacheprovider tests/test_close_race.py \
+	    || { echo "stress: the close() races failed"; exit 1; }
 
 # tests/test_docs.py checks docs/api.md is what this writes.
 docs: build
