@@ -126,12 +126,14 @@ pytest: build
 # tests/test_extreme_arguments.py drives the loaders, pipelines and ops with sizes at and past
 # every limit (hypothesis): FASTLOOP_EXTREME_EXAMPLES examples per test, 60 here, 2,500 (10,625
 # cases) in make stress. allocator_may_return_null: a huge allocation fails as it does without
-# ASan (MemoryError, which that test reports), not as an ASan abort.
+# ASan (MemoryError, which that test reports), not as an ASan abort. tests/test_close_race.py
+# comes last: the writer threads its closes detach may still be ending after a test, and no
+# test that forks may follow.
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_checkpoint_format.py tests/test_nn.py tests/test_loader.py \
 	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py \
-	tests/test_extreme_arguments.py tests/test_args.py
+	tests/test_extreme_arguments.py tests/test_args.py tests/test_close_race.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
