@@ -130,12 +130,14 @@ pytest: build
 # tests/test_extreme_arguments.py drives the loaders, pipelines and ops with sizes at and past
 # every limit (hypothesis): FASTLOOP_EXTREME_EXAMPLES examples per test, 60 here, 2,500 (10,625
 # cases) in make stress. allocator_may_return_null: a huge allocation fails as it does without
-# ASan (MemoryError, which that test reports), not as an ASan abort.
+# ASan (MemoryError, which that test reports), not as an ASan abort. tests/test_close_race.py
+# comes last: the writer threads its closes detach may still be ending after a test, and no
+# test that forks may follow.
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_checkpoint_format.py tests/test_nn.py tests/test_loader.py \
 	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py \
-	tests/test_extreme_arguments.py tests/test_args.py
+	tests/test_extreme_arguments.py tests/test_args.py tests/test_close_race.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
@@ -162,10 +164,12 @@ pytest-asan: build $(ASAN_EXT)/_core.so
 test: build ctest pytest-asan pytest
 
 # The concurrency-heavy tests STRESS_RUNS times in a row, with every core kept busy by a
-# background job (`yes`, one per core, ended on every way out); first the extreme-argument
+# background job (`yes`, one per core, ended on every way out), then the close() races
+# (tests/test_close_race.py) once with STRESS_ROUNDS rounds each; first the extreme-argument
 # property tests under ASan with EXTREME_EXAMPLES per test (10,625 cases at 2,500). Not part
 # of make test.
 STRESS_RUNS ?= 20
+STRESS_ROUNDS ?= 200
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 EXTREME_EXAMPLES ?= 2500
@@ -177,7 +181,10 @@ stress: build $(ASAN_EXT)/_core.so
 	for run in $$(seq $(STRESS_RUNS)); do \
 	    echo "== stress run $$run of $(STRESS_RUNS), $$(nproc) cores loaded"; \
 	    $(PY) -m pytest -q -x -p no:cacheprovider $(STRESS_TESTS) || { echo "stress: run $$run failed"; exit 1; }; \
-	done; echo "stress: $(STRESS_RUNS) runs passed"
+	done; echo "stress: $(STRESS_RUNS) runs passed"; \
+	echo "== the close() races, $(STRESS_ROUNDS) rounds each, $$(nproc) cores loaded"; \
+	FASTLOOP_STRESS_ROUNDS=$(STRESS_ROUNDS) $(PY) -m pytest -q -x -p no:cacheprovider tests/test_close_race.py \
+	    || { echo "stress: the close() races failed"; exit 1; }
 
 # tests/test_docs.py checks docs/api.md is what this writes.
 docs: build

@@ -297,6 +297,24 @@ while True:
 """
 
 
+def test_a_second_checkpointer_on_the_directory_leaves_a_write_in_flight_alone(tmp_path):
+    """Opening a Checkpointer removes temp files only of writers that are gone: a second one of
+    this process (or of another host, on a shared filesystem) must not delete the first one's
+    write in flight (it did: the first save failed with "cannot rename ... No such file")."""
+    first = fastloop.Checkpointer(tmp_path, keep=100)
+    caught = 0
+    for step in range(1, 9):
+        first.save({"w": np.full(1 << 20, step, np.float64)}, step)  # 8 MB: a write that takes a while
+        while not [n for n in os.listdir(tmp_path) if n.startswith(".ckpt-")] and first.stats()["pending"]:
+            pass  # until its temp file shows (or the write is done)
+        caught += first.stats()["pending"]
+        fastloop.Checkpointer(tmp_path).close()
+        assert first.wait(30)  # no CheckpointError
+        np.testing.assert_array_equal(first.load(step)["w"], np.full(1 << 20, step, np.float64))
+    assert caught, "no second Checkpointer was opened while a write was in flight"
+    first.close()
+
+
 def test_a_process_killed_mid_write_leaves_every_published_checkpoint_readable(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

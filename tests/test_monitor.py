@@ -141,6 +141,24 @@ def test_a_full_disk_raises_sink_error_naming_the_file():
     mon.close()
 
 
+def test_errors_past_the_room_are_counted_in_the_next_sink_error():
+    mon = fastloop.Monitor(interval=0, gpu=False)
+    for i in range(40):  # as 40 failing callbacks would: 32 wait to be raised, 8 are counted
+        mon._report(f"callback {i} raised")
+    with pytest.raises(fastloop.SinkError, match=r"callback 0 raised.*8 more errors were dropped"):
+        mon.scalar("x", 1.0)
+    raised = []
+    for _ in range(31):
+        with pytest.raises(fastloop.SinkError) as error:
+            mon.scalar("x", 1.0)
+        raised.append(str(error.value))
+    assert raised == [f"callback {i} raised" for i in range(1, 32)]
+    mon.scalar("x", 1.0)  # all reported: logging goes on
+    mon._report("a later one")  # the room is back
+    with pytest.raises(fastloop.SinkError, match="^a later one$"):
+        mon.close()
+
+
 def test_sinks_create_their_directory_and_unopenable_ones_fail_at_construction(tmp_path):
     fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(tmp_path / "new" / "dir" / "m.csv")]).close()
     assert (tmp_path / "new" / "dir" / "m.csv").exists()

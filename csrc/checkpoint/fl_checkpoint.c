@@ -3,6 +3,26 @@
  * Each staging area goes FREE --begin--> FILLING --commit--> PENDING --writer--> WRITING
  * --done--> FREE (abort: FILLING --> FREE). The areas in use are a run of the ring from
  * `first`: the oldest is the one written next, the newest may be the one being filled.
+ *
+ * Closing: `closed` refuses new snapshots; the writer exits once no area is in use (one being
+ * filled is committed and written first), setting `writer_done`. The first
+ * fl_checkpointer_close() takes the thread (`thread_taken`, under the lock) and is the only
+ * caller that joins or detaches it; every later close that waits waits for writer_done, so no
+ * thread is joined twice.
+ *
+ * Temp files, and who may delete them: each write goes to
+ * "<dir>/.ckpt-<step>.safetensors.tmp.<host>-<pid>-<token>-<n>" (the token random per
+ * checkpointer, n counting its writes), a name no other writer uses, even one of this process
+ * or of another host writing the same step. The writer holds an exclusive flock() on it from
+ * creating it until it is renamed to its final name. A new checkpointer deletes a temp file
+ * only when it can take a shared lock on it without waiting: no writer holds it, so its writer
+ * finished or died (the kernel drops a dead process's locks; NFS forwards flock() to the
+ * server as a whole-file lock, so a writer on another host holds it there too). A pid proves
+ * nothing: a second checkpointer of this process, or a process of another host whose pid is
+ * free here, is alive and writing. Where the filesystem refuses locks, nothing is deleted: a
+ * leftover temp file wastes space, deleting a live one loses a checkpoint. A cleaner can lock
+ * a file in the moment between its creation and the writer's lock; the writer, once it holds
+ * the lock, checks that the name is still its file and else starts over under a new name.
  */
 #include "checkpoint/fl_checkpoint.h"
 
@@ -12,12 +32,14 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/fl_buf.h"
@@ -40,16 +62,20 @@ typedef struct snapshot {
     size_t n_meta;
 } snapshot;
 
+enum { NAME_ROOM = 160 }; /* the longest file name made in `dir`, its '/' included */
+
 struct fl_checkpointer {
     atomic_int refs; /* owner + writer */
-    char dir[PATH_MAX - 64]; /* leaves room for the file names made from it */
+    char dir[PATH_MAX - NAME_ROOM]; /* leaves room for the file names made from it */
     int keep;
     pthread_t writer;
     int has_writer;
+    char temp_tag[64];     /* "<host>-<pid>-<token>": this writer's part of its temp names */
+    uint64_t temp_serial;  /* writer-only: temp files created so far */
 
     pthread_mutex_t lock;
-    pthread_cond_t changed; /* a state, closed or the error changed */
-    int closed, joined;
+    pthread_cond_t changed; /* a state, closed, writer_done or the error changed */
+    int closed, thread_taken, writer_done;
     snapshot *slots;
     int max_pending;
     int first;   /* the oldest area in use */
@@ -63,7 +89,7 @@ struct fl_checkpointer {
 static const char *const EXTENSIONS[] = {".safetensors", ".npz"}; /* written; read by older versions */
 
 static void path_with(const char *dir, int64_t step, const char *ext, char *buf, size_t len) {
-    snprintf(buf, len, "%.*s/ckpt-%012lld%s", PATH_MAX - 64, dir, (long long)step, ext);
+    snprintf(buf, len, "%.*s/ckpt-%012lld%s", PATH_MAX - NAME_ROOM, dir, (long long)step, ext);
 }
 
 void fl_checkpoint_path(const char *dir, int64_t step, char *buf, size_t len) {
@@ -92,24 +118,70 @@ static int published_name(const char *name, published *out) {
     return 0;
 }
 
-/* Deletes ".ckpt-*.tmp.<pid>" files whose writer is gone (or is this process). */
+/* ---- temp files (see the top of this file) ---- */
+
+/* 1 when fd is the file `path` names now. */
+static int still_named(int fd, const char *path) {
+    struct stat opened, named;
+    return fstat(fd, &opened) == 0 && stat(path, &named) == 0 && opened.st_dev == named.st_dev &&
+           opened.st_ino == named.st_ino;
+}
+
+/* Deletes the temp file at `path` when no writer holds its lock. */
+static void remove_if_abandoned(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return;
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0 && still_named(fd, path))
+        unlink(path); /* locked by us: no writer can take it until we close */
+    close(fd);
+}
+
+/* Deletes the temp files (".ckpt-*.tmp.*", this version's and older ones) no writer holds. */
 static void remove_stale_temps(const char *dir) {
     DIR *d = opendir(dir);
     if (d == NULL)
         return;
     struct dirent *e;
     char path[PATH_MAX];
-    while ((e = readdir(d)) != NULL) {
-        const char *mark = strstr(e->d_name, ".tmp.");
-        if (strncmp(e->d_name, ".ckpt-", 6) != 0 || mark == NULL)
-            continue;
-        pid_t pid = (pid_t)atol(mark + 5);
-        if (pid == getpid() || (kill(pid, 0) != 0 && errno == ESRCH)) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    }
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, ".ckpt-", 6) == 0 && strstr(e->d_name, ".tmp.") != NULL &&
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+            remove_if_abandoned(path);
     closedir(d);
+}
+
+/* "<host>-<pid>-<random token>" into tag: what makes this writer's temp names its own. */
+static void make_temp_tag(char *tag, size_t len, const void *self) {
+    char host[33] = "";
+    gethostname(host, sizeof host - 1);
+    for (char *p = host; *p; p++) /* a hostname is letters, digits, '-' and '.'; to be sure */
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '.')
+            *p = '_';
+    uint64_t token;
+    if (getrandom(&token, sizeof token, GRND_NONBLOCK) != (ssize_t)sizeof token) /* early boot */
+        token = (uint64_t)(fl_monotonic() * 1e9) ^ (uint64_t)(uintptr_t)self;
+    snprintf(tag, len, "%s-%d-%016llx", host[0] ? host : "host", (int)getpid(),
+             (unsigned long long)token);
+}
+
+/* Creates this writer's next temp file for `step`, its name into temp, and locks it (see the
+ * top of this file). Returns the open fd, or -1 with an FL_ESYS detail naming the path. */
+static int create_temp(fl_checkpointer *c, int64_t step, char *temp, size_t len) {
+    for (int attempt = 0; attempt < 8; attempt++) {
+        snprintf(temp, len, "%s/.ckpt-%012lld%s.tmp.%s-%llu", c->dir, (long long)step,
+                 EXTENSIONS[0], c->temp_tag, (unsigned long long)c->temp_serial++);
+        int fd = open(temp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd < 0)
+            break;
+        while (flock(fd, LOCK_EX) != 0 && errno == EINTR) /* waits only for a cleaner's look */
+            ;
+        if (still_named(fd, temp)) /* locked (or a filesystem without locks: see the top) */
+            return fd;
+        close(fd); /* a cleaner deleted it before we locked it: again, under a new name */
+    }
+    fl_error_sys("cannot create %s", temp);
+    return -1;
 }
 
 static int compare_published(const void *a, const void *b) {
@@ -158,27 +230,23 @@ static int write_file(int fd, const char *path, const snapshot *s) {
     return rc;
 }
 
-/* Writes one snapshot: temp file, fsync, rename, fsync of the directory, prune. */
+/* Writes one snapshot: locked temp file, fsync, rename, fsync of the directory, prune. The
+ * temp file stays open, so locked, until it is renamed: a cleaner could delete it otherwise. */
 static int write_checkpoint(fl_checkpointer *c, const snapshot *s) {
     char temp[PATH_MAX], final[PATH_MAX];
     fl_checkpoint_path(c->dir, s->step, final, sizeof final);
-    snprintf(temp, sizeof temp, "%s/.ckpt-%012lld%s.tmp.%d", c->dir, (long long)s->step,
-             EXTENSIONS[0], (int)getpid());
-    int fd = open(temp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    int fd = create_temp(c, s->step, temp, sizeof temp);
     if (fd < 0)
-        return fl_error_sys("cannot create %s", temp);
+        return FL_ESYS;
     int rc = write_file(fd, temp, s);
     if (rc == FL_OK)
         rc = fl_file_sync(fd, temp);
-    if (close(fd) != 0 && rc == FL_OK)
-        rc = fl_error_sys("cannot close %s", temp);
     if (rc == FL_OK)
         rc = fl_file_publish(temp, final);
-    if (rc != FL_OK) {
+    if (rc != FL_OK)
         unlink(temp);
-        return rc;
-    }
-    return prune(c->dir, c->keep);
+    close(fd); /* its status adds nothing: fsync above reported any write error */
+    return rc == FL_OK ? prune(c->dir, c->keep) : rc;
 }
 
 /* ---- writer thread ---- */
@@ -220,6 +288,8 @@ static void *writer_main(void *arg) {
         c->used--;
         pthread_cond_broadcast(&c->changed);
     }
+    c->writer_done = 1;
+    pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
     fl_checkpointer_release(c);
     return NULL;
@@ -234,7 +304,7 @@ int fl_checkpointer_new(const char *dir, int keep, int max_pending, fl_checkpoin
     if (max_pending < 1 || max_pending > FL_CHECKPOINT_MAX_PENDING)
         return fl_error_set(FL_EINVAL, "max_pending must be 1 to %d, not %d",
                             FL_CHECKPOINT_MAX_PENDING, max_pending);
-    if (strlen(dir) + 64 >= PATH_MAX)
+    if (strlen(dir) + NAME_ROOM >= PATH_MAX)
         return fl_error_set(FL_EINVAL, "directory path too long: %.100s...", dir);
     int rc = fl_file_make_dirs(dir);
     if (rc != FL_OK)
@@ -251,6 +321,7 @@ int fl_checkpointer_new(const char *dir, int keep, int max_pending, fl_checkpoin
     c->slots = slots;
     c->max_pending = max_pending;
     c->stats.last_step = -1;
+    make_temp_tag(c->temp_tag, sizeof c->temp_tag, c);
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->lock, NULL);
     fl_cond_init(&c->changed); /* monotonic deadlines, as every wait in the core */
@@ -494,20 +565,33 @@ void fl_checkpointer_stats(fl_checkpointer *c, fl_checkpoint_stats *out) {
 void fl_checkpointer_close(fl_checkpointer *c, int wait) {
     pthread_mutex_lock(&c->lock);
     c->closed = 1;
-    int join = wait && c->has_writer && !c->joined;
-    if (join)
-        c->joined = 1;
+    int take = c->has_writer && !c->thread_taken; /* this caller alone joins or detaches it */
+    c->thread_taken = 1;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
-    if (join)
-        pthread_join(c->writer, NULL);
+    if (take)
+        wait ? pthread_join(c->writer, NULL) : pthread_detach(c->writer);
+    else if (wait)
+        fl_checkpointer_wait_closed(c, -1);
+}
+
+int fl_checkpointer_wait_closed(fl_checkpointer *c, double timeout_s) {
+    pthread_mutex_lock(&c->lock);
+    int rc = FL_OK;
+    struct timespec until = fl_deadline_after(timeout_s);
+    while (!c->writer_done && c->has_writer && rc == FL_OK)
+        rc = timeout_s == 0 ? FL_ETIMEDOUT
+                            : fl_cond_wait_until(&c->changed, &c->lock,
+                                                 timeout_s < 0 ? NULL : &until);
+    if (c->writer_done || !c->has_writer)
+        rc = FL_OK;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }
 
 void fl_checkpointer_release(fl_checkpointer *c) {
     if (c == NULL || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
         return;
-    if (c->has_writer && !c->joined)
-        pthread_detach(c->writer); /* the writer itself dropped the last reference */
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->lock);
     for (int i = 0; i < c->max_pending; i++) {

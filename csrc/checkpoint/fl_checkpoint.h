@@ -28,9 +28,10 @@ enum { FL_CHECKPOINT_MAX_PENDING = 64 };
 /* The metadata key holding the data buffer's CRC-32 (zlib's), as 8 lowercase hex digits. */
 #define FL_CHECKPOINT_CRC_KEY "fastloop.crc32"
 
-/* Creates `dir` if needed, removes temp files left by dead writers, and starts the writer
- * thread. Returns 0 and sets *out, or FL_ESYS (detail: path)/FL_ENOMEM/FL_EINVAL (keep < 1,
- * max_pending outside 1..FL_CHECKPOINT_MAX_PENDING). */
+/* Creates `dir` if needed, removes the temp files no writer holds (left by writers that died;
+ * never one being written, by this process or another: fl_checkpoint.c says how), and starts
+ * the writer thread. Returns 0 and sets *out, or FL_ESYS (detail: path)/FL_ENOMEM/FL_EINVAL
+ * (keep < 1, max_pending outside 1..FL_CHECKPOINT_MAX_PENDING). */
 int fl_checkpointer_new(const char *dir, int keep, int max_pending, fl_checkpointer **out);
 
 /* Waits up to timeout_s (< 0: forever) until no other snapshot is being filled and fewer than
@@ -73,8 +74,16 @@ typedef struct fl_checkpoint_stats {
 
 void fl_checkpointer_stats(fl_checkpointer *c, fl_checkpoint_stats *out);
 
-/* Refuses new snapshots; pending ones are still written. With wait set, joins the writer. */
+/* Refuses new snapshots (fl_checkpointer_begin() then answers FL_ECLOSED); pending ones, and
+ * one being filled, are still written. With wait set, returns once the writer has finished
+ * (every committed snapshot written, its files closed); else returns at once. Idempotent, and
+ * safe from any number of threads at once: the first call joins (wait) or detaches the writer,
+ * later ones that wait wait for it to finish. */
 void fl_checkpointer_close(fl_checkpointer *c, int wait);
+
+/* Waits up to timeout_s (< 0: forever) until the writer has finished after close. Returns 0
+ * or FL_ETIMEDOUT. Any thread. */
+int fl_checkpointer_wait_closed(fl_checkpointer *c, double timeout_s);
 
 /* Drops the owner's reference (after close). NULL is a no-op. */
 void fl_checkpointer_release(fl_checkpointer *c);

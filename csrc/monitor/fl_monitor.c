@@ -1,9 +1,13 @@
 /* fl_monitor.c - the sampler and writer threads around one record queue.
  *
  * Locking: `lock` guards stopping, closed, threads_taken, writer_done, flush_issued,
- * flushed, the error list and the watch list; `wake` is signalled when any of them changes.
+ * flushed, the error ring and the watch list; `wake` is signalled when any of them changes.
  * Counters read by other threads (stats, last_step) are relaxed atomics: they are reports,
  * not synchronization.
+ *
+ * Closing: the first fl_monitor_close() takes the threads (threads_taken, under the lock) and
+ * is the only caller that joins or detaches them; every later close that waits, from any
+ * thread, waits for writer_done instead, so no thread is joined twice.
  */
 #include "monitor/fl_monitor.h"
 
@@ -18,6 +22,7 @@
 #include "base/fl_time.h"
 
 enum { FLUSH_MARKER = -1, BATCH = 256, MAX_GPUS = 64, ERROR_TEXT = 512 };
+enum { ERROR_ROOM = FL_MONITOR_MAX_SINKS }; /* errors waiting to be taken, at most */
 
 typedef struct watched {
     fl_metrics *metrics;
@@ -43,8 +48,9 @@ struct fl_monitor {
     int writer_wanted;          /* a flush or close wants the writer before its next poll */
     int stopping, closed, threads_taken, writer_done;
     uint64_t flush_issued, flushed;
-    char errors[FL_MONITOR_MAX_SINKS][ERROR_TEXT]; /* each sink's first error, and reported ones */
-    size_t errors_queued, errors_taken;
+    char errors[ERROR_ROOM][ERROR_TEXT]; /* a ring: each sink's first error, and reported ones */
+    size_t errors_first, errors_waiting;  /* the oldest not taken yet; how many wait */
+    uint64_t errors_dropped;              /* came while it was full: told with the next taken */
     watched watch[FL_MONITOR_MAX_WATCHED];
     size_t n_watched;
 
@@ -87,6 +93,38 @@ void fl_monitor_release(fl_monitor *m) {
         destroy(m);
 }
 
+/* ---- the error ring ---- */
+
+/* Queues `message` for the owner to take, or counts it as dropped when ERROR_ROOM errors
+ * wait already. Returns FL_OK or FL_EAGAIN. Called with the lock held. */
+static int queue_error_locked(fl_monitor *m, const char *message) {
+    if (m->errors_waiting == ERROR_ROOM) {
+        m->errors_dropped++;
+        return FL_EAGAIN;
+    }
+    size_t last = (m->errors_first + m->errors_waiting) % ERROR_ROOM;
+    snprintf(m->errors[last], ERROR_TEXT, "%s", message);
+    m->errors_waiting++;
+    atomic_store_explicit(&m->errors_untaken, (int)m->errors_waiting, memory_order_relaxed);
+    return FL_OK;
+}
+
+/* Copies the oldest waiting error into message, with the count of those dropped since the
+ * last one taken (they came while the ring was full), and frees its place. Lock held. */
+static void take_error_locked(fl_monitor *m, char *message, size_t len) {
+    const char *text = m->errors[m->errors_first];
+    uint64_t dropped = m->errors_dropped;
+    if (dropped == 0)
+        snprintf(message, len, "%s", text);
+    else
+        snprintf(message, len, "%s (and %llu more error%s dropped: over %d waited to be reported)",
+                 text, (unsigned long long)dropped, dropped == 1 ? " was" : "s were", ERROR_ROOM);
+    m->errors_dropped = 0;
+    m->errors_first = (m->errors_first + 1) % ERROR_ROOM;
+    m->errors_waiting--;
+    atomic_store_explicit(&m->errors_untaken, (int)m->errors_waiting, memory_order_relaxed);
+}
+
 /* ---- writer thread ---- */
 
 /* Queues the first error of every sink that has failed since the last look. */
@@ -97,8 +135,7 @@ static void collect_errors(fl_monitor *m) {
             continue;
         m->sink_error_taken[i] = 1;
         pthread_mutex_lock(&m->lock);
-        snprintf(m->errors[m->errors_queued++], ERROR_TEXT, "%s", message);
-        atomic_fetch_add_explicit(&m->errors_untaken, 1, memory_order_relaxed);
+        queue_error_locked(m, message);
         pthread_mutex_unlock(&m->lock);
     }
 }
@@ -475,11 +512,9 @@ int fl_monitor_wait_closed(fl_monitor *m, double timeout_s) {
 
 int fl_monitor_take_error(fl_monitor *m, char *message, size_t len) {
     pthread_mutex_lock(&m->lock);
-    int found = m->errors_taken < m->errors_queued;
-    if (found) {
-        snprintf(message, len, "%s", m->errors[m->errors_taken++]);
-        atomic_fetch_sub_explicit(&m->errors_untaken, 1, memory_order_relaxed);
-    }
+    int found = m->errors_waiting > 0;
+    if (found)
+        take_error_locked(m, message, len);
     pthread_mutex_unlock(&m->lock);
     return found;
 }
@@ -490,13 +525,9 @@ int fl_monitor_has_error(fl_monitor *m) {
 
 int fl_monitor_report_error(fl_monitor *m, const char *message) {
     pthread_mutex_lock(&m->lock);
-    int room = m->errors_queued < FL_MONITOR_MAX_SINKS;
-    if (room) {
-        snprintf(m->errors[m->errors_queued++], ERROR_TEXT, "%s", message);
-        atomic_fetch_add_explicit(&m->errors_untaken, 1, memory_order_relaxed);
-    }
+    int rc = queue_error_locked(m, message);
     pthread_mutex_unlock(&m->lock);
-    return room ? FL_OK : FL_EAGAIN;
+    return rc;
 }
 
 void fl_monitor_stats_get(fl_monitor *m, fl_monitor_stats *out) {

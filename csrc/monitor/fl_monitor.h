@@ -75,22 +75,32 @@ int fl_monitor_flushed(fl_monitor *monitor, uint64_t ticket, double timeout_s);
 int fl_monitor_watch(fl_monitor *monitor, fl_metrics *metrics);
 
 /* Stops sampling and closes the queue; the writer writes what is queued, flushes and closes
- * the sinks. With wait set, joins both threads before returning; else returns at once and
- * the threads finish on their own. Idempotent. */
+ * the sinks. With wait set, returns once the writer has finished (sinks closed); else returns
+ * at once and the threads finish on their own. Idempotent, and safe from any number of
+ * threads at once: the first call joins (wait) or detaches the threads, later ones that wait
+ * wait for the writer to finish. Records put after it begins get FL_ECLOSED. */
 void fl_monitor_close(fl_monitor *monitor, int wait);
 
 /* Waits up to timeout_s for the writer to finish after close. Returns 0 or FL_ETIMEDOUT. */
 int fl_monitor_wait_closed(fl_monitor *monitor, double timeout_s);
 
-/* Copies the oldest sink error not yet taken into `message` and returns 1, or returns 0.
- * Each sink's first error is reported once. */
+/* A buffer this long holds any message fl_monitor_take_error() gives (the error's text and
+ * the count of those dropped). */
+#define FL_MONITOR_ERROR_MAX 640
+
+/* Copies the oldest error not yet taken (a sink's or a reported one) into `message` and
+ * returns 1, or returns 0. Each sink's first error is reported once. Up to
+ * FL_MONITOR_MAX_SINKS errors wait to be taken; those that come while that many wait are
+ * counted, and the next message taken ends with "(and N more errors were dropped: ...)".
+ * Any thread. */
 int fl_monitor_take_error(fl_monitor *monitor, char *message, size_t len);
 
 /* 1 when an error waits to be taken (a lock-free check for hot paths). */
 int fl_monitor_has_error(fl_monitor *monitor);
 
 /* Queues an error found outside the monitor (a failing Python callback) to be reported
- * like a sink's. Returns 0, or FL_EAGAIN when FL_MONITOR_MAX_SINKS errors already wait. */
+ * like a sink's. Returns 0, or FL_EAGAIN when FL_MONITOR_MAX_SINKS errors already wait (it
+ * is then counted as dropped, see fl_monitor_take_error()). Any thread. */
 int fl_monitor_report_error(fl_monitor *monitor, const char *message);
 
 typedef struct fl_monitor_stats {

@@ -232,18 +232,40 @@ static PyObject *ckpt_wait(PyObject *self, PyObject *args, PyObject *kwargs) {
     return PyBool_FromLong(rc == FL_OK);
 }
 
+static int attempt_wait_closed(void *ctx, double timeout_s) {
+    return fl_checkpointer_wait_closed(ctx, timeout_s);
+}
+
+/* Refuses new saves first, then (wait) waits for the writer to finish what was committed,
+ * a save filling its snapshot on another thread included: waiting first and closing after
+ * let such a save slip in between, unwritten when close() returned. */
 static PyObject *ckpt_close(PyObject *self, PyObject *args, PyObject *kwargs) {
     static fl_arg_cache close_args = FL_ARG_CACHE("close");
     int wait = 1;
     if (fl_parse_args_dict(&close_args, args, kwargs, FL_ARG("|wait", BOOL, &wait)) < 0)
         return NULL;
     fl_checkpointer *c = ((CheckpointerObject *)self)->checkpointer;
-    if (wait && fl_wait_interruptibly(attempt_wait, c, -1) == FL_EINTR)
+    fl_checkpointer_close(c, 0); /* never joins with the GIL held; waits below, interruptibly */
+    if (wait && fl_wait_interruptibly(attempt_wait_closed, c, -1) == FL_EINTR)
         return NULL;
-    fl_checkpointer_close(c, 0); /* the writer is idle or finishing: it exits by itself */
     if (wait && raise_write_error(self) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *ckpt_wait_closed(PyObject *self, PyObject *args) {
+    static fl_arg_cache wait_closed_args = FL_ARG_CACHE("wait_closed"); /* positional only */
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (fl_parse_args_dict(&wait_closed_args, args, NULL,
+                           FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
+        return NULL;
+    fl_checkpointer *c = ((CheckpointerObject *)self)->checkpointer;
+    int rc = fl_wait_interruptibly(attempt_wait_closed, c, timeout);
+    if (rc == FL_EINTR)
+        return NULL;
+    return PyBool_FromLong(rc == FL_OK);
 }
 
 static PyObject *ckpt_stats(PyObject *self, PyObject *unused) {
@@ -310,7 +332,9 @@ static PyMethodDef ckpt_methods[] = {
     {"wait", (PyCFunction)(void (*)(void))ckpt_wait, METH_VARARGS | METH_KEYWORDS,
      "wait($self, /, timeout=None)\n--\n\nWait until every save is written; False on timeout."},
     {"close", (PyCFunction)(void (*)(void))ckpt_close, METH_VARARGS | METH_KEYWORDS,
-     "close($self, /, wait=True)\n--\n\nRefuse new saves; with wait, finish the pending write."},
+     "close($self, /, wait=True)\n--\n\nRefuse new saves; with wait, until every save is written."},
+    {"wait_closed", ckpt_wait_closed, METH_VARARGS,
+     "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},
     {"stats", ckpt_stats, METH_NOARGS, "stats($self, /)\n--\n\nCounts and the last write's time."},
     {NULL, NULL, 0, NULL},
 };

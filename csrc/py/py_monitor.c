@@ -21,7 +21,7 @@ static fl_module_state *monitor_state(PyObject *self) { return fl_state_from_typ
 /* Raises the oldest unreported sink error as fastloop.SinkError; returns -1 when it did. */
 static int raise_pending_error(PyObject *self) {
     fl_monitor *m = ((MonitorObject *)self)->monitor;
-    char message[600];
+    char message[FL_MONITOR_ERROR_MAX];
     if (!fl_monitor_has_error(m) || !fl_monitor_take_error(m, message, sizeof message))
         return 0;
     fl_raisef(&monitor_state(self)->exc, FL_EXC_SINK, "%s", message);
@@ -275,7 +275,7 @@ static PyObject *monitor_wait_closed(PyObject *self, PyObject *args) {
 
 static PyObject *monitor_take_error(PyObject *self, PyObject *unused) {
     (void)unused;
-    char message[600];
+    char message[FL_MONITOR_ERROR_MAX];
     if (!fl_monitor_take_error(((MonitorObject *)self)->monitor, message, sizeof message))
         Py_RETURN_NONE;
     return PyUnicode_DecodeUTF8(message, strlen(message), "replace");

@@ -4,15 +4,20 @@
  * staged at once; entries a reader would refuse are refused; concurrent savers take turns;
  * write errors are kept for the owner; close writes what is pending. (The safetensors package
  * reading the files is checked from Python.) */
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "base/fl_crc.h"
 #include "base/fl_error.h"
+#include "base/fl_time.h"
 #include "checkpoint/fl_checkpoint.h"
 #include "checkpoint/fl_safetensors.h"
 
@@ -295,6 +300,143 @@ static void test_write_errors_are_kept_for_the_owner(void) {
     CHECK(fl_checkpointer_new(tmpdir, 0, 1, &c) == FL_EINVAL);
 }
 
+/* ---- temp files and other writers ---- */
+
+/* 1 when `dir` holds a temp file (".ckpt-..."). */
+static int has_temp(const char *dir) {
+    DIR *d = opendir(dir);
+    int found = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL && !found)
+        found = strncmp(e->d_name, ".ckpt-", 6) == 0;
+    if (d != NULL)
+        closedir(d);
+    return found;
+}
+
+/* A new checkpointer removes the temp files no writer holds (a dead one's) and leaves those
+ * a writer holds locked, even when their names carry this process's pid: another
+ * checkpointer of this process may be writing it. */
+static void test_a_new_checkpointer_removes_only_temp_files_nobody_writes(void) {
+    char dir[256], held[512], dead[512];
+    snprintf(dir, sizeof dir, "%s/temps", tmpdir);
+    mkdir(dir, 0777);
+    snprintf(held, sizeof held, "%s/.ckpt-000000000001.safetensors.tmp.%d", dir, (int)getpid());
+    snprintf(dead, sizeof dead, "%s/.ckpt-000000000002.safetensors.tmp.%d", dir, (int)getpid());
+    int writing = open(held, O_CREAT | O_WRONLY, 0644);
+    CHECK(writing >= 0 && flock(writing, LOCK_EX | LOCK_NB) == 0); /* a writer at work */
+    close(open(dead, O_CREAT | O_WRONLY, 0644));                    /* a writer gone */
+    fl_checkpointer *c;
+    CHECK(fl_checkpointer_new(dir, 1, 1, &c) == FL_OK);
+    CHECK(access(held, F_OK) == 0 && access(dead, F_OK) != 0);
+    fl_checkpointer_close(c, 1);
+    fl_checkpointer_release(c);
+    close(writing); /* the writer is gone now: the next checkpointer cleans up after it */
+    CHECK(fl_checkpointer_new(dir, 1, 1, &c) == FL_OK);
+    CHECK(access(held, F_OK) != 0);
+    fl_checkpointer_close(c, 1);
+    fl_checkpointer_release(c);
+}
+
+/* Two checkpointers of one process on one directory: one saves 8 MB snapshots while the
+ * other is opened again and again, each opening catching a write in flight (its temp file
+ * there). Every save still publishes, without an error (the second once deleted the first's
+ * temp file: "cannot rename"). */
+static void test_a_second_checkpointer_leaves_the_first_ones_write_alone(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/shared", tmpdir);
+    fl_checkpointer *first;
+    CHECK(fl_checkpointer_new(dir, 100, 1, &first) == FL_OK);
+    int caught = 0, saves = (int)(8 * test_scale()) + 1;
+    for (int step = 1; step <= saves; step++) {
+        CHECK(save(first, step, 2 << 20, (float)step) == FL_OK);
+        fl_checkpoint_stats stats;
+        do { /* until its temp file shows, or the write is done */
+            fl_checkpointer_stats(first, &stats);
+        } while (!has_temp(dir) && stats.written < (uint64_t)step);
+        caught += stats.written < (uint64_t)step;
+        fl_checkpointer *second;
+        CHECK(fl_checkpointer_new(dir, 100, 1, &second) == FL_OK);
+        fl_checkpointer_close(second, 1);
+        fl_checkpointer_release(second);
+        CHECK(fl_checkpointer_wait(first, 30) == FL_OK);
+        char message[1024] = "";
+        CHECK(fl_checkpointer_take_error(first, message, sizeof message) == 0);
+        if (message[0])
+            fprintf(stderr, "  %s\n", message);
+        CHECK(exists(dir, step));
+    }
+    CHECK(caught > 0);
+    fl_checkpointer_close(first, 1);
+    fl_checkpointer_release(first);
+}
+
+/* ---- closing from many threads ---- */
+
+enum { CLOSERS = 8, SAVERS = 2 };
+
+typedef struct close_race {
+    fl_checkpointer *c;
+    pthread_barrier_t *start;
+    int wait;
+    int written_at_return; /* what a waiting closer found written when it returned */
+    int pending_at_return;
+    int saved; /* a saver's snapshots committed */
+} close_race;
+
+static void *close_checkpointer(void *arg) {
+    close_race *r = arg;
+    pthread_barrier_wait(r->start);
+    fl_checkpointer_close(r->c, r->wait);
+    fl_checkpoint_stats stats;
+    fl_checkpointer_stats(r->c, &stats);
+    r->written_at_return = (int)stats.written;
+    r->pending_at_return = stats.pending;
+    return NULL;
+}
+
+static void *save_until_closed(void *arg) {
+    close_race *r = arg;
+    pthread_barrier_wait(r->start);
+    int rc;
+    while ((rc = save(r->c, 1000 + r->saved, 256, 1.0f)) == FL_OK)
+        r->saved++;
+    CHECK(rc == FL_ECLOSED);
+    return NULL;
+}
+
+/* 8 threads close one checkpointer at once (half waiting, half not), while the writer is
+ * busy with an 8 MB snapshot and 2 threads save: every waiting closer returns only once
+ * every committed snapshot is written, savers get FL_ECLOSED, and (TSan) nothing races. A
+ * second waiting close once returned at once while the first joined the writer. */
+static void test_closing_from_8_threads_waits_for_the_writer_every_time(void) {
+    int rounds = (int)(10 * test_scale()) + 1;
+    for (int round = 0; round < rounds; round++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "%s/closing", tmpdir);
+        fl_checkpointer *c;
+        CHECK(fl_checkpointer_new(dir, 1, 2, &c) == FL_OK);
+        CHECK(save(c, 1, 2 << 20, 1.0f) == FL_OK); /* keeps the writer busy */
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, CLOSERS + SAVERS);
+        pthread_t threads[CLOSERS + SAVERS];
+        close_race races[CLOSERS + SAVERS];
+        for (int i = 0; i < CLOSERS + SAVERS; i++) {
+            races[i] = (close_race){c, &start, (i + round) % 2, 0, 0, 0};
+            pthread_create(&threads[i], NULL, i < CLOSERS ? close_checkpointer : save_until_closed,
+                           &races[i]);
+        }
+        for (int i = 0; i < CLOSERS + SAVERS; i++)
+            pthread_join(threads[i], NULL);
+        int committed = 1 + races[CLOSERS].saved + races[CLOSERS + 1].saved;
+        for (int i = 0; i < CLOSERS; i++)
+            CHECK(!races[i].wait ||
+                  (races[i].written_at_return == committed && races[i].pending_at_return == 0));
+        pthread_barrier_destroy(&start);
+        fl_checkpointer_release(c);
+    }
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -306,6 +448,9 @@ int main(void) {
     RUN(test_the_copy_over_threads_lands_every_byte);
     RUN(test_concurrent_savers_take_turns);
     RUN(test_write_errors_are_kept_for_the_owner);
+    RUN(test_a_new_checkpointer_removes_only_temp_files_nobody_writes);
+    RUN(test_a_second_checkpointer_leaves_the_first_ones_write_alone);
+    RUN(test_closing_from_8_threads_waits_for_the_writer_every_time);
     char cleanup[300];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

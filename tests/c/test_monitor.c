@@ -499,6 +499,117 @@ static void test_monitor_reports_a_failing_sink_once(void) {
     fl_monitor_release(m);
 }
 
+/* More errors than the list holds: each report past the room is refused and counted, the
+ * next message taken says how many were dropped, and a sink failing while the list is full
+ * writes nothing past it (it once did: 32 reported errors, then a sink's, overran the array,
+ * a SIGSEGV). Taking errors makes room again, however many came before (the list wraps). */
+static void test_errors_past_the_room_are_counted_and_the_list_wraps(void) {
+    fl_sink *sink;
+    CHECK(fl_sink_open_jsonl("/dev/full", &sink) == FL_OK); /* fails at its first write */
+    fl_monitor_config config = {.interval_s = 0, .flush_interval_s = 0.01, .queue_size = 16};
+    fl_monitor *m;
+    CHECK(fl_monitor_new(&config, &sink, 1, NULL, &m) == FL_OK);
+    char message[FL_MONITOR_ERROR_MAX];
+    for (int i = 0; i < FL_MONITOR_MAX_SINKS; i++) {
+        snprintf(message, sizeof message, "reported %d", i);
+        CHECK(fl_monitor_report_error(m, message) == FL_OK);
+    }
+    CHECK(fl_monitor_report_error(m, "one too many") == FL_EAGAIN);
+    fl_event e;
+    fl_event_init(&e, FL_EVENT_SCALAR, "x", 1, 1, -1);
+    CHECK(fl_monitor_put(m, &e, 1.0) == FL_OK);
+    int err;
+    uint64_t ticket = fl_monitor_request_flush(m, 5.0, &err); /* the sink fails: a third error */
+    CHECK(ticket > 0 && fl_monitor_flushed(m, ticket, 30.0) == FL_OK);
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 1);
+    CHECK(strstr(message, "reported 0") == message);
+    CHECK(strstr(message, "2 more errors were dropped") != NULL);
+    for (int i = 1; i < FL_MONITOR_MAX_SINKS; i++) {
+        CHECK(fl_monitor_take_error(m, message, sizeof message) == 1);
+        CHECK(strstr(message, "dropped") == NULL);
+    }
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 0 && !fl_monitor_has_error(m));
+    for (int i = 0; i < 3 * FL_MONITOR_MAX_SINKS; i++) { /* round and round the list */
+        char expected[32];
+        snprintf(expected, sizeof expected, "again %d", i);
+        CHECK(fl_monitor_report_error(m, expected) == FL_OK);
+        CHECK(fl_monitor_report_error(m, "and one") == FL_OK);
+        CHECK(fl_monitor_take_error(m, message, sizeof message) == 1);
+        CHECK(strcmp(message, expected) == 0);
+        CHECK(fl_monitor_take_error(m, message, sizeof message) == 1);
+        CHECK(strcmp(message, "and one") == 0);
+    }
+    CHECK(fl_monitor_take_error(m, message, sizeof message) == 0);
+    fl_monitor_close(m, 1);
+    fl_monitor_release(m);
+}
+
+/* ---- closing from many threads ---- */
+
+enum { CLOSERS = 8, LOGGERS = 2 };
+
+typedef struct close_race {
+    fl_monitor *monitor;
+    pthread_barrier_t *start;
+    int wait;
+    int done_at_return; /* a waiting close found the writer finished when it returned */
+    int closed_seen;    /* a logger saw FL_ECLOSED */
+} close_race;
+
+static void *close_monitor(void *arg) {
+    close_race *r = arg;
+    pthread_barrier_wait(r->start);
+    fl_monitor_close(r->monitor, r->wait);
+    r->done_at_return = fl_monitor_wait_closed(r->monitor, 0) == FL_OK;
+    return NULL;
+}
+
+static void *log_until_closed(void *arg) {
+    close_race *r = arg;
+    pthread_barrier_wait(r->start);
+    fl_event e;
+    fl_event_init(&e, FL_EVENT_SCALAR, "racing", 1, -1, -1);
+    while (fl_monitor_put(r->monitor, &e, 0.001) != FL_ECLOSED)
+        ;
+    r->closed_seen = 1;
+    return NULL;
+}
+
+/* 8 threads close one monitor at once (half waiting, half not) while 2 log into it: one
+ * closer takes the threads, every waiting closer returns only once the writer is done,
+ * the loggers get FL_ECLOSED, and (TSan) nothing races. */
+static void test_closing_from_8_threads_while_2_log(void) {
+    int rounds = (int)(50 * test_scale()) + 1;
+    for (int round = 0; round < rounds; round++) {
+        char csv[512];
+        snprintf(csv, sizeof csv, "%s/race.csv", tmpdir);
+        fl_sink *sink;
+        CHECK(fl_sink_open_csv(csv, &sink) == FL_OK);
+        fl_monitor_config config = {.interval_s = 0.001, .flush_interval_s = 0.01,
+                                    .queue_size = 64};
+        fl_monitor *m;
+        CHECK(fl_monitor_new(&config, &sink, 1, NULL, &m) == FL_OK);
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, CLOSERS + LOGGERS);
+        pthread_t threads[CLOSERS + LOGGERS];
+        close_race races[CLOSERS + LOGGERS];
+        for (int i = 0; i < CLOSERS + LOGGERS; i++) {
+            races[i] = (close_race){m, &start, (i + round) % 2, 0, 0};
+            pthread_create(&threads[i], NULL, i < CLOSERS ? close_monitor : log_until_closed,
+                           &races[i]);
+        }
+        for (int i = 0; i < CLOSERS + LOGGERS; i++)
+            pthread_join(threads[i], NULL);
+        for (int i = 0; i < CLOSERS; i++)
+            CHECK(!races[i].wait || races[i].done_at_return);
+        for (int i = CLOSERS; i < CLOSERS + LOGGERS; i++)
+            CHECK(races[i].closed_seen);
+        CHECK(fl_monitor_wait_closed(m, 30) == FL_OK);
+        pthread_barrier_destroy(&start);
+        fl_monitor_release(m);
+    }
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -514,6 +625,8 @@ int main(void) {
     RUN(test_monitor_reports_a_failing_sink_once);
     RUN(test_sampling_a_table_that_grows_reads_only_real_names);
     RUN(test_summaries_are_encoded_by_the_writer_and_freed);
+    RUN(test_errors_past_the_room_are_counted_and_the_list_wraps);
+    RUN(test_closing_from_8_threads_while_2_log);
     char cleanup[600];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

@@ -336,8 +336,11 @@ class Checkpointer:
         return self._core.stats()
 
     def close(self, wait: bool = True) -> None:
-        """Refuse new saves. With wait (default), finish the pending writes first and raise
-        a write error not yet reported; wait=False returns at once (exit still waits).
+        """Refuse new saves (save() and maybe_save() then raise fastloop.Closed). With wait
+        (default), return once every save that returned is written (a save() running on
+        another thread as close() begins included) and raise a write error not yet reported;
+        wait=False returns at once (exit still waits). Any number of threads may call it, at
+        once too.
 
         >>> ckpt.close()
         """
@@ -351,8 +354,8 @@ class Checkpointer:
             _lifecycle.draining(self)
 
     def _close_at_exit(self, deadline: float) -> None:
-        self._core.wait(max(0.0, deadline - time.monotonic()))
         self._core.close(wait=False)
+        self._core.wait_closed(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -161,8 +161,12 @@ class _CallbackThread:
                                 f"raised {type(error).__name__}: {error}")
 
     def stop(self, timeout: float | None) -> None:
+        """Ends the stream and waits for fn to take the rest -- unless fn itself is closing
+        the Monitor (or a __del__ the collector runs on this thread): it cannot wait for
+        itself, and the thread ends once fn returns."""
         self.queue.close()
-        self.thread.join(timeout)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
 
 
 class Monitor:
@@ -333,20 +337,21 @@ class Monitor:
     def close(self, wait: bool = True) -> None:
         """Stop sampling, write what is queued, flush and close the sinks. With wait=False
         returns at once (the writer finishes in the background; exit still waits for it).
-        Raises SinkError for a sink error not reported yet.
+        Raises SinkError for a sink error not reported yet. Any number of threads may call
+        it, at once too; each call with wait returns once everything is written.
 
         >>> mon.close()
         """
-        if self._closed and not wait:
-            return
         self._closed = True
         if not wait:
             self._core.close(wait=False)
             _lifecycle.draining(self)
             return
-        self._core.close(wait=True)
-        for callback in self._callbacks:
-            callback.stop(timeout=None)
+        try:
+            self._core.close(wait=True)
+        finally:  # a SinkError from it still leaves the callbacks done when close() returns
+            for callback in self._callbacks:
+                callback.stop(timeout=None)
         error = self._core.take_error()
         if error is not None:
             raise SinkError(error)
