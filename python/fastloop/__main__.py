@@ -50,6 +50,13 @@ def run_bench(quick: bool, out_dir: str) -> int:
     preprocess_rows = preprocess.run(quick=quick, log=print)
     section("Preprocessing: threads vs processes", preprocess.HEADERS, preprocess.table_rows(preprocess_rows),
             [preprocess.verdict(preprocess_rows)])
+    from .bench import free_threading
+
+    if free_threading.free_threaded():  # Python code in threads: the question answered again
+        print("\n== Python datasets: threads vs processes, with and without the GIL (each in a fresh interpreter)")
+        ft_rows = free_threading.run(quick=quick, log=print)
+        section("Python datasets on a free-threaded interpreter", free_threading.HEADERS,
+                free_threading.table_rows(ft_rows), free_threading.summary(ft_rows))
 
     side_by_side = answer.side_by_side(results, loader_rows, model_rows, preprocess_rows)
     final = answer.answer(results, loader_rows, model_rows, preprocess_rows)
