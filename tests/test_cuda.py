@@ -1,13 +1,17 @@
 """fastloop.cuda answers whether CUDA was built and works here, and why not; argument
 checks and the DLPack/CAI export plumbing run everywhere the extension is built; the GPU
 tests (nn backend ops against NumPy, device arrays, torch interop, preprocess against the
-CPU ops) run where a GPU exists and are skipped with the reason elsewhere."""
+CPU ops) run where a GPU exists and are skipped with the reason elsewhere. The extension
+declares Py_MOD_GIL_NOT_USED: the free-threading tests share one object among many threads."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ import pytest
 import fastloop
 from fastloop import cuda
 from hooks import WHY_ABSENT
+from test_free_threading import THREADS, run_at_once
 
 
 def test_is_built_answers_with_a_reason():
@@ -212,6 +217,55 @@ def test_dlpack_refuses_a_copy_another_device_and_stream_zero():
         view.__dlpack__(stream=0)
     with pytest.raises(TypeError, match="native bool, integer, float or complex"):
         _cuda._from_pointer(owner.ctypes.data, 4, object, 0, owner)
+
+
+# ---------------------------------------------------------------- free threading
+
+@built
+def test_importing_the_cuda_extension_leaves_the_gil_off_on_a_free_threaded_python():
+    """fastloop._cuda declares Py_MOD_GIL_NOT_USED, so importing it on a free-threaded build
+    must not turn the GIL back on (CPython does that, with a RuntimeWarning, for a module that
+    does not declare it). A fresh interpreter, as the GIL's state is process-wide."""
+    if getattr(sys, "_is_gil_enabled", None) is None or not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip(f"Python {sys.version.split()[0]} is a GIL build: there is no GIL to keep off (a free-threaded build, 3.13t, runs this)")
+    env = {name: value for name, value in os.environ.items() if name != "PYTHON_GIL"}
+    code = "import sys, fastloop._cuda; print(sys._is_gil_enabled())"
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+class _TorchLikeStream:
+    cuda_stream = 0x1234
+
+
+@built
+def test_many_threads_settle_one_array_once_and_drop_its_stream_refcount_once():
+    """Threads read and settle one array's pending write at once (a view whose stream is a
+    torch-like object, so no CUDA call runs and no GPU is needed): each reader sees the stream
+    or None, and the array lets go of the stream object exactly once."""
+    from fastloop import _cuda
+
+    owner = np.zeros(16, np.float32)
+    for _ in range(10):
+        stream = _TorchLikeStream()
+        before = sys.getrefcount(stream)
+        view = _cuda._from_pointer(owner.ctypes.data, 16, np.float32, 0, owner, stream)
+        assert sys.getrefcount(stream) == before + 1
+
+        def body(i: int) -> set:
+            seen = set()
+            for _ in range(100):
+                seen.add(view.__cuda_array_interface__["stream"])
+                view.__dlpack__(stream=-1)
+                view.ready() if i % 2 else view.synchronize()
+            return seen
+
+        for seen in run_at_once(body):
+            assert seen <= {0x1234, None}
+        assert view.__cuda_array_interface__["stream"] is None
+        assert sys.getrefcount(stream) == before
 
 
 # ---------------------------------------------------------------- on a GPU
@@ -482,6 +536,66 @@ def test_preprocess_from_a_pinned_slot_is_asynchronous_and_keeps_the_batch_alive
 def test_memcpy_benchmark_reports_bandwidth():
     assert cuda.memcpy_benchmark(8 << 20, pinned=True, repeats=3) > 0.5
     assert cuda.memcpy_benchmark(8 << 20, pinned=False, repeats=2) > 0.1
+
+
+@gpu
+def test_many_threads_write_one_device_array_and_its_refcounts_end_where_they_began():
+    """Threads queue copies from pinned memory into ONE array on their own streams, ask
+    ready(), read __cuda_array_interface__, synchronize and copy it back, all at once: every
+    value is one a thread wrote, and once settled the array holds no host array or stream."""
+    n = 1 << 16
+    hosts = [np.full(n, i, np.int32) for i in range(THREADS)]
+    before = [sys.getrefcount(host) for host in hosts]
+    out = cuda.empty(n, np.int32)
+    regions = [cuda.pin(host) for host in hosts]
+    streams = [cuda.Stream() for _ in hosts]
+    handles = {stream.handle for stream in streams} | {None}
+
+    def body(i: int) -> None:
+        for step in range(50):
+            assert cuda.to_device(hosts[i], stream=streams[i], out=out) is out
+            out.ready()
+            assert out.__cuda_array_interface__["stream"] in handles
+            if step % 5 == 0:
+                out.synchronize()
+                assert set(np.unique(out.to_numpy())) <= set(range(THREADS))
+
+    run_at_once(body)
+    out.synchronize()
+    assert out.ready() and out.__cuda_array_interface__["stream"] is None
+    for region in regions:
+        region.close()
+    assert [sys.getrefcount(host) for host in hosts] == before
+
+
+@gpu
+def test_many_threads_close_one_pinned_region_and_one_of_them_unregisters():
+    host = np.zeros(1 << 20, np.uint8)
+    before = sys.getrefcount(host)
+    for _ in range(5):
+        region = cuda.pin(host)
+        assert not region.already_pinned
+        run_at_once(lambda i: region.close())  # a second unregister would raise CudaError
+        assert region.closed and sys.getrefcount(host) == before
+        with cuda.pin(host) as again:  # unregistered: pinning it again is not "already pinned"
+            assert not again.already_pinned
+
+
+@gpu
+def test_many_threads_share_one_nn_context_and_each_gets_its_own_product():
+    ctx = _context()
+    rng = np.random.default_rng(9)
+    a = [rng.standard_normal((32, 16)).astype(np.float32) for _ in range(THREADS)]
+    b = rng.standard_normal((16, 8)).astype(np.float32)
+    db = _dev(b)
+
+    def body(i: int) -> None:
+        da, dc = _dev(a[i]), cuda.empty((32, 8), np.float32)
+        for _ in range(20):
+            ctx.gemm(False, False, 1.0, da, db, 0.0, dc)
+            np.testing.assert_allclose(dc.to_numpy(), a[i] @ b, rtol=1e-4, atol=1e-4)
+
+    run_at_once(body)
 
 
 @gpu

@@ -240,11 +240,9 @@ static void cuda_free(void *module) { cuda_clear(module); }
 
 static PyModuleDef_Slot cuda_slots[] = {
     {Py_mod_exec, cuda_exec},
-    /* No Py_mod_gil: a free-threaded build keeps the GIL on while this module is loaded.
-     * A DeviceArray's pending stream, event and host reference change after construction
-     * (fl_py_device_array_queued/_settled) with only the GIL ordering them against readers;
-     * they need a critical section each, and a GPU run under 3.13t, before this may say
-     * Py_MOD_GIL_NOT_USED (docs/development.md, "Free threading"). */
+#ifdef Py_mod_gil /* what the GIL used to protect, and what does now: docs/development.md */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 

@@ -56,7 +56,10 @@ int fl_py_require_device(cuda_state *state, int device);
 
 #define FL_PY_MAX_NDIM 32
 
-/* fastloop.cuda.DeviceArray: device memory with a shape and a NumPy dtype (C order). */
+/* fastloop.cuda.DeviceArray: device memory with a shape and a NumPy dtype (C order).
+ * The fields down to `owner` are set before the array is shared and only read after. The
+ * pending write's fields change after construction (queued/settled): they are read and written
+ * under the array's critical section, by py_device_array.c only (the helpers below). */
 typedef struct DeviceArray {
     PyObject_HEAD
     char *data;   /* device pointer; NULL when nbytes is 0 */
@@ -69,7 +72,8 @@ typedef struct DeviceArray {
     uintptr_t stream;       /* stream of the last queued write; 0 when none is pending */
     PyObject *stream_ref;   /* keeps a fastloop Stream behind `stream` alive, or NULL */
     PyObject *pending_host; /* host memory a queued copy still reads, or NULL */
-    void *event;            /* recorded after the last queued write, or NULL */
+    void *event;            /* recorded after the last queued write, or NULL; once made, kept */
+    uint64_t writes;        /* writes queued so far: a wait settles only the ones it saw */
 } DeviceArray;
 
 /* A new DeviceArray of cudaMalloc'd memory on `device` (descr is stolen). NULL on error. */
@@ -81,12 +85,14 @@ DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const ch
 
 /* Notes a write just queued on `stream` (ref: the object to keep alive with it, may be
  * NULL; host: host memory the write still reads, may be NULL) and records the array's
- * event after it. Returns 0, or -1 with CudaError. */
+ * event after it, under the array's critical section. Returns 0, or -1 with CudaError. */
 int fl_py_device_array_queued(cuda_state *state, DeviceArray *array, uintptr_t stream,
                               PyObject *ref, PyObject *host);
 
-/* Marks the array as having no pending write (after a wait). Never fails. */
-void fl_py_device_array_settled(DeviceArray *array);
+/* Makes work queued later on `stream` wait for the array's pending write (nothing to do
+ * when none is pending or it is on `stream`), under the array's critical section so the
+ * pending stream stays alive. Never blocks the host. Returns 0 or a cudaError_t code. */
+int fl_py_device_array_wait_stream(DeviceArray *array, uintptr_t stream);
 
 /* __dlpack__ and __dlpack_device__ of a DeviceArray (py_dlpack.c). */
 PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs);

@@ -5,6 +5,12 @@
  * and an event recorded after it: __cuda_array_interface__ and __dlpack__ hand that stream
  * to consumers, ready()/synchronize() ask about or wait for the event, and host memory a
  * queued copy still reads is kept alive until then.
+ *
+ * Free threading: that pending write (stream, stream_ref, pending_host, event, writes) is
+ * the array's only state that changes after construction. It is read and written under the
+ * array's critical section; a call that waits with the GIL released keeps a strong reference
+ * to the stream's owner across the wait, and settles afterwards only if no write was queued
+ * meanwhile (the `writes` count), since the section is suspended while it waits.
  */
 #include "py_cuda.h"
 
@@ -203,26 +209,71 @@ DeviceArray *fl_py_device_array_check(cuda_state *state, PyObject *obj, const ch
 
 int fl_py_device_array_queued(cuda_state *state, DeviceArray *array, uintptr_t stream,
                               PyObject *ref, PyObject *host) {
-    int rc = fl_cuda_event_record(array->device, &array->event, stream);
+    PyObject *old_ref = NULL, *old_host = NULL;
+    int rc;
+    Py_BEGIN_CRITICAL_SECTION(array);
+    rc = fl_cuda_event_record(array->device, &array->event, stream); /* never blocks */
+    if (rc == 0) {
+        old_ref = array->stream_ref, old_host = array->pending_host;
+        array->stream = stream;
+        array->stream_ref = Py_XNewRef(ref);
+        array->pending_host = Py_XNewRef(host);
+        array->writes++;
+    }
+    Py_END_CRITICAL_SECTION();
+    Py_XDECREF(old_ref); /* outside the section: a dealloc may run any code */
+    Py_XDECREF(old_host);
     if (rc != 0) {
         fl_py_raise_cuda(state, rc, "cudaEventRecord");
         return -1;
     }
-    array->stream = stream;
-    Py_XSETREF(array->stream_ref, Py_XNewRef(ref));
-    Py_XSETREF(array->pending_host, Py_XNewRef(host));
     return 0;
 }
 
-void fl_py_device_array_settled(DeviceArray *array) {
-    array->stream = 0;
-    Py_CLEAR(array->stream_ref);
-    Py_CLEAR(array->pending_host);
+int fl_py_device_array_wait_stream(DeviceArray *array, uintptr_t stream) {
+    int rc = 0;
+    Py_BEGIN_CRITICAL_SECTION(array);
+    if (array->stream != 0 && array->stream != stream)
+        rc = fl_cuda_stream_wait(array->device, stream, array->stream); /* never blocks */
+    Py_END_CRITICAL_SECTION();
+    return rc;
+}
+
+/* The array's pending write, read at once under its critical section. */
+typedef struct pending_write {
+    uintptr_t stream;     /* 0: none pending */
+    PyObject *stream_ref; /* a strong reference keeping `stream` alive, or NULL: release it */
+    void *event;          /* NULL until the first queued write; then kept until dealloc */
+    uint64_t writes;      /* what settle() compares */
+} pending_write;
+
+static void pending_read(DeviceArray *self, pending_write *p) {
+    Py_BEGIN_CRITICAL_SECTION(self);
+    p->stream = self->stream;
+    p->stream_ref = Py_XNewRef(self->stream_ref);
+    p->event = self->event;
+    p->writes = self->writes;
+    Py_END_CRITICAL_SECTION();
+}
+
+/* Marks the array as having no pending write, after a wait for the writes counted in `seen`;
+ * a write queued since (by another thread) stays pending. Never fails. */
+static void settle(DeviceArray *self, uint64_t seen) {
+    PyObject *ref = NULL, *host = NULL;
+    Py_BEGIN_CRITICAL_SECTION(self);
+    if (self->writes == seen) {
+        ref = self->stream_ref, host = self->pending_host;
+        self->stream = 0;
+        self->stream_ref = self->pending_host = NULL;
+    }
+    Py_END_CRITICAL_SECTION();
+    Py_XDECREF(ref);
+    Py_XDECREF(host);
 }
 
 /* The stream a synchronous copy of the array runs on: after its pending write, if any. */
-static uintptr_t copy_stream(DeviceArray *self) {
-    return self->stream ? self->stream : FL_CUDA_LEGACY_STREAM;
+static uintptr_t copy_stream(const pending_write *p) {
+    return p->stream ? p->stream : FL_CUDA_LEGACY_STREAM;
 }
 
 /* ---- getters ---- */
@@ -252,9 +303,13 @@ static PyObject *get_ptr(DeviceArray *self, void *unused) {
 
 static PyObject *get_cai(DeviceArray *self, void *unused) {
     (void)unused;
+    uintptr_t pending;
+    Py_BEGIN_CRITICAL_SECTION(self);
+    pending = self->stream;
+    Py_END_CRITICAL_SECTION();
     PyObject *shape = shape_tuple(self->ndim, self->shape);
     PyObject *typestr = PyObject_GetAttrString((PyObject *)self->descr, "str");
-    PyObject *stream = self->stream ? PyLong_FromSize_t(self->stream) : Py_NewRef(Py_None);
+    PyObject *stream = pending ? PyLong_FromSize_t(pending) : Py_NewRef(Py_None);
     PyObject *result = NULL;
     if (shape != NULL && typestr != NULL && stream != NULL)
         result = Py_BuildValue("{s:O,s:O,s:(NO),s:O,s:i,s:O}", "shape", shape, "typestr", typestr,
@@ -298,17 +353,42 @@ static PyObject *array_to_numpy(DeviceArray *self, PyObject *unused) {
     if (out == NULL || self->nbytes == 0)
         return out;
     int rc;
-    const uintptr_t stream = copy_stream(self);
+    pending_write p;
+    pending_read(self, &p);
+    const uintptr_t stream = copy_stream(&p);
     Py_BEGIN_ALLOW_THREADS
         rc = fl_cuda_to_host(self->device, PyArray_DATA((PyArrayObject *)out), self->data,
                              self->nbytes, stream);
     Py_END_ALLOW_THREADS
+    Py_XDECREF(p.stream_ref);
     if (rc != 0) {
         Py_DECREF(out);
         return fl_py_raise_cuda(state, rc, "cudaMemcpyAsync(device to host)");
     }
-    fl_py_device_array_settled(self);
+    settle(self, p.writes);
     return out;
+}
+
+/* Copies host (the array's shape and dtype) into the array after its pending write and
+ * waits for the copy. Returns 0, or -1 with CudaError. */
+static int copy_in_waited(cuda_state *state, DeviceArray *self, PyArrayObject *host) {
+    int rc = 0;
+    pending_write p;
+    pending_read(self, &p);
+    const uintptr_t stream = copy_stream(&p);
+    if (self->nbytes > 0) {
+        Py_BEGIN_ALLOW_THREADS
+            rc = fl_cuda_to_device(self->device, self->data, PyArray_DATA(host), self->nbytes,
+                                   stream, 1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_XDECREF(p.stream_ref);
+    if (rc != 0) {
+        fl_py_raise_cuda(state, rc, "cudaMemcpyAsync(host to device)");
+        return -1;
+    }
+    settle(self, p.writes);
+    return 0;
 }
 
 static PyObject *array_copy_from_numpy(DeviceArray *self, PyObject *arr) {
@@ -324,46 +404,43 @@ static PyObject *array_copy_from_numpy(DeviceArray *self, PyObject *arr) {
         Py_DECREF(host);
         return NULL;
     }
-    int rc = 0;
-    const uintptr_t stream = copy_stream(self);
-    if (self->nbytes > 0) {
-        Py_BEGIN_ALLOW_THREADS
-            rc = fl_cuda_to_device(self->device, self->data, PyArray_DATA(host), self->nbytes,
-                                   stream, 1);
-        Py_END_ALLOW_THREADS
-    }
+    const int rc = copy_in_waited(state, self, host);
     Py_DECREF(host);
-    if (rc != 0)
-        return fl_py_raise_cuda(state, rc, "cudaMemcpyAsync(host to device)");
-    fl_py_device_array_settled(self);
+    if (rc < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *array_ready(DeviceArray *self, PyObject *unused) {
     (void)unused;
     int done = 1;
-    if (self->stream != 0 && self->event != NULL) {
-        int rc = fl_cuda_event_query(self->event, &done);
+    pending_write p;
+    pending_read(self, &p);
+    Py_XDECREF(p.stream_ref); /* the event outlives the stream */
+    if (p.stream != 0 && p.event != NULL) {
+        int rc = fl_cuda_event_query(p.event, &done);
         if (rc != 0)
             return fl_py_raise_cuda(fl_py_state_of(Py_TYPE(self)), rc, "cudaEventQuery");
     }
     if (done)
-        fl_py_device_array_settled(self);
+        settle(self, p.writes);
     return PyBool_FromLong(done);
 }
 
 static PyObject *array_synchronize(DeviceArray *self, PyObject *unused) {
     (void)unused;
-    if (self->stream != 0 && self->event != NULL) {
+    pending_write p;
+    pending_read(self, &p);
+    Py_XDECREF(p.stream_ref); /* the event outlives the stream */
+    if (p.stream != 0 && p.event != NULL) {
         int rc;
-        void *event = self->event;
-        Py_BEGIN_ALLOW_THREADS
-            rc = fl_cuda_event_synchronize(event);
+        Py_BEGIN_ALLOW_THREADS /* the event is kept until dealloc, and `self` is alive */
+            rc = fl_cuda_event_synchronize(p.event);
         Py_END_ALLOW_THREADS
         if (rc != 0)
             return fl_py_raise_cuda(fl_py_state_of(Py_TYPE(self)), rc, "cudaEventSynchronize");
     }
-    fl_py_device_array_settled(self);
+    settle(self, p.writes);
     Py_RETURN_NONE;
 }
 
@@ -486,26 +563,21 @@ static DeviceArray *output_for(cuda_state *state, PyObject *out_obj, PyArrayObje
 
 /* Copies host into out: waited for without a stream, else queued on it. */
 static int copy_in(cuda_state *state, DeviceArray *out, PyArrayObject *host, PyObject *stream_obj) {
-    uintptr_t stream = copy_stream(out);
-    PyObject *ref = NULL;
-    const int wait = stream_obj == NULL || stream_obj == Py_None;
-    if (!wait && fl_py_parse_stream(state, stream_obj, out->device, &stream, &ref) < 0)
+    if (stream_obj == NULL || stream_obj == Py_None)
+        return copy_in_waited(state, out, host);
+    uintptr_t stream;
+    PyObject *ref; /* borrowed from stream_obj, alive for the call */
+    if (fl_py_parse_stream(state, stream_obj, out->device, &stream, &ref) < 0)
         return -1;
-    int rc = 0;
-    if (!wait && out->stream != 0 && out->stream != stream) /* after out's pending write */
-        rc = fl_cuda_stream_wait(out->device, stream, out->stream);
+    int rc = fl_py_device_array_wait_stream(out, stream); /* after out's pending write */
     if (rc == 0 && out->nbytes > 0) {
         Py_BEGIN_ALLOW_THREADS
-            rc = fl_cuda_to_device(out->device, out->data, PyArray_DATA(host), out->nbytes, stream, wait);
+            rc = fl_cuda_to_device(out->device, out->data, PyArray_DATA(host), out->nbytes, stream, 0);
         Py_END_ALLOW_THREADS
     }
     if (rc != 0) {
         fl_py_raise_cuda(state, rc, "cudaMemcpyAsync(host to device)");
         return -1;
-    }
-    if (wait) {
-        fl_py_device_array_settled(out);
-        return 0;
     }
     return fl_py_device_array_queued(state, out, stream, ref, (PyObject *)host);
 }

@@ -158,8 +158,8 @@ PyObject *fl_py_dlpack(DeviceArray *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     if (max_version != Py_None && (!PyTuple_Check(max_version) || !PyArg_ParseTuple(max_version, "ii", &major, &minor)))
         return fl_raisef(NULL, FL_EXC_TYPE, "'max_version' must be a (major, minor) tuple, not %R", max_version);
-    if (sync && self->stream != 0 && self->stream != stream) {
-        int rc = fl_cuda_stream_wait(self->device, stream, self->stream);
+    if (sync) {
+        int rc = fl_py_device_array_wait_stream(self, stream);
         if (rc != 0)
             return fl_py_raise_cuda(fl_py_state_of(Py_TYPE(self)), rc, "__dlpack__ stream wait");
     }

@@ -2,9 +2,14 @@
  * into a normalized batch, cuda/fl_gpu_decode.h) and nvjpeg_load(). The entries come from
  * fastloop's own workers; they are checked anyway (every offset and table index inside its
  * entry and rectangle) before the GPU reads them, so a bad one is a ValueError, not a wild
- * read on the device. */
+ * read on the device.
+ *
+ * fl_gpu_decode() takes one call at a time per decoder, and a decode changes the decoder's
+ * `regions` flag and the object's counts: they are behind the object's mutex, which is held
+ * only with the GIL released, around C code that touches no Python object. */
 #include "py_cuda.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "data/fl_gpu_stage.h"
@@ -13,8 +18,9 @@
 
 typedef struct JpegDecoder {
     PyObject_HEAD
-    fl_gpu_decoder *decoder;
+    fl_gpu_decoder *decoder; /* set in tp_new; its calls under lock */
     int device;
+    pthread_mutex_t lock;          /* one decode at a time; guards decoded[] too */
     unsigned long long decoded[3]; /* images so far: by the engine, by CUDA, from CPU pixels */
 } JpegDecoder;
 
@@ -50,6 +56,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     JpegDecoder *self = (JpegDecoder *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    pthread_mutex_init(&self->lock, NULL);
     self->device = device;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -70,6 +77,7 @@ static void decoder_dealloc(JpegDecoder *self) {
             fl_gpu_decoder_free(decoder);
         Py_END_ALLOW_THREADS
     }
+    pthread_mutex_destroy(&self->lock);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -209,34 +217,51 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     if (failed == NULL)
         return NULL;
     job.failed = PyArray_DATA((PyArrayObject *)failed);
-    fl_gpu_decoder *decoder = self->decoder;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* nvJPEG parses the batch on this thread */
-        rc = fl_gpu_decode(decoder, &job);
+        pthread_mutex_lock(&self->lock);
+        rc = fl_gpu_decode(self->decoder, &job);
+        for (int route = 0; rc == 0 && route < 3; route++)
+            self->decoded[route] += job.decoded[route];
+        pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         Py_DECREF(failed);
         return raise_decode(state, rc, "JpegDecoder.decode");
     }
-    for (int route = 0; route < 3; route++)
-        self->decoded[route] += job.decoded[route];
     return failed;
+}
+
+/* The counts and the regions flag, read under the lock (waited for with the GIL released:
+ * a decode may hold it for a while). */
+static void read_state(JpegDecoder *self, unsigned long long decoded[3], int *regions) {
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->lock);
+        memcpy(decoded, self->decoded, sizeof self->decoded);
+        *regions = fl_gpu_decoder_decodes_regions(self->decoder);
+        pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
 }
 
 static PyObject *get_hardware(JpegDecoder *self, void *unused) {
     (void)unused;
-    return PyBool_FromLong(fl_gpu_decoder_has_hardware(self->decoder));
+    return PyBool_FromLong(fl_gpu_decoder_has_hardware(self->decoder)); /* set at creation */
 }
 
 static PyObject *get_regions(JpegDecoder *self, void *unused) {
     (void)unused;
-    return PyBool_FromLong(fl_gpu_decoder_decodes_regions(self->decoder));
+    unsigned long long decoded[3];
+    int regions;
+    read_state(self, decoded, &regions);
+    return PyBool_FromLong(regions);
 }
 
 static PyObject *get_decoded(JpegDecoder *self, void *unused) {
     (void)unused;
-    return Py_BuildValue("{s:K,s:K,s:K}", "hardware", self->decoded[0], "cuda", self->decoded[1], "cpu",
-                         self->decoded[2]);
+    unsigned long long decoded[3];
+    int regions;
+    read_state(self, decoded, &regions);
+    return Py_BuildValue("{s:K,s:K,s:K}", "hardware", decoded[0], "cuda", decoded[1], "cpu", decoded[2]);
 }
 
 static PyMethodDef decoder_methods[] = {

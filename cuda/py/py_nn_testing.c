@@ -2,10 +2,15 @@
  * one method per op, for tests that compare them with NumPy. Each method checks shapes,
  * calls the op with the GIL released, then waits for the context's stream, so results
  * can be read with to_numpy() at once. Not a public API: fastloop.nn drives the backend
- * through its capsule. */
+ * through its capsule.
+ *
+ * The backend takes one op at a time per context (fl_nn_backend.h; fastloop.nn's model
+ * holds its lock): each method takes the context's mutex after checking its arguments,
+ * and finish() (or the method) lets it go after reading the op's error message. */
 #include "py_cuda.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "base/fl_error.h"
 #include "fl_cuda.h"
@@ -14,9 +19,21 @@ typedef struct NNContext {
     PyObject_HEAD
     const fl_nn_backend *backend;
     void *ctx;
+    pthread_mutex_t lock; /* held from an op to its result: the op, sync and error(ctx) */
 } NNContext;
 
 static cuda_state *state_of(NNContext *self) { return fl_py_state_of(Py_TYPE(self)); }
+
+/* Takes the context's lock, waiting with the GIL released: its holder may take the GIL back
+ * before letting go, so no thread may wait for it while holding the GIL (or, free-threaded,
+ * attached, which would also stall a stop-the-world pause). */
+static void ctx_lock(NNContext *self) {
+    if (pthread_mutex_trylock(&self->lock) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->lock);
+    Py_END_ALLOW_THREADS
+}
 
 /* Raises for an op's error code through the table (FL_EINVAL ValueError, FL_ENOMEM MemoryError,
  * FL_ECUDA CudaError), with the backend's message. Returns NULL. */
@@ -28,16 +45,17 @@ static PyObject *raise_op(NNContext *self, int err) {
     return NULL;
 }
 
-/* The op's result: on success, waits for the stream and returns None. */
+/* The op's result, the lock held: on success, waits for the stream and returns None. Lets
+ * the lock go. */
 static PyObject *finish(NNContext *self, int err) {
     if (err == 0) {
         Py_BEGIN_ALLOW_THREADS
             err = self->backend->sync(self->ctx);
         Py_END_ALLOW_THREADS
     }
-    if (err != 0)
-        return raise_op(self, err);
-    Py_RETURN_NONE;
+    PyObject *result = err != 0 ? raise_op(self, err) : Py_NewRef(Py_None);
+    pthread_mutex_unlock(&self->lock);
+    return result;
 }
 
 static PyObject *nn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -62,6 +80,7 @@ static PyObject *nn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
         backend->close(ctx);
         return NULL;
     }
+    pthread_mutex_init(&self->lock, NULL);
     self->backend = backend;
     self->ctx = ctx;
     return (PyObject *)self;
@@ -74,6 +93,7 @@ static void nn_dealloc(NNContext *self) {
             self->backend->close(self->ctx);
         Py_END_ALLOW_THREADS
     }
+    pthread_mutex_destroy(&self->lock);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -124,6 +144,7 @@ static PyObject *nn_gemm(NNContext *self, PyObject *args) {
         (tb ? m[1]->shape[0] : m[1]->shape[1]) != cols)
         return shape_error("op(a) @ op(b) must be c's shape");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->gemm(self->ctx, dtype, ta, tb, rows, cols, k, alpha, m[0]->data, m[0]->shape[1],
                                   m[1]->data, m[1]->shape[1], beta, m[2]->data, m[2]->shape[1]);
@@ -141,6 +162,7 @@ static PyObject *nn_fill_rows(NNContext *self, PyObject *args) {
     if (m[0]->ndim != 2 || m[1]->ndim != 1 || m[1]->shape[0] != m[0]->shape[1])
         return shape_error("out (rows, cols), row (cols,)");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->fill_rows(self->ctx, dtype, m[0]->data, m[0]->shape[0], m[0]->shape[1], m[1]->data);
     Py_END_ALLOW_THREADS
@@ -157,6 +179,7 @@ static PyObject *nn_sum_rows(NNContext *self, PyObject *args) {
     if (m[0]->ndim != 2 || m[1]->ndim != 1 || m[1]->shape[0] != m[0]->shape[1])
         return shape_error("input (rows, cols), out (cols,)");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->sum_rows(self->ctx, dtype, m[0]->data, m[0]->shape[0], m[0]->shape[1], m[1]->data);
     Py_END_ALLOW_THREADS
@@ -173,6 +196,7 @@ static PyObject *nn_relu(NNContext *self, PyObject *args) {
     if (size_of(m[0]) != size_of(m[1]))
         return shape_error("input and out differ in size");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->relu(self->ctx, dtype, m[0]->data, m[1]->data, size_of(m[0]));
     Py_END_ALLOW_THREADS
@@ -190,6 +214,7 @@ static PyObject *nn_relu_backward(NNContext *self, PyObject *args) {
     if (size_of(m[0]) != size_of(m[1]) || size_of(m[0]) != size_of(m[2]))
         return shape_error("out, grad_out and grad_in differ in size");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->relu_backward(self->ctx, dtype, m[0]->data, m[1]->data, m[2]->data, size_of(m[0]));
     Py_END_ALLOW_THREADS
@@ -221,13 +246,14 @@ static PyObject *nn_loss(NNContext *self, PyObject *args) {
     double value = 0;
     int err;
     void *grad = grad_obj == Py_None ? NULL : m[1]->data;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->loss(self->ctx, dtype, ce ? FL_NN_CROSS_ENTROPY : FL_NN_MSE, m[0]->data, target->data,
                                   rows, cols, grad, &value);
     Py_END_ALLOW_THREADS
-    if (err != 0)
-        return raise_op(self, err);
-    return PyFloat_FromDouble(value);
+    PyObject *result = err != 0 ? raise_op(self, err) : PyFloat_FromDouble(value);
+    pthread_mutex_unlock(&self->lock);
+    return result;
 }
 
 /* A required keyword-only float: PyArg formats cannot say "required" after '$' on every
@@ -263,6 +289,7 @@ static PyObject *nn_sgd(NNContext *self, PyObject *args, PyObject *kwargs) {
     if (size_of(m[0]) != size_of(m[1]) || size_of(m[0]) != size_of(m[2]))
         return shape_error("param, grad and buf differ in size");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->sgd(self->ctx, dtype, m[0]->data, m[1]->data, with_buf ? m[2]->data : NULL,
                                  size_of(m[0]), &a);
@@ -293,6 +320,7 @@ static PyObject *nn_adam(NNContext *self, PyObject *args, PyObject *kwargs) {
         if (size_of(m[i]) != size_of(m[0]))
             return shape_error("param, grad, exp_avg and exp_avg_sq differ in size");
     int err;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         err = self->backend->adam(self->ctx, dtype, m[0]->data, m[1]->data, m[2]->data, m[3]->data, size_of(m[0]), &a);
     Py_END_ALLOW_THREADS
@@ -305,18 +333,20 @@ static PyObject *nn_alloc(NNContext *self, PyObject *arg) {
     if (bytes <= 0)
         return PyErr_Occurred() ? NULL : fl_raisef(NULL, FL_EXC_VALUE, "'nbytes' must be > 0");
     void *ptr;
+    ctx_lock(self);
     Py_BEGIN_ALLOW_THREADS
         ptr = self->backend->alloc(self->ctx, (size_t)bytes);
     Py_END_ALLOW_THREADS
-    if (ptr == NULL)
-        return raise_op(self, FL_ENOMEM);
-    return PyLong_FromVoidPtr(ptr);
+    PyObject *result = ptr == NULL ? raise_op(self, FL_ENOMEM) : PyLong_FromVoidPtr(ptr);
+    pthread_mutex_unlock(&self->lock);
+    return result;
 }
 
 static PyObject *nn_free(NNContext *self, PyObject *arg) {
     void *ptr = PyLong_AsVoidPtr(arg);
     if (ptr == NULL && PyErr_Occurred())
         return NULL;
+    ctx_lock(self);
     self->backend->free(self->ctx, ptr);
     return finish(self, 0);
 }
@@ -327,22 +357,28 @@ static PyObject *nn_transfer(NNContext *self, PyObject *args) {
     PyObject *dst_obj, *src_obj;
     if (!PyArg_ParseTuple(args, "sOO:_transfer", &what, &dst_obj, &src_obj))
         return NULL;
-    DeviceArray *dst = fl_py_device_array_check(state_of(self), dst_obj, "array");
+    DeviceArray *dst = fl_py_device_array_check(state_of(self), dst_obj, "array"), *src = NULL;
     if (dst == NULL)
         return NULL;
-    int err = 0;
-    if (strcmp(what, "copy") == 0) {
-        DeviceArray *src = fl_py_device_array_check(state_of(self), src_obj, "src");
+    const int copy = strcmp(what, "copy") == 0, zero = strcmp(what, "zero") == 0;
+    void *host = NULL;
+    if (copy) {
+        src = fl_py_device_array_check(state_of(self), src_obj, "src");
         if (src == NULL || src->nbytes != dst->nbytes)
             return src ? shape_error("copy: sizes differ") : NULL;
-        err = self->backend->copy(self->ctx, dst->data, src->data, dst->nbytes);
-    } else if (strcmp(what, "zero") == 0) {
-        err = self->backend->zero(self->ctx, dst->data, dst->nbytes);
-    } else {
+    } else if (!zero) {
         if (!PyArray_Check(src_obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)src_obj) ||
             (size_t)PyArray_NBYTES((PyArrayObject *)src_obj) != dst->nbytes)
             return shape_error("host: a C-contiguous NumPy array of the same byte size");
-        void *host = PyArray_DATA((PyArrayObject *)src_obj);
+        host = PyArray_DATA((PyArrayObject *)src_obj);
+    }
+    int err;
+    ctx_lock(self);
+    if (copy) {
+        err = self->backend->copy(self->ctx, dst->data, src->data, dst->nbytes);
+    } else if (zero) {
+        err = self->backend->zero(self->ctx, dst->data, dst->nbytes);
+    } else {
         Py_BEGIN_ALLOW_THREADS
             err = strcmp(what, "to_host") == 0 ? self->backend->to_host(self->ctx, host, dst->data, dst->nbytes)
                                                : self->backend->to_device(self->ctx, dst->data, host, dst->nbytes);
@@ -355,6 +391,7 @@ static PyObject *nn_wait_stream(NNContext *self, PyObject *arg) {
     size_t stream = PyLong_AsSize_t(arg);
     if (stream == (size_t)-1 && PyErr_Occurred())
         return NULL;
+    ctx_lock(self);
     return finish(self, self->backend->wait_stream(self->ctx, (uintptr_t)stream));
 }
 

@@ -10,22 +10,29 @@
 
 typedef struct PinnedRegion {
     PyObject_HEAD
-    PyObject *array; /* NULL once closed */
+    PyObject *array; /* NULL once closed; read and cleared under the region's critical section */
     void *ptr;
     Py_ssize_t nbytes;
     char already; /* the range was registered before: not ours to unregister */
 } PinnedRegion;
 
-/* Unregisters (when this region registered) and drops the array; idempotent. */
+/* Unregisters (when this region registered) and drops the array; idempotent. The caller
+ * that takes the array out (under the critical section) is the one that unregisters: a
+ * close() racing it returns at once, while the pages may still be registered. */
 static int region_release(PinnedRegion *self) {
+    PyObject *array;
+    Py_BEGIN_CRITICAL_SECTION(self);
+    array = self->array;
+    self->array = NULL;
+    Py_END_CRITICAL_SECTION();
     int rc = 0;
-    if (self->array != NULL && !self->already && self->nbytes > 0) {
+    if (array != NULL && !self->already && self->nbytes > 0) {
         void *ptr = self->ptr;
         Py_BEGIN_ALLOW_THREADS
             rc = fl_cuda_host_unregister(ptr);
         Py_END_ALLOW_THREADS
     }
-    Py_CLEAR(self->array);
+    Py_XDECREF(array); /* after the unregister: the pages are the array's */
     return rc;
 }
 
@@ -68,7 +75,11 @@ static PyObject *region_exit(PinnedRegion *self, PyObject *args) {
 
 static PyObject *get_closed(PinnedRegion *self, void *unused) {
     (void)unused;
-    return PyBool_FromLong(self->array == NULL);
+    int closed;
+    Py_BEGIN_CRITICAL_SECTION(self);
+    closed = self->array == NULL;
+    Py_END_CRITICAL_SECTION();
+    return PyBool_FromLong(closed);
 }
 
 static PyMethodDef region_methods[] = {

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fl_cuda_mem.h"
 #include "fl_cuda_preprocess.h"
 
 /* The parsed arguments, and the arrays that own their memory (new references). */
@@ -306,24 +305,19 @@ static PyObject *run(cuda_state *state, preprocess_args *a, PyObject *out_obj, i
     DeviceArray *out = output(state, out_obj, j, numpy_type, 0);
     if (out == NULL)
         return NULL;
-    int rc = 0;
-    if (out->stream != 0 && out->stream != j->stream) /* after out's pending write */
-        rc = fl_cuda_stream_wait(j->device, j->stream, out->stream);
+    int rc = fl_py_device_array_wait_stream(out, j->stream); /* after out's pending write */
     j->dst = out->data;
     if (rc == 0) {
-        void *event = out->event; /* reused; created on the first write */
         Py_BEGIN_ALLOW_THREADS
-            rc = fl_cuda_preprocess(j, &event);
+            rc = fl_cuda_preprocess(j, NULL); /* out's event is recorded after it below */
         Py_END_ALLOW_THREADS
-        out->event = event;
     }
     if (rc != 0) {
         Py_DECREF(out);
         return fl_py_raise_cuda(state, rc, "preprocess");
     }
-    out->stream = j->stream;
-    Py_XSETREF(out->stream_ref, Py_XNewRef(stream_ref));
-    Py_XSETREF(out->pending_host, Py_NewRef((PyObject *)a->batch));
+    if (fl_py_device_array_queued(state, out, j->stream, stream_ref, (PyObject *)a->batch) < 0)
+        Py_CLEAR(out);
     return (PyObject *)out;
 }
 
