@@ -243,7 +243,8 @@ static void worker_loop(fl_procpool *pool, int me, int fd) {
  * worker ends, not its process: set only when the main thread forks (whose end is the
  * process's), it ends the worker at once however busy; otherwise the worker ends on its
  * parent's death as await_command() and fl_procpool_exit_if_orphaned() notice it. */
-static void worker_main(fl_procpool *pool, int w, int fd, int fd_parent, pid_t parent, int main_thread) {
+static void worker_main(fl_procpool *pool, int w, int fd, int fd_parent, pid_t parent,
+                        int main_thread) {
     worker_parent = parent;
     if (main_thread)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -308,8 +309,8 @@ static void describe_exit(fl_proc_error *e, const ending *k) {
                  e->worker, (int)e->pid, STOP_GRACE_MS);
     } else if (WIFSIGNALED(status)) {
         e->signal = WTERMSIG(status);
-        snprintf(e->text, sizeof e->text, "worker %d (pid %d) died of signal %d (%s)%s", e->worker, (int)e->pid,
-                 e->signal, strsignal(e->signal),
+        snprintf(e->text, sizeof e->text, "worker %d (pid %d) died of signal %d (%s)%s", e->worker,
+                 (int)e->pid, e->signal, strsignal(e->signal),
                  e->signal == SIGKILL ? ", sent from outside fastloop: most often by the kernel's "
                                         "out-of-memory killer (see dmesg)" : "");
     } else {
@@ -435,8 +436,8 @@ static int plan_tasks(fl_procpool *pool) {
         uint64_t b = pool->next_claim++;
         size_t start, count;
         batch_span(pool, b, &start, &count);
-        pool->tasks[n++] = (task){pool->workers[w].fd, {b, pool->epoch_seed, (uint32_t)s, (uint32_t)count},
-                                  pool->order + start};
+        task_header header = {b, pool->epoch_seed, (uint32_t)s, (uint32_t)count};
+        pool->tasks[n++] = (task){pool->workers[w].fd, header, pool->order + start};
         pool->slots[s] = (slot){SLOT_ASSIGNED, b, count, w, NULL, 0};
         pool->workers[w].in_flight++;
         ahead++;
@@ -627,7 +628,8 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
     size_t with_bookkeeping;
     if ((rc = fl_size_align(config->slot_bytes, ALIGN, "batch_size x sample bytes", &stride)) != FL_OK ||
         (rc = fl_size_mul(stride, (size_t)n_slots, slots, &region_len)) != FL_OK ||
-        (rc = fl_size_mul(stride + sizeof(slot) + sizeof(task), (size_t)n_slots, slots, &with_bookkeeping)) != FL_OK ||
+        (rc = fl_size_mul(stride + sizeof(slot) + sizeof(task), (size_t)n_slots, slots,
+                          &with_bookkeeping)) != FL_OK ||
         (rc = fl_size_fits_memory(with_bookkeeping, slots)) != FL_OK)
         return rc;
     fl_procpool *pool = calloc(1, sizeof *pool);
@@ -645,7 +647,8 @@ int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out) {
     pool->ending = calloc((size_t)config->workers, sizeof *pool->ending);
     pool->result_text = malloc(TEXT_SIZE);
     pool->worker_text = malloc(TEXT_SIZE);
-    pool->worker_ids = malloc(fl_sampler_batch_capacity(&config->sampler) * sizeof *pool->worker_ids); /* checked above */
+    size_t capacity = fl_sampler_batch_capacity(&config->sampler); /* checked above */
+    pool->worker_ids = malloc(capacity * sizeof *pool->worker_ids);
     pthread_mutex_init(&pool->lock, NULL);
     int cond_rc = fl_cond_init(&pool->changed);
     if (pool->region == MAP_FAILED)
@@ -694,7 +697,8 @@ static void settle_for_start(fl_procpool *pool) {
 }
 
 /* Lock held: makes `order` the epoch's (returning the old one to free) from first_batch on. */
-static int64_t *install_epoch(fl_procpool *pool, int64_t *order, uint64_t shard, uint64_t epoch, uint64_t first_batch) {
+static int64_t *install_epoch(fl_procpool *pool, int64_t *order, uint64_t shard, uint64_t epoch,
+                              uint64_t first_batch) {
     int64_t *old = pool->order;
     pool->order = order;
     pool->order_len = shard;
@@ -903,7 +907,13 @@ int fl_procpool_ahead(fl_procpool *pool) {
     return ahead;
 }
 
-uint64_t fl_procpool_batches(const fl_procpool *pool) { return pool->n_batches; }
+uint64_t fl_procpool_batches(const fl_procpool *pool) {
+    pthread_mutex_t *lock = (pthread_mutex_t *)&pool->lock; /* const: the pool, not its lock */
+    pthread_mutex_lock(lock);
+    uint64_t n = pool->n_batches; /* fl_procpool_set_batches may change it from another thread */
+    pthread_mutex_unlock(lock);
+    return n;
+}
 
 void fl_procpool_free(fl_procpool *pool) {
     if (pool == NULL)

@@ -545,7 +545,8 @@ static void stop_round(stress_thread *t) {
         fl_procpool_stop(t->pool);
         fl_procpool_release(t->pool, -1);
         t->stops++;
-        nanosleep(&(struct timespec){0, (long)(rand_r(&t->seed) % 8000) * 1000}, NULL); /* paces the stops */
+        long pause_ns = (long)(rand_r(&t->seed) % 8000) * 1000;
+        nanosleep(&(struct timespec){0, pause_ns}, NULL); /* paces the stops */
     }
 }
 
@@ -580,8 +581,9 @@ static void test_stops_from_many_threads_while_two_threads_iterate(void) {
     pthread_t ids[STOPPERS + ITERATORS];
     int rounds = stress_rounds(30);
     for (int i = 0; i < STOPPERS + ITERATORS; i++) {
-        threads[i] = (stress_thread){.pool = pool, .round_start = &round_start, .round_end = &round_end,
-                                     .iterating = &iterating, .rounds = rounds, .iterator = i < ITERATORS ? i : -1,
+        threads[i] = (stress_thread){.pool = pool, .round_start = &round_start,
+                                     .round_end = &round_end, .iterating = &iterating,
+                                     .rounds = rounds, .iterator = i < ITERATORS ? i : -1,
                                      .seed = (unsigned)i};
         CHECK(pthread_create(&ids[i], NULL, stress_main, &threads[i]) == 0);
     }
@@ -593,8 +595,8 @@ static void test_stops_from_many_threads_while_two_threads_iterate(void) {
     }
     CHECK(wrong == 0 && unexpected == 0 && batches > 0);
     if (getenv("FASTLOOP_STRESS_ROUNDS") != NULL || wrong != 0 || unexpected != 0)
-        fprintf(stderr, "  %d rounds: %d batches, %d stops, %d torn, %d unexpected returns\n", rounds, batches,
-                stops, wrong, unexpected);
+        fprintf(stderr, "  %d rounds: %d batches, %d stops, %d torn, %d unexpected returns\n",
+                rounds, batches, stops, wrong, unexpected);
     CHECK(fl_procpool_lent(pool) == 0);
     fl_procpool_stop(pool);
     CHECK(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD); /* every worker reaped */
@@ -678,7 +680,8 @@ static void own_busy_workers(int out) {
     };
     fl_procpool *pool = NULL;
     pthread_t thread;
-    if (fl_procpool_new(&config, &pool) != FL_OK || pthread_create(&thread, NULL, start_and_dispatch, pool) != 0)
+    if (fl_procpool_new(&config, &pool) != FL_OK ||
+        pthread_create(&thread, NULL, start_and_dispatch, pool) != 0)
         _exit(1);
     pthread_join(thread, NULL);
     pid_t pids[3] = {fl_procpool_pid(pool, 0), fl_procpool_pid(pool, 1), fork()};
