@@ -105,9 +105,11 @@ sys.stdin.read()
 def test_the_workers_of_a_killed_main_process_exit_within_seconds():
     run = subprocess.Popen([sys.executable, "-c", ORPHANED_WORKERS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            text=True)
+    pids = []
     try:
-        pids = json.loads(run.stdout.readline())
-        workers, keeper = pids["workers"], pids["keeper"]
+        started = json.loads(run.stdout.readline())
+        workers = started["workers"]
+        pids = [*workers, started["keeper"]]
         assert len(workers) == 2
         run.kill()
         run.wait(30)
@@ -116,8 +118,8 @@ def test_the_workers_of_a_killed_main_process_exit_within_seconds():
         assert wait_until(lambda: all(exited(p) for p in workers), timeout=5.0), f"workers {workers} outlived it"
     finally:
         run.kill()
-        for pid in [*locals().get("workers", []), locals().get("keeper")]:
-            if pid and not exited(pid):
+        for pid in pids:  # the keeper, and any worker left
+            if not exited(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
