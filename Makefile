@@ -171,6 +171,7 @@ test: build ctest pytest-asan pytest
 STRESS_RUNS ?= 20
 STRESS_ROUNDS ?= 200
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
+	tests/test_loader_processes_threads.py \
 	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 EXTREME_EXAMPLES ?= 2500
 stress: build $(ASAN_EXT)/_core.so

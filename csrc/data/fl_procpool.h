@@ -11,13 +11,27 @@
  *
  * Forking: fl_procpool_start_epoch() forks the workers if none run, calling the hooks
  * around fork() (the Python binding uses them for PyOS_BeforeFork/AfterFork_*), without the
- * pool's lock: a hook may call fl_procpool_release() (Python code freeing a batch). A worker
- * ignores SIGINT (the parent owns Ctrl-C), dies with its parent, and runs `fill` for each
- * command until its socket closes, then _exit(0)s. Fork before starting threads or
+ * pool's lock: a hook may call fl_procpool_release() (Python code freeing a batch) or
+ * fl_procpool_stop(). A worker ignores SIGINT (the parent owns Ctrl-C) and runs `fill` for
+ * each command until its socket closes, then _exit(0)s. Fork before starting threads or
  * touching CUDA: a child gets only the forking thread.
  *
- * Parent side: any thread may call fl_procpool_release(); the other calls are the
- * consumer's. `lock` (inside) guards the slot states and the error.
+ * A worker never outlives its parent process, and outlives the thread that forked it. Linux's
+ * PR_SET_PDEATHSIG fires when the forking *thread* ends, not the process, so it is set only
+ * when the main thread forks (its end is the process's), where it ends a worker at once
+ * however busy. Any worker also notices its parent's death itself: as EOF on its socket (the
+ * parent's end closes with it), and, since a process the parent forked later (another pool's
+ * worker, a plain fork) may hold a copy of that end, by checking its parent pid every 200 ms
+ * while it waits for a command and between samples (fl_procpool_exit_if_orphaned(), which
+ * the fill calls), as torch's DataLoader workers check theirs between batches. So a worker
+ * forked by another thread and busy in one sample ends when that sample returns.
+ *
+ * Threads: every call may come from any thread, concurrently (fl_procpool_free excepted). A
+ * batch goes to one next() call only; a next() waiting when its epoch is stopped or replaced
+ * returns FL_EEND. The pool's lock guards its state only: no call holds it across a blocking
+ * system call or a sleep, so fl_procpool_release() and the getters return at once whatever
+ * another thread is doing (reading a result, writing a task, reaping workers). Stopping is
+ * done by one thread at a time; a stop or a start_epoch that comes meanwhile waits for it.
  */
 #ifndef FL_PROCPOOL_H
 #define FL_PROCPOOL_H
@@ -83,8 +97,10 @@ typedef struct fl_procpool fl_procpool;
 /* Maps the slots; forks nothing yet. Returns 0 and sets *out, or FL_EINVAL/FL_ENOMEM. */
 int fl_procpool_new(const fl_procpool_config *config, fl_procpool **out);
 
-/* Begins an epoch (abandoning one in progress) and forks the workers if none run.
- * Returns 0, FL_ENOMEM or FL_ESYS (fork or pipe failed; detail says which). */
+/* Begins an epoch (abandoning one in progress) and forks the workers if none run. If another
+ * thread is stopping the workers, waits for that first; if another thread is forking them,
+ * does not wait: they serve this epoch. Returns 0, FL_ENOMEM or FL_ESYS (fork or pipe failed;
+ * detail says which). A stop from another thread while it forks ends the new epoch at once. */
 int fl_procpool_start_epoch(fl_procpool *pool, uint64_t epoch);
 
 /* fl_procpool_start_epoch, resuming at batch first_batch of the epoch (the batches before
@@ -96,11 +112,14 @@ int fl_procpool_start_epoch_at(fl_procpool *pool, uint64_t epoch, uint64_t first
 int fl_procpool_needs_stop(fl_procpool *pool);
 
 /* Hands out work and waits up to timeout_s for the next batch in order. Returns 0 with
- * *slot and *count (the slot is lent until release), FL_EEND after the last batch,
- * FL_EAGAIN/FL_ETIMEDOUT, or FL_EWORKER (fl_procpool_error() says what; on a death every
- * worker has already been stopped and reaped). */
+ * *slot and *count (the slot is lent until release), FL_EEND after the last batch or when the
+ * epoch is stopped or replaced (by any thread) while it waits, FL_EAGAIN/FL_ETIMEDOUT, or
+ * FL_EWORKER (fl_procpool_error() says what; on a death every worker has already been
+ * stopped and reaped). */
 int fl_procpool_next(fl_procpool *pool, double timeout_s, int *slot, size_t *count);
 
+/* The failure behind the last FL_EWORKER: a copy for the calling thread, valid until its next
+ * call. Cannot fail. */
 const fl_proc_error *fl_procpool_error(fl_procpool *pool);
 
 /* The extra bytes the worker sent with the batch in lent `slot` (see fl_proc_extra): a
@@ -116,11 +135,16 @@ const void *fl_procpool_extra(fl_procpool *pool, int slot, size_t *len);
 int fl_procpool_set_batches(fl_procpool *pool, const uint64_t *ends, uint64_t n);
 
 /* Gives a lent slot back and hands it to a worker at once if the epoch has work left (a
- * short socket write). Any thread. */
+ * short socket write, unless another thread is writing tasks: it takes this one too). Any
+ * thread; never waits for another thread's I/O or reaping. */
 void fl_procpool_release(fl_procpool *pool, int slot);
 
-/* Ends the workers (their sockets close; after a second, SIGKILL), reaps them, and
- * forgets batches not delivered. Lent slots stay lent. Idempotent. */
+/* Abandons the epoch (a next() waiting returns FL_EEND), ends the workers (their sockets
+ * shut down; after a second, SIGKILL), reaps them, and forgets batches not delivered. Lent
+ * slots stay lent. Idempotent, and safe from many threads at once: one of them reaps, the
+ * others wait until it is done (or until a later start_epoch supersedes the stop). Called
+ * from the fork hooks of a start_epoch in progress, it only asks that start to end its
+ * workers once forked. Waits for the workers (up to the second of grace). */
 void fl_procpool_stop(fl_procpool *pool);
 
 /* Worker pids (0 when not running), slot memory, slots lent now and in all, and batches
@@ -132,8 +156,14 @@ int fl_procpool_slots(const fl_procpool *pool);
 int fl_procpool_ahead(fl_procpool *pool);
 uint64_t fl_procpool_batches(const fl_procpool *pool);
 
-/* Stops the workers and unmaps the slots. No slot may still be in use. NULL is a no-op. */
+/* Stops the workers and unmaps the slots. No slot may still be in use, and no other thread
+ * may be calling into the pool. NULL is a no-op. */
 void fl_procpool_free(fl_procpool *pool);
+
+/* For a fill, in a worker process, between samples: _exit(0)s at once if the process that
+ * forked this worker has died (one getppid()), as the worker does between batches. A no-op
+ * in any other process. */
+void fl_procpool_exit_if_orphaned(void);
 
 /* The pool as a batch source (fl_batch_source.h); it stays the pool's handle: the table's
  * free is fl_procpool_free, its error the text of fl_procpool_error(). Cannot fail. */

@@ -79,6 +79,7 @@ int fl_fork_child_fill(void *ctx, int worker, uint64_t seed, const int64_t *ids,
     }
     int raw = 0;
     for (size_t i = 0; i < count; i++) {
+        fl_procpool_exit_if_orphaned(); /* the main process died: end now, not after the batch */
         int rc = fl_sample_store(&self->writer, &self->scratch, self->fetch, ids[i], seed, i, slot, raw);
         if (rc < 0) {
             *index = ids[i];

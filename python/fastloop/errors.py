@@ -63,7 +63,7 @@ class WorkerError(Error, RuntimeError):
     where its exception could not be re-created in the main process. ``index`` is the
     sample being fetched, when known.
 
-    >>> for batch in loader: ...   # raises WorkerError: worker 1 (pid 4242) was killed by signal 9
+    >>> for batch in loader: ...   # raises WorkerError: worker 1 (pid 4242) died of signal 9 (Killed), ...
     """
 
     def __init__(self, message: str, *, pid: int | None = None, signal: int | None = None,
