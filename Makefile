@@ -171,7 +171,7 @@ test: build ctest pytest-asan pytest
 STRESS_RUNS ?= 20
 STRESS_ROUNDS ?= 200
 STRESS_TESTS ?= tests/test_queue.py tests/test_loader.py tests/test_loader_samples.py tests/test_gc_cycles.py \
-	tests/test_loader_processes_threads.py \
+	tests/test_loader_processes_threads.py tests/test_loader_threads.py \
 	tests/test_monitor.py tests/test_checkpoint.py tests/test_serve.py tests/test_serve_local_processes.py
 EXTREME_EXAMPLES ?= 2500
 stress: build $(ASAN_EXT)/_core.so
@@ -185,6 +185,8 @@ stress: build $(ASAN_EXT)/_core.so
 	done; echo "stress: $(STRESS_RUNS) runs passed"; \
 	echo "== the close() races, $(STRESS_ROUNDS) rounds each, $$(nproc) cores loaded"; \
 	FASTLOOP_STRESS_ROUNDS=$(STRESS_ROUNDS) $(PY) -m pytest -q -x -p no:cacheprovider tests/test_close_race.py \
+	    tests/test_loader_threads.py::test_stress_eight_threads_close_one_loader_while_two_iterate \
+	    tests/test_loader_processes_threads.py::test_close_from_8_threads_while_2_threads_iterate \
 	    || { echo "stress: the close() races failed"; exit 1; }
 
 # tests/test_docs.py checks docs/api.md is what this writes.
