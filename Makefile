@@ -269,7 +269,7 @@ python-ft-tsan:
 $(VENV_FT)/.installed: pyproject.toml tools/python_ft.sh
 	@interpreter=$$(tools/python_ft.sh | tail -n 1) && rm -rf $(VENV_FT) && "$$interpreter" -m venv $(VENV_FT)
 	$(PY_FT) -m pip install -q --upgrade pip
-	$(PY_FT) -m pip install -q --prefer-binary $(FT_DEPS)
+	$(PY_FT) -m pip install -q --prefer-binary $(FT_DEPS) $$($(PY_FT) tools/extras.py docs)
 	touch $@
 
 # The whole suite, on the free-threaded interpreter with the GIL off (tests/test_free_threading.py

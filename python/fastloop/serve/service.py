@@ -296,6 +296,9 @@ class InferenceService:
             self._unreserve(job)
             return job_id
         job.visible = True
+        # "queued" before a worker can take the job: its "running" and "done" come from the
+        # worker's thread, which with free threading may run them before this one goes on
+        self._notify(job_id, QUEUED)
         items = job.items()
         for put, item in enumerate(items):
             try:
@@ -306,7 +309,6 @@ class InferenceService:
                 self._end(job, QUEUED, FAILED, error="service closed before the job was queued")
                 raise Closed("submit() on a closed InferenceService") from None
         self._stats.count("submitted")
-        self._notify(job_id, QUEUED)
         return job_id
 
     def status(self, job_id: str) -> str:
