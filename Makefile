@@ -274,10 +274,14 @@ $(VENV_FT)/.installed: pyproject.toml tools/python_ft.sh
 
 # The whole suite, on the free-threaded interpreter with the GIL off (tests/test_free_threading.py
 # fails if importing any fastloop module turns it back on).
+# Then the free-threading checks of make test-threads, where threads really run at once: one
+# object of each kind hammered by 32 threads, and the thread-heavy files under pytest-run-parallel.
 test-ft: $(VENV_FT)/.installed
 	@echo "pip install -e . (fastloop built for $$($(PY_FT) -c 'import sys; print(sys.version.split()[0] + "t")'))"
 	@$(call BUILD_FT,$(PY_FT))
 	$(PY_FT) -m pytest -q -p no:cacheprovider || { $(SHOW_HANG); exit 1; }
+	FASTLOOP_TEST_THREADS=32 $(PY_FT) -m pytest -q -p no:cacheprovider tests/test_free_threading.py
+	$(PY_FT) -m pytest -q -p no:cacheprovider --parallel-threads=8 $(THREAD_HEAVY_TESTS) tests/test_loader_threads.py
 
 # The thread-heavy tests on CPython's ThreadSanitizer build (free-threaded), against fastloop built
 # with -fsanitize=thread (objects in build/, the in-place .so swapped in for the run and restored):
