@@ -284,8 +284,10 @@ test-ft: $(VENV_FT)/.installed
 	$(PY_FT) -m pytest -q -p no:cacheprovider --parallel-threads=8 $(THREAD_HEAVY_TESTS) tests/test_loader_threads.py
 
 # The thread-heavy tests on CPython's ThreadSanitizer build (free-threaded), against fastloop built
-# with -fsanitize=thread (objects in build/, the in-place .so swapped in for the run and restored):
-# a race in the binding or the core, or between them and the interpreter, fails it. Slow (TSan: 5-15x).
+# with -fsanitize=thread: a race in the binding or the core, or between them and the interpreter,
+# fails it (the report in build/ft-tsan.log.*). CPython's own suppressions of its known benign races
+# (Tools/tsan/suppressions_free_threading.txt, kept by python_ft.sh) and tests/tsan.supp apply.
+# Slow (TSan: 5-15x).
 VENV_FT_TSAN ?= .venv-ft-tsan
 PY_FT_TSAN := $(VENV_FT_TSAN)/bin/python
 TSAN_PYTESTS := tests/test_free_threading.py tests/test_loader_threads.py tests/test_queue.py
@@ -305,9 +307,14 @@ test-ft-tsan: $(VENV_FT_TSAN)/.installed
 	(cd "$$dir" && CFLAGS="-fsanitize=thread -O1 -g" LDFLAGS="-fsanitize=thread" FASTLOOP_CUDA=0 FASTLOOP_WERROR=1 \
 	    FASTLOOP_TESTING=1 $(CURDIR)/$(PY_FT_TSAN) setup.py -q build_ext --inplace >/dev/null); \
 	so=$$(ls "$$dir"/python/fastloop/_core.*.so); \
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	prefix=$$(dirname "$$(dirname "$$(tools/python_ft.sh --with-thread-sanitizer 2>/dev/null | tail -n 1)")"); \
+	cat "$$prefix/share/fastloop/tsan-suppressions.txt" tests/tsan.supp > "$$dir/tsan.supp"; \
+	mkdir -p build; rm -f build/ft-tsan.log.*; \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$$dir/tsan.supp log_path=$(CURDIR)/build/ft-tsan.log" \
 	PYTHONPATH="$$dir/python" FASTLOOP_EXPECT_CORE="$$so" FASTLOOP_TEST_THREADS=8 FASTLOOP_STRESS_ROUNDS=10 \
-	FASTLOOP_TEST_TIMEOUT=1800 $(PY_FT_TSAN) -m pytest -q -p no:cacheprovider $(TSAN_PYTESTS) || { $(SHOW_HANG); exit 1; }
+	FASTLOOP_TEST_TIMEOUT=1800 $(PY_FT_TSAN) -m pytest -q -p no:cacheprovider $(TSAN_PYTESTS) \
+	    || { $(SHOW_HANG); cat build/ft-tsan.log.* 2>/dev/null | head -120; exit 1; }; \
+	if ls build/ft-tsan.log.* >/dev/null 2>&1; then echo "ThreadSanitizer reported:"; head -120 build/ft-tsan.log.*; exit 1; fi
 
 # Quiet builds: the compiler lines (up to ~1,200 characters each, ~45 of them in make test) are not
 # echoed unless V=1; a failing one still prints the compiler's errors and make names its target.

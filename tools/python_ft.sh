@@ -4,7 +4,9 @@
 #   tools/python_ft.sh                          python3.13t/3.14t on PATH or in pyenv, else 3.13t
 #                                               built from Debian's source package, cached
 #   tools/python_ft.sh --with-thread-sanitizer  the ThreadSanitizer build CPython's own
-#                                               free-threading CI uses (always built, cached apart)
+#                                               free-threading CI uses (always built, cached apart),
+#                                               with CPython's TSan suppressions in
+#                                               <prefix>/share/fastloop/tsan-suppressions.txt
 #   tools/python_ft.sh --rebuild [...]          drops the cached build first
 #
 # The build: Debian's python3.13 source package (trixie carries 3.13.5; a deb-src entry for it
@@ -111,13 +113,17 @@ apt-get source -qq --download-only python3.13 >/dev/null 2>&1 || {
 tar xf python3.13_*.orig.tar.xz
 cd Python-3.13.*/
 version=$(basename "$PWD" | sed 's/^Python-//')
-flags=(--disable-gil "--prefix=$prefix")
+flags=(--disable-gil --disable-test-modules "--prefix=$prefix")
 [ "$tsan" = 0 ] || flags+=(--with-thread-sanitizer)
 log "building CPython $version (${flags[*]}) on $(nproc) cores"
 ./configure -q "${flags[@]}" >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log" >&2; exit 1; }
 make -s -j"$(nproc)" >"$work/make.log" 2>&1 || { tail -40 "$work/make.log" >&2; exit 1; }
 # installed under a temporary DESTDIR, then moved into place whole
 make -s install DESTDIR="$work/root" >"$work/install.log" 2>&1 || { tail -30 "$work/install.log" >&2; exit 1; }
+if [ "$tsan" = 1 ]; then # CPython's own list of its known benign races, for the TSan runs
+    mkdir -p "$work/root$prefix/share/fastloop"
+    cp Tools/tsan/suppressions_free_threading.txt "$work/root$prefix/share/fastloop/tsan-suppressions.txt"
+fi
 mkdir -p "$cache"
 rm -rf "$prefix"
 mv "$work/root$prefix" "$prefix"
