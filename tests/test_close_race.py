@@ -227,3 +227,35 @@ def test_a_callback_that_closes_its_monitor_returns(tmp_path):
     assert closed.wait(30), "the callback's close() never returned"
     mon.close()  # no SinkError: the callback raised nothing
     assert monitor_finished(mon)
+
+
+# ---- InferenceService ----
+
+
+def test_8_threads_close_an_inference_service_while_2_submit(tmp_path):
+    """Every close() returns only once the service is closed: no job of it is still queued or
+    running (the first close drains or fails them; the others wait for it)."""
+    from fastloop.serve import FileStore, InferenceService
+
+    fastloop.nn.manual_seed(3)
+    model = fastloop.nn.Sequential(fastloop.nn.Linear(8, 4))
+    rows = np.ones((1, 8), np.float32)
+    for round_ in range(max(1, ROUNDS // 4)):  # a service starts threads and a store: heavier rounds
+        svc = InferenceService(model, workers=2, max_batch=8, store=FileStore(str(tmp_path / f"r{round_}")))
+        busy, submitted, lock = threading.Event(), [], threading.Lock()
+        unfinished: list[str] = []
+
+        def submit():
+            job = svc.submit(rows)
+            with lock:
+                submitted.append(job)
+
+        def close():
+            svc.close(drain_s=0.05)
+            left = [j for j in list(submitted) if svc.status(j) in ("queued", "running")]
+            unfinished.extend(left)
+
+        submitters = [until_closed(submit, busy) for _ in range(WORKERS)]
+        problems = run_threads(submitters + [once_busy(close, busy) for _ in range(CLOSERS)])
+        assert not problems, problems
+        assert svc.closed and not unfinished, f"round {round_}: close() returned with jobs {unfinished[:3]} unfinished"

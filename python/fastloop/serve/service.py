@@ -195,6 +195,7 @@ class InferenceService:
         self._arrived = time.monotonic()  # the last submit
         self._gap = 1.0  # seconds between submits, a moving average: short when many clients submit
         self._closed = False
+        self._close_done = threading.Event()  # set once the first close() has finished
         self._abandon = False  # close() ran out of drain time: fail instead of run
         self._listeners: list[Listener] = []
         self._stats = ServiceStats()
@@ -520,15 +521,26 @@ class InferenceService:
     def close(self, drain_s: float = 10.0) -> None:
         """Stops accepting jobs, lets the workers run what is queued for up to `drain_s`
         seconds, then fails what is left ("service closed ..."), joins the workers and closes
-        the store. No job is left "running". Calling it again does nothing."""
+        the store. No job is left "running". Safe from any thread, at once from many: the
+        first call closes, the others return once it has (at once on the service's own worker
+        threads, which that close is waiting for)."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            first, self._closed = not self._closed, True
+        if not first:
+            if threading.current_thread() not in self._threads:
+                self._close_done.wait()
+            return
+        try:
+            self._close(drain_s)
+        finally:
+            self._close_done.set()
+
+    def _close(self, drain_s: float) -> None:
         self._queue.close()
         deadline = time.monotonic() + max(0.0, drain_s)
         _join(self._threads, deadline)
-        if any(t.is_alive() for t in self._threads):
+        me = threading.current_thread()
+        if any(t.is_alive() and t is not me for t in self._threads):
             self._abandon = True
             self._queue.close(immediate=True)
             self._fail_all(QUEUED, f"service closed before the job ran (drain_s={drain_s:g})")
@@ -537,7 +549,7 @@ class InferenceService:
         self._stop.set()
         self._wake.set()
         self._janitor.join(timeout=_CLOSE_GRACE_S)
-        stuck = [t.name for t in self._threads if t.is_alive()]
+        stuck = [t.name for t in self._threads if t.is_alive() and t is not me]
         if stuck:
             warnings.warn(f"InferenceService.close(): {stuck} still inside the model after drain; "
                           "their jobs were marked failed", RuntimeWarning, stacklevel=2)
@@ -1027,8 +1039,10 @@ def _slice(deadline: float | None) -> float:
 
 
 def _join(threads: list[threading.Thread], deadline: float) -> None:
-    for thread in threads:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    """Joins each thread by the deadline; not the calling one (a close from a worker's model call)."""
+    for thread in list(threads):
+        if thread is not threading.current_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _acquire_all(jobs: list[_Job]) -> None:
