@@ -40,6 +40,12 @@ typedef struct fl_batch_source_ops {
     /* Abandons the epoch: ends the workers, forgets batches not delivered; lent slots stay
      * lent. Idempotent. Waits for the workers. */
     void (*stop)(void *impl);
+    /* Or NULL: asks the workers to end without waiting for them (next() then returns FL_EEND;
+     * the next stop, start_epoch or free joins them). Any thread. */
+    void (*request_stop)(void *impl);
+    /* Or NULL: free (as `free`) on a thread of its own, then then(arg) there; returns 0, or
+     * nonzero when it could not (nothing done). */
+    int (*free_later)(void *impl, void (*then)(void *arg), void *arg);
 
     /* A slot's memory (fields at the offsets the source was built with). */
     void *(*slot)(void *impl, int slot);

@@ -812,6 +812,12 @@ void fl_loader_stop(fl_loader *l) {
     pthread_mutex_unlock(&l->lock);
 }
 
+void fl_loader_request_stop(fl_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    ask_to_stop(l);
+    pthread_mutex_unlock(&l->lock);
+}
+
 int fl_loader_cancelled(const fl_loader *l) {
     return atomic_load_explicit(&((fl_loader *)l)->cancel, memory_order_relaxed);
 }
@@ -900,6 +906,36 @@ static void free_from_own_worker(fl_loader *l) {
 
 static void free_memory(fl_loader *l);
 
+typedef struct later {
+    fl_loader *loader;
+    void (*then)(void *arg);
+    void *arg;
+} later;
+
+static void *free_and_then(void *p) {
+    later *job = p;
+    fl_thread_name("fl-loader-free");
+    fl_loader_free(job->loader);
+    job->then(job->arg);
+    free(job);
+    return NULL;
+}
+
+int fl_loader_free_later(fl_loader *l, void (*then)(void *arg), void *arg) {
+    later *job = malloc(sizeof *job);
+    pthread_t thread;
+    if (job == NULL)
+        return fl_error_set(FL_ESYS, "no memory to free the loader on a thread of its own");
+    *job = (later){l, then, arg};
+    fl_loader_request_stop(l); /* the workers end their batch meanwhile */
+    if (fl_thread_start(&thread, free_and_then, job) != FL_OK) {
+        free(job);
+        return fl_error_set(FL_ESYS, "could not start a thread to free the loader");
+    }
+    pthread_detach(thread);
+    return FL_OK;
+}
+
 void fl_loader_free(fl_loader *l) {
     if (l == NULL)
         return;
@@ -940,6 +976,8 @@ static int source_next(void *l, double timeout_s, int *slot, size_t *count) {
 }
 static void source_release(void *l, int slot) { fl_loader_release(l, slot); }
 static void source_stop(void *l) { fl_loader_stop(l); }
+static void source_request_stop(void *l) { fl_loader_request_stop(l); }
+static int source_free_later(void *l, void (*then)(void *), void *arg) { return fl_loader_free_later(l, then, arg); }
 static void *source_slot(void *l, int slot) { return fl_loader_slot(l, slot); }
 static int source_ahead(void *l) { return fl_loader_ahead(l); }
 static int source_lent(void *l) { return fl_loader_lent(l); }
@@ -951,7 +989,8 @@ static void source_free(void *l) { fl_loader_free(l); }
 static const fl_batch_source_ops loader_source_ops = {
     .name = "threads", .start_forks = 0, .release_blocks = 0,
     .start_epoch = source_start_epoch, .needs_stop = source_needs_stop, .next = source_next,
-    .release = source_release, .stop = source_stop, .slot = source_slot, .lent = source_lent,
+    .release = source_release, .stop = source_stop, .request_stop = source_request_stop,
+    .free_later = source_free_later, .slot = source_slot, .lent = source_lent,
     .ahead = source_ahead, .slots = source_slots, .batches = source_batches, .error = source_error,
     .free = source_free,
 };

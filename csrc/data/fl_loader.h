@@ -130,6 +130,12 @@ void fl_loader_release(fl_loader *l, int slot);
  * start_epoch on another thread joins them. */
 void fl_loader_stop(fl_loader *l);
 
+/* Asks the workers to end after the batch in hand and ends the epoch for next() (FL_EEND),
+ * without waiting for them: the next stop, start_epoch or free joins them. Any thread; never
+ * blocks but for the lock. For finalizers, which must not wait on workers that may wait on a
+ * lock the finalizing thread holds. */
+void fl_loader_request_stop(fl_loader *l);
+
 /* 1 once a stop has asked the workers to end: a filler returns early. Any thread; no lock. */
 int fl_loader_cancelled(const fl_loader *l);
 
@@ -165,6 +171,12 @@ int fl_loader_ahead(fl_loader *l);
 
 /* Batches per epoch. */
 uint64_t fl_loader_batches(const fl_loader *l);
+
+/* fl_loader_free on a thread of its own (detached): asks the workers to end now, and returns
+ * at once; that thread joins them, frees the loader and then calls then(arg). Returns 0, or
+ * FL_ESYS when no thread could be started (nothing done: free it yourself). For a finalizer,
+ * which must not join workers running code that may wait on a lock it holds. */
+int fl_loader_free_later(fl_loader *l, void (*then)(void *arg), void *arg);
 
 /* Stops the workers and frees everything. No slot may still be in use. NULL is a no-op.
  * Called on one of the loader's own workers (a filler's code dropped the last reference),

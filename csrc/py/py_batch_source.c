@@ -108,9 +108,16 @@ static void stop_without_gil(const fl_batch_source *src) {
     Py_END_ALLOW_THREADS
 }
 
-static PyObject *source_stop(PyObject *self, PyObject *unused) {
-    (void)unused;
-    stop_without_gil(&((fl_source_object *)self)->source);
+static PyObject *source_stop(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static fl_arg_cache stop_args = FL_ARG_CACHE("stop");
+    int wait = 1;
+    if (fl_parse_args(&stop_args, args, nargs, kwnames, FL_ARG("|wait", BOOL, &wait)) < 0)
+        return NULL;
+    const fl_batch_source *src = &((fl_source_object *)self)->source;
+    if (!wait && src->ops->request_stop != NULL)
+        src->ops->request_stop(src->impl); /* a mutex and a signal: the next stop joins */
+    else
+        stop_without_gil(src);
     Py_RETURN_NONE;
 }
 
@@ -177,9 +184,16 @@ static int source_traverse(PyObject *self_obj, visitproc visit, void *arg) {
 }
 
 /* Ends the workers before dropping what they read; `self` then refuses new epochs. The
- * source itself is freed at dealloc, when no lease is left. */
+ * source itself is freed at dealloc, when no lease is left. Workers that run Python are only
+ * asked to stop (see workers_run_python) and keep what they read until that free: the
+ * cycle breaks at the other objects in it. */
 static int source_clear(PyObject *self_obj) {
     fl_source_object *self = (fl_source_object *)self_obj;
+    if (self->source.ops != NULL && self->type != NULL && self->type->workers_run_python) {
+        self->source.ops->request_stop(self->source.impl);
+        self->cleared = 1;
+        return 0;
+    }
     if (self->source.ops != NULL && !self->cleared)
         stop_without_gil(&self->source);
     self->cleared = 1;
@@ -189,17 +203,38 @@ static int source_clear(PyObject *self_obj) {
     return 0;
 }
 
+static void release_python_side(fl_source_object *self);
+
+/* free_later's continuation, on the thread that joined the workers and freed the source: the
+ * Python side goes too, attached (not once the interpreter is exiting: it goes with it). */
+static void release_later(void *arg) {
+    if (Py_IsFinalizing())
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    release_python_side(arg);
+    PyGILState_Release(gil);
+}
+
 static void source_dealloc(PyObject *self_obj) {
-    PyTypeObject *type = Py_TYPE(self_obj);
     fl_source_object *self = (fl_source_object *)self_obj;
     PyObject_GC_UnTrack(self_obj);
     if (self->source.ops != NULL) { /* first: the workers read what the mode frees */
-        const fl_batch_source *src = &self->source;
-        Py_BEGIN_ALLOW_THREADS /* joins or reaps the workers */
-        src->ops->free(src->impl);
-        Py_END_ALLOW_THREADS
+        fl_batch_source src = self->source;
         self->source.ops = NULL;
+        if (self->type != NULL && self->type->workers_run_python &&
+            src.ops->free_later(src.impl, release_later, self) == FL_OK)
+            return; /* never join them here: see workers_run_python */
+        Py_BEGIN_ALLOW_THREADS /* joins or reaps the workers */
+        src.ops->free(src.impl);
+        Py_END_ALLOW_THREADS
     }
+    release_python_side(self);
+}
+
+/* What the object holds besides its source, then the object. */
+static void release_python_side(fl_source_object *self) {
+    PyObject *self_obj = (PyObject *)self;
+    PyTypeObject *type = Py_TYPE(self_obj);
     Py_CLEAR(self->out_descrs);
     Py_CLEAR(self->out_shapes);
     Py_CLEAR(self->keep_alive);
@@ -218,7 +253,9 @@ static PyMethodDef source_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "start_epoch($self, epoch, first_batch=0)\n--\n\nBegin an epoch (abandoning one in progress) at "
      "batch first_batch; start the workers if none run."},
-    {"stop", source_stop, METH_NOARGS, "stop($self, /)\n--\n\nAbandon the epoch; end the workers."},
+    {"stop", (PyCFunction)(void (*)(void))source_stop, METH_FASTCALL | METH_KEYWORDS,
+     "stop($self, wait=True)\n--\n\nAbandon the epoch; end the workers (wait=False: ask them to end and "
+     "return; the next stop or start_epoch joins them)."},
     {NULL, NULL, 0, NULL},
 };
 

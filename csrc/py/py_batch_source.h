@@ -38,6 +38,11 @@ typedef struct fl_source_type {
     /* NULL, or called by start_epoch once the last epoch's workers are stopped, before the
      * new epoch starts: to forget what the mode kept of the last one. */
     void (*epoch_starting)(fl_source_object *self);
+    /* 1: the workers run the mode's Python code, which may wait on a lock the thread running
+     * a finalizer holds (a collection or a last reference dropped mid-way through anything):
+     * a finalizer never joins them. The collector only asks them to stop, and the object is
+     * freed by the source's free_later, on a thread of its own, once they have ended. */
+    int workers_run_python;
     /* The mode's own Python objects (NULL: none): visited, dropped once the workers are
      * ended, and its own memory freed once the source is. */
     traverseproc traverse;

@@ -125,15 +125,9 @@ static int store_fields(const fl_sample_writer *self, fl_sample_scratch *scratch
 
 int fl_sample_store(const fl_sample_writer *writer, fl_sample_scratch *scratch, PyObject *fetch, int64_t index,
                     uint64_t seed, size_t i, unsigned char *slot, int raw) {
-    int (*gone)(void) = writer->gone; /* read now: after fetch, the writer may be freed memory */
     /* with a batch's first sample, the epoch seed: a batch starts */
     PyObject *sample = i == 0 ? PyObject_CallFunction(fetch, "LK", (long long)index, (unsigned long long)seed)
                               : PyObject_CallFunction(fetch, "L", (long long)index);
-    if (gone != NULL && gone()) {
-        Py_XDECREF(sample);
-        PyErr_Clear();
-        return FL_SAMPLE_GONE;
-    }
     if (sample == NULL)
         return -1;
     if (raw || sample == Py_None) { /* fetch keeps the sample for finish(); None: it has another layout */

@@ -32,13 +32,7 @@ typedef struct fl_sample_writer {
     fl_dtype image_dtype;
     size_t scratch_per_image;        /* the pipeline's scratch for one image */
     int raw_allowed;                 /* a sample unlike the first may make its batch raw */
-    /* Asked right after fetch returns, or NULL: 1 when the code fetch ran freed the loader
-     * under this worker (fl_loader_orphaned): nothing of the writer or slot may be touched. */
-    int (*gone)(void);
 } fl_sample_writer;
-
-/* fl_sample_store's return when the writer's `gone` said so. */
-enum { FL_SAMPLE_GONE = 2 };
 
 /* One worker's scratch for the pipeline: one image as fetched, the pipeline's own. */
 typedef struct fl_sample_scratch {
@@ -53,8 +47,8 @@ void fl_sample_scratch_free(fl_sample_scratch *scratch);
 
 /* Fetches sample `index` through `fetch` (with the epoch `seed` when i == 0: a batch starts)
  * and, unless the batch is already `raw`, stores its fields at position i of the batch in
- * `slot`. Returns 0, 1 when the sample does not fit the fields (the batch goes raw), -1
- * with a Python error, or FL_SAMPLE_GONE (see `gone`). */
+ * `slot`. Returns 0, 1 when the sample does not fit the fields (the batch goes raw), or -1
+ * with a Python error. */
 int fl_sample_store(const fl_sample_writer *writer, fl_sample_scratch *scratch, PyObject *fetch, int64_t index,
                     uint64_t seed, size_t i, unsigned char *slot, int raw);
 

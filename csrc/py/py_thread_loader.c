@@ -15,6 +15,10 @@
  * on_failure(worker, index, exception) makes of it: the same type, naming the sample, the
  * original as its cause. A worker never attaches once the interpreter is finalizing: the
  * Loader stops its workers at exit first (fastloop/_lifecycle.py).
+ *
+ * No finalizer joins these workers (workers_run_python, py_batch_source.h): a worker may be
+ * waiting on a lock the finalizing thread holds. The object is freed on a thread of its own
+ * once they have ended, so a worker never outlives what it reads.
  */
 #include "fl_module.h"
 #include "fl_numpy.h"
@@ -49,8 +53,7 @@ typedef struct {
     int failure_worker;
 } ThreadLoaderObject;
 
-/* A worker thread's GIL state and thread state between batches. Thread-local, not in the
- * loader: a worker whose loader was freed by the code it ran must still let go of them. */
+/* A worker thread's GIL state, and its thread state between batches. */
 static _Thread_local PyGILState_STATE worker_gil;
 static _Thread_local PyThreadState *worker_tstate;
 
@@ -171,7 +174,7 @@ static void keep_objects(ThreadLoaderObject *self, int slot, PyObject *objects) 
 }
 
 /* The batch's samples into the slot, then finish's objects; attached. FL_ECLOSED when a
- * stop cancelled it or the loader went away (fl_loader_orphaned: then touching nothing). */
+ * stop cancelled it. */
 static int fill_batch(ThreadLoaderObject *self, PyObject *fetch, PyObject *finish, int worker, uint64_t batch,
                       uint64_t seed, const int64_t *ids, size_t count, int slot, unsigned char *data) {
     thread_worker *me = &self->per_worker[worker];
@@ -182,8 +185,6 @@ static int fill_batch(ThreadLoaderObject *self, PyObject *fetch, PyObject *finis
         if (fl_loader_cancelled(core_loader(self)))
             return fl_error_set(FL_ECLOSED, "the loader stopped");
         int rc = fl_sample_store(&self->writer, &me->scratch, fetch, ids[i], seed, i, data, raw);
-        if (rc == FL_SAMPLE_GONE)
-            return FL_ECLOSED;
         if (rc < 0)
             return keep_failure(self, batch, ids[i], worker);
         raw |= rc;
@@ -191,11 +192,6 @@ static int fill_batch(ThreadLoaderObject *self, PyObject *fetch, PyObject *finis
     if (finish == NULL)
         return FL_OK;
     PyObject *objects = PyObject_CallFunction(finish, "i", raw);
-    if (fl_loader_orphaned()) {
-        Py_XDECREF(objects);
-        PyErr_Clear();
-        return FL_ECLOSED;
-    }
     if (objects == NULL)
         return keep_failure(self, batch, -1, worker); /* the message names the sample */
     keep_objects(self, slot, objects);
@@ -213,10 +209,6 @@ static int worker_fill(void *ctx, int worker, uint64_t batch, uint64_t seed, con
     int rc = fill_batch(self, fetch, finish, worker, batch, seed, ids, count, slot, data);
     Py_DECREF(fetch);
     Py_XDECREF(finish);
-    if (fl_loader_orphaned()) { /* the loader is gone: this thread's Python state goes with it */
-        PyGILState_Release(worker_gil);
-        return rc;
-    }
     worker_tstate = PyEval_SaveThread();
     return rc;
 }
@@ -325,7 +317,6 @@ static PyObject *thread_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     fl_sample_writer *w = &self->writer;
     w->state = fl_state_from_type(type);
     w->raw_allowed = raw_allowed;
-    w->gone = fl_loader_orphaned;
     self->worker_setup = Py_NewRef(setup);
     self->on_failure = Py_NewRef(on_failure);
     self->base.keep_alive = PyList_New(0);
@@ -419,6 +410,7 @@ static const fl_source_type thread_type = {
     .basicsize = sizeof(ThreadLoaderObject), .new = thread_new, .getset = thread_getset,
     .timeout_format = "no batch from the worker threads within %g s",
     .raise_error = raise_failure, .batch_extra = thread_batch_extra, .epoch_starting = forget_failure,
+    .workers_run_python = 1,
     .traverse = thread_traverse, .clear = thread_clear, .free = thread_free,
 };
 

@@ -320,6 +320,27 @@ static void test_a_loader_freed_by_its_own_worker_ends_cleanly(void) {
     }
 }
 
+static void note_freed(void *arg) { atomic_store((atomic_int *)arg, 1); }
+
+/* fl_loader_free_later returns while a worker is still in its fill (held at the gate, as by a
+ * lock the caller holds), and frees the loader once that worker has ended. */
+static void test_free_later_returns_at_once_and_frees_after_the_workers_end(void) {
+    filler_state st;
+    fl_loader *l = make_filled(&st, 2, 0);
+    st.hold_through_cancel = 1;
+    open_gate(&st, 1);
+    CHECK(fl_loader_start_epoch(l, 0) == FL_OK);
+    wait_entered(&st, 1);
+    atomic_int freed = 0;
+    CHECK(fl_loader_free_later(l, note_freed, &freed) == FL_OK);
+    CHECK(fl_loader_cancelled(l)); /* asked to stop at once */
+    CHECK(!atomic_load(&freed));   /* but not freed: a worker is still in its fill */
+    open_gate(&st, 0);
+    while (!atomic_load(&freed))
+        sched_yield();
+    CHECK(atomic_load(&st.ended) == 2);
+}
+
 int main(void) {
     RUN(test_a_filler_fills_every_sample_once_in_the_epoch_order);
     RUN(test_a_failing_start_or_fill_is_next_s_error);
@@ -327,5 +348,6 @@ int main(void) {
     RUN(test_stops_from_many_threads_at_once_join_the_workers_once);
     RUN(test_an_epoch_started_during_a_stop_waits_and_delivers_everything);
     RUN(test_a_loader_freed_by_its_own_worker_ends_cleanly);
+    RUN(test_free_later_returns_at_once_and_frees_after_the_workers_end);
     return check_failures != 0;
 }

@@ -735,8 +735,8 @@ class Loader:
 
     def __del__(self) -> None:
         core = getattr(self, "_core", None)
-        if core is not None:
-            core.stop()
+        if core is not None:  # asked, not joined: a finalizer may run where a worker waits on it
+            core.stop(wait=False)
         for feed in (getattr(self, "_feed", None), getattr(self, "_pinned", None)):
             if feed is not None:
                 feed.close()  # unpin before the slots are freed
@@ -780,14 +780,15 @@ class _Epoch:
         self.loader._progress = (self.epoch, self.position)
         return self.loader._deliver(batch)
 
-    def abandon(self) -> None:
+    def abandon(self, wait: bool = True) -> None:
+        """Stops the epoch's workers (wait=False: asks them to, as a finalizer must)."""
         if not self.done:
             self.done = True
-            self.loader._core.stop()
+            self.loader._core.stop(wait=wait)
 
     def __del__(self) -> None:
         if not self.done:
-            self.abandon()
+            self.abandon(wait=False)
 
 
 _RANKS = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}  # kinds a slot field's dtype takes without loss, as the workers'
@@ -900,7 +901,7 @@ class _InProcess:
                              f"as the first")
         return Batch((), None, [as_arrays(s) for s in samples], indices)
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         self.position = len(self.order)
         self.batch = self.batches
 
