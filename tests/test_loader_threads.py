@@ -261,18 +261,20 @@ def test_two_threads_closing_one_loader_while_an_epoch_runs_both_return(make):
 
 def test_a_close_racing_an_iteration_ends_it_and_state_dict_keeps_the_position():
     loader = python_loader(mode="threads")
-    got = threading.Event()
+    got, closing = threading.Event(), threading.Event()
     positions = []
 
     def iterate() -> None:
         for i, _ in enumerate(loader):
-            if i == 2:
-                got.set()
             positions.append(i)
+            if i == 2:  # mid-epoch: the next next() races the close
+                got.set()
+                assert closing.wait(30)
 
     t = threading.Thread(target=iterate)
     t.start()
     assert got.wait(30)
+    closing.set()
     loader.close()
     t.join(30)
     assert not t.is_alive()

