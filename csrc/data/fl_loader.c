@@ -825,15 +825,10 @@ int fl_loader_cancelled(const fl_loader *l) {
 int fl_loader_orphaned(void) { return orphaned; }
 
 int fl_loader_set_batches(fl_loader *l, const uint64_t *ends, uint64_t n) {
-    int rc = ends != NULL ? fl_sampler_check_ends(&l->config.sampler, ends, n) : FL_OK;
-    uint64_t *copy = NULL;
-    if (rc == FL_OK && ends != NULL &&
-        (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
-        rc = FL_ENOMEM;
+    uint64_t *copy;
+    int rc = fl_sampler_copy_ends(&l->config.sampler, ends, n, &copy);
     if (rc != FL_OK)
         return rc;
-    if (copy != NULL)
-        memcpy(copy, ends, n * sizeof *copy);
     pthread_mutex_lock(&l->lock);
     if (l->epoch_active && l->next_deliver < l->n_batches) {
         pthread_mutex_unlock(&l->lock);

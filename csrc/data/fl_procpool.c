@@ -813,15 +813,10 @@ const void *fl_procpool_extra(fl_procpool *pool, int s, size_t *len) {
 }
 
 int fl_procpool_set_batches(fl_procpool *pool, const uint64_t *ends, uint64_t n) {
-    int rc = ends != NULL ? fl_sampler_check_ends(&pool->config.sampler, ends, n) : FL_OK;
-    uint64_t *copy = NULL;
-    if (rc == FL_OK && ends != NULL &&
-        (n > SIZE_MAX / sizeof *copy || (copy = malloc(n ? n * sizeof *copy : 1)) == NULL))
-        rc = FL_ENOMEM;
+    uint64_t *copy;
+    int rc = fl_sampler_copy_ends(&pool->config.sampler, ends, n, &copy);
     if (rc != FL_OK)
         return rc;
-    if (copy != NULL)
-        memcpy(copy, ends, n * sizeof *copy);
     pthread_mutex_lock(&pool->lock);
     if (pool->epoch_active && pool->next_deliver < pool->n_batches) {
         pthread_mutex_unlock(&pool->lock);

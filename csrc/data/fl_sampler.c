@@ -2,6 +2,7 @@
 #include "data/fl_sampler.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/fl_error.h"
 #include "base/fl_rng.h"
@@ -92,5 +93,18 @@ int fl_sampler_check_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n)
     if (start != shard)
         return fl_error_set(FL_EINVAL, "the batches hold %llu samples in all, the order %llu",
                             (unsigned long long)start, (unsigned long long)shard);
+    return FL_OK;
+}
+
+int fl_sampler_copy_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n, uint64_t **copy) {
+    *copy = NULL;
+    if (ends == NULL)
+        return FL_OK;
+    int rc = fl_sampler_check_ends(s, ends, n);
+    if (rc != FL_OK)
+        return rc;
+    if (n > SIZE_MAX / sizeof **copy || (*copy = malloc(n ? n * sizeof **copy : 1)) == NULL)
+        return FL_ENOMEM;
+    memcpy(*copy, ends, n * sizeof **copy);
     return FL_OK;
 }

@@ -59,4 +59,8 @@ uint64_t fl_sampler_epoch_seed(uint64_t seed, uint64_t epoch);
  * batch. Pure. */
 int fl_sampler_check_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n);
 
+/* fl_sampler_check_ends, then a malloc'd copy of `ends` into *copy (NULL for ends NULL: the
+ * split into batch_size samples). Returns 0, FL_EINVAL or FL_ENOMEM (*copy NULL). */
+int fl_sampler_copy_ends(const fl_sampler *s, const uint64_t *ends, uint64_t n, uint64_t **copy);
+
 #endif

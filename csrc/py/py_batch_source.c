@@ -4,6 +4,7 @@
  * next() hands out each batch through fl_batch_from_slot() (py_batch.c): views into a
  * source-owned slot that give it back when released, or copies when the workers would starve. */
 #include "py_batch_source.h"
+#include "fl_numpy.h"
 
 #include "base/fl_error.h"
 #include "py_batch.h"
@@ -146,6 +147,25 @@ static PyObject *source_start_epoch(PyObject *self, PyObject *const *args, Py_ss
     if (rc != FL_OK)
         return fl_raise(source_state(self), rc, "start_epoch");
     Py_RETURN_NONE;
+}
+
+int fl_source_set_batch_ends(PyObject *self, PyObject *value,
+                             int (*set)(void *impl, const uint64_t *ends, uint64_t n)) {
+    if (value == NULL) {
+        fl_raisef(NULL, FL_EXC_ATTRIBUTE, "batch_ends cannot be deleted; set None");
+        return -1;
+    }
+    PyArrayObject *ends = NULL;
+    if (value != Py_None &&
+        (ends = (PyArrayObject *)PyArray_FROMANY(value, NPY_UINT64, 1, 1, NPY_ARRAY_CARRAY)) == NULL)
+        return -1;
+    int rc = set(((fl_source_object *)self)->source.impl, ends ? (const uint64_t *)PyArray_DATA(ends) : NULL,
+                 ends ? (uint64_t)PyArray_DIM(ends, 0) : 0);
+    Py_XDECREF(ends);
+    if (rc == FL_OK)
+        return 0;
+    fl_raise(source_state(self), rc, "batch_sampler");
+    return -1;
 }
 
 PyObject *fl_source_get_batches(PyObject *self, void *closure) {

@@ -67,6 +67,13 @@ struct fl_source_object {
 int fl_source_borrow(fl_source_object *self, PyObject *pipeline_obj, PyObject *metrics_obj,
                      const fl_pipeline **pipeline, fl_metrics **metrics);
 
+/* The `batch_ends` setter of a mode with uneven batches: `value` (an array of where each batch
+ * ends in the epoch's order, or None for batch_size samples each) handed to `set`, the core's
+ * set_batches (fl_loader_set_batches, fl_procpool_set_batches). Returns 0, or -1 with an
+ * exception naming batch_sampler. */
+int fl_source_set_batch_ends(PyObject *self, PyObject *value,
+                             int (*set)(void *impl, const uint64_t *ends, uint64_t n));
+
 /* Makes the mode's heap type (gc, immutable) and adds it to `module`. Returns a new
  * reference, or NULL with an exception. */
 PyTypeObject *fl_source_add_type(PyObject *module, const fl_source_type *def);

@@ -71,25 +71,14 @@ static PyObject *proc_batch_extra(fl_source_object *base, int slot) {
                      (unsigned long long)len);
 }
 
-/* batch_ends = an array of where each batch ends in the epoch's order (a batch sampler's
- * uneven batches), or None for batch_size samples each; set between epochs. */
+/* batch_ends: a batch sampler's uneven batches (fl_source_set_batch_ends), set between epochs. */
+static int set_batches(void *impl, const uint64_t *ends, uint64_t n) {
+    return fl_procpool_set_batches(impl, ends, n);
+}
+
 static int proc_set_batch_ends(PyObject *self, PyObject *value, void *closure) {
     (void)closure;
-    if (value == NULL) {
-        fl_raisef(NULL, FL_EXC_ATTRIBUTE, "batch_ends cannot be deleted; set None");
-        return -1;
-    }
-    PyArrayObject *ends = NULL;
-    if (value != Py_None &&
-        (ends = (PyArrayObject *)PyArray_FROMANY(value, NPY_UINT64, 1, 1, NPY_ARRAY_CARRAY)) == NULL)
-        return -1;
-    int rc = fl_procpool_set_batches(core_pool(self), ends ? (const uint64_t *)PyArray_DATA(ends) : NULL,
-                                     ends ? (uint64_t)PyArray_DIM(ends, 0) : 0);
-    Py_XDECREF(ends);
-    if (rc == FL_OK)
-        return 0;
-    fl_raise(fl_state_from_type(Py_TYPE(self)), rc, "batch_sampler");
-    return -1;
+    return fl_source_set_batch_ends(self, value, set_batches);
 }
 
 static PyObject *proc_get_pids(PyObject *self, void *closure) {

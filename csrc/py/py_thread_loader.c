@@ -224,26 +224,14 @@ static PyObject *thread_batch_extra(fl_source_object *base, int slot) {
     return objects != NULL ? objects : Py_NewRef(Py_None);
 }
 
-/* batch_ends = an array of where each batch ends in the epoch's order (a batch sampler's
- * uneven batches), or None for batch_size samples each; set between epochs. */
-static int thread_set_batch_ends(PyObject *self_obj, PyObject *value, void *closure) {
+/* batch_ends: a batch sampler's uneven batches (fl_source_set_batch_ends), set between epochs. */
+static int set_batches(void *impl, const uint64_t *ends, uint64_t n) {
+    return fl_loader_set_batches(impl, ends, n);
+}
+
+static int thread_set_batch_ends(PyObject *self, PyObject *value, void *closure) {
     (void)closure;
-    if (value == NULL) {
-        fl_raisef(NULL, FL_EXC_ATTRIBUTE, "batch_ends cannot be deleted; set None");
-        return -1;
-    }
-    PyArrayObject *ends = NULL;
-    if (value != Py_None &&
-        (ends = (PyArrayObject *)PyArray_FROMANY(value, NPY_UINT64, 1, 1, NPY_ARRAY_CARRAY)) == NULL)
-        return -1;
-    int rc = fl_loader_set_batches(core_loader((ThreadLoaderObject *)self_obj),
-                                   ends ? (const uint64_t *)PyArray_DATA(ends) : NULL,
-                                   ends ? (uint64_t)PyArray_DIM(ends, 0) : 0);
-    Py_XDECREF(ends);
-    if (rc == FL_OK)
-        return 0;
-    fl_raise(fl_state_from_type(Py_TYPE(self_obj)), rc, "batch_sampler");
-    return -1;
+    return fl_source_set_batch_ends(self, value, set_batches);
 }
 
 /* ---- construction ---- */
