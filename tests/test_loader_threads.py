@@ -384,3 +384,26 @@ print(next(epoch)[0].tolist(), flush=True)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[0, 0, 0, 0]"
+
+
+def test_a_worker_that_starts_an_epoch_of_its_own_loader_is_refused_not_hung():
+    holder: list = []
+    refused: list = []
+
+    class Reentrant:
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, i: int):
+            if i == 9 and holder and not refused:
+                try:
+                    next(iter(holder[0]))  # an epoch of the loader this worker fills: it would wait for itself
+                except ValueError as error:
+                    refused.append(str(error))
+            return np.full(2, i)
+
+    loader = fastloop.Loader(Reentrant(), batch_size=4, workers=2, mode="threads", timeout=60)
+    holder.append(loader)
+    collect(loader)  # returns: the worker's iter() abandoned this epoch, then was refused
+    assert refused and "cannot start an epoch of that loader" in refused[0]
+    assert len(collect(loader)) == 4

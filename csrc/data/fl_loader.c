@@ -659,6 +659,8 @@ static int cut_short(fl_loader *l) {
 }
 
 int fl_loader_start_epoch_at(fl_loader *l, uint64_t epoch, uint64_t first_batch) {
+    if (worker_of == l) /* it would wait for its own end */
+        return fl_error_set(FL_EINVAL, "a loader's worker cannot start an epoch of that loader");
     uint64_t shard = fl_sampler_shard_size(&l->config.sampler);
     int64_t *order = malloc((shard ? shard : 1) * sizeof *order);
     if (order == NULL || fl_sampler_epoch(&l->config.sampler, epoch, order) != FL_OK) {

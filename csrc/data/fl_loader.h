@@ -107,7 +107,7 @@ int fl_loader_new(const fl_loader_config *config, fl_loader **out);
 
 /* Begins `epoch`: computes its order and (re)starts the workers. An epoch in progress (cut
  * short, or failed) is stopped first; a stop in progress on another thread is waited for.
- * Returns 0, FL_ENOMEM or FL_ESYS (no thread). */
+ * Returns 0, FL_ENOMEM, FL_ESYS (no thread) or FL_EINVAL (called on one of its workers). */
 int fl_loader_start_epoch(fl_loader *l, uint64_t epoch);
 
 /* fl_loader_start_epoch, resuming at batch first_batch of the epoch (the batches before it
