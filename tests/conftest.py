@@ -99,7 +99,7 @@ THREAD_UNSAFE_WORDS = ("ctrl_c", "sigint", "signal", "killed", "leak", "collecte
 THREAD_UNSAFE_TESTS = {  # and these, whose names do not say so
     "test_concurrent_calls_are_serialized_and_correct": "seeds fastloop.nn's global generator for twin models",
     "test_backward_then_step_equals_train_step_and_set_grads": "seeds fastloop.nn's global generator for twin models",
-    "test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly": "counts the process's loader threads",
+    "test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly": "collects garbage process-wide",
     "test_mode_auto_picks_threads_for_python_code_only_where_threads_run_python_in_parallel":
         "monkeypatches the loader module",
     "test_stress_eight_threads_close_one_loader_while_two_iterate": "runs 10 threads of its own for many rounds",

@@ -25,16 +25,20 @@ from waiting import wait_until
 ROUNDS = int(os.environ.get("FASTLOOP_STRESS_ROUNDS", "40"))
 
 
-def own_threads() -> int:
-    """This process's Python-running loader worker threads (named by fl_loader)."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # ended meanwhile
-            pass
-    return names.count("fl-loader-py")
+class WorkerThreads:
+    """A worker_init_fn noting each worker thread's kernel id: the test counts the threads of
+    its own Loader, not every loader thread of the process."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, worker_id: int) -> None:
+        with self.lock:
+            self.ids.add(threading.get_native_id())
+
+    def alive(self) -> int:
+        return sum(os.path.exists(f"/proc/self/task/{tid}") for tid in self.ids)
 
 
 class Described:
@@ -341,9 +345,9 @@ class Holder:
 
 
 def test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly():
-    before = own_threads()
+    workers = WorkerThreads()
     data = Holder()
-    loader = fastloop.Loader(data, batch_size=2, workers=3, mode="threads", prefetch=4)
+    loader = fastloop.Loader(data, batch_size=2, workers=3, mode="threads", prefetch=4, worker_init_fn=workers)
     epoch = iter(loader)
     next(epoch)
     gone = weakref.ref(loader)
@@ -352,22 +356,24 @@ def test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly():
     data.main_let_go.set()
     assert data.dropped.wait(30)
     assert wait_until(lambda: gone() is None), "the Loader was not freed"
-    assert wait_until(lambda: own_threads() == before), "its worker threads did not end"
+    assert len(workers.ids) == 3
+    assert wait_until(lambda: workers.alive() == 0), "its worker threads did not end"
 
 
 def test_a_dataset_in_a_cycle_with_its_loader_is_collected_and_its_threads_end():
-    before = own_threads()
+    workers = WorkerThreads()
     data = Described(64)
-    loader = fastloop.Loader(data, batch_size=8, workers=2, mode="threads")
+    loader = fastloop.Loader(data, batch_size=8, workers=2, mode="threads", worker_init_fn=workers)
     data.loader = loader
     assert len(collect(loader)) == 8
+    workers.ids.clear()  # close() ended the first epoch's; the next epoch starts its own
     assert sum(1 for _ in loader) == 8
-    assert own_threads() == before + 2  # persistent workers stay between epochs
+    assert workers.alive() == 2  # persistent workers stay between epochs
     gone = weakref.ref(data)
     del data, loader
     gc.collect()
     assert gone() is None
-    assert wait_until(lambda: own_threads() == before)
+    assert wait_until(lambda: workers.alive() == 0), "its worker threads did not end"
 
 
 def test_the_interpreter_exits_while_worker_threads_run_python():
