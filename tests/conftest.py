@@ -116,28 +116,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.thread_unsafe(reason=reason))
 
 
-# On a free-threaded interpreter (make test-ft) torch is not installed: PyPI's cp313t torch
-# wheels are CUDA builds of several GB. Its tests skip there through pytest.importorskip("torch");
-# this says why in the skip reason instead of a bare "No module named 'torch'".
-TORCH_ABSENT_FT = ("torch is not installed on the free-threaded interpreter (PyPI's cp313t torch wheels are "
-                   "CUDA builds of several GB); its tests run on the GIL build (make test)")
+# On a free-threaded interpreter (make test-ft) some test dependencies are not installed (Makefile,
+# FT_DEPS). Their tests skip there through pytest.importorskip; this says why in the skip reason
+# instead of a bare "could not import 'torch'".
+ABSENT_ON_FT = {
+    "torch": "PyPI's cp313t torch wheels are CUDA builds of several GB",
+    "safetensors": "safetensors has no cp313t wheel",
+    "tensorboard": "its grpcio has no cp313t wheel, only a C++ source build of half an hour",
+}
 FREE_THREADED = not getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
-def _say_why_torch_is_absent(report) -> None:
+def _say_why_module_is_absent(report) -> None:
     longrepr = report.longrepr
-    if (FREE_THREADED and report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3
-            and "could not import 'torch'" in str(longrepr[2])):
-        report.longrepr = (longrepr[0], longrepr[1], f"Skipped: {TORCH_ABSENT_FT}")
+    if not (FREE_THREADED and report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3):
+        return
+    for module, why in ABSENT_ON_FT.items():
+        if f"could not import '{module}" in str(longrepr[2]):
+            report.longrepr = (longrepr[0], longrepr[1],
+                               f"Skipped: {module} is not installed on the free-threaded interpreter ({why}); "
+                               "its tests run on the GIL build (make test)")
+            return
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    _say_why_torch_is_absent(outcome.get_result())
+    _say_why_module_is_absent(outcome.get_result())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
     outcome = yield
-    _say_why_torch_is_absent(outcome.get_result())
+    _say_why_module_is_absent(outcome.get_result())
