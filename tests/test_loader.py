@@ -194,7 +194,7 @@ def test_python_transform_runs_in_worker_processes_with_distinct_seeds():
         return np.array([label, worker, np.random.randint(1 << 30)])
 
     init_calls = []
-    loader = fastloop.Loader((IMAGES, LABELS), batch_size=40, workers=2, transform=transform,
+    loader = fastloop.Loader((IMAGES, LABELS), batch_size=40, workers=2, mode="processes", transform=transform,
                              target_transform=target_transform, worker_init_fn=init_calls.append)
     assert loader.mode == "processes"
     rows = np.concatenate([meta for _, meta in loader])
@@ -216,10 +216,10 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
         # the loader reads that as a program freezing objects itself and leaves gc alone (a
         # known gap there: its workers then copy the heap pages a collection touches)
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1)))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1, mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
         return
-    loader = fastloop.Loader(FreezeCount(64), batch_size=8, workers=2)
+    loader = fastloop.Loader(FreezeCount(64), batch_size=8, workers=2, mode="processes")
     counts = np.concatenate(list(loader))
     assert (counts > 1000).all()  # in the workers: everything the parent had
     assert gc.get_freeze_count() == 0
@@ -227,7 +227,7 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
     gc.freeze()  # a program that freezes objects itself keeps its regime
     try:
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1)))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1, mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
@@ -241,7 +241,7 @@ class Broken(ImageDataset):
 
 
 def test_an_exception_in_a_worker_is_reraised_with_its_type_index_and_traceback():
-    loader = fastloop.Loader(Broken(), batch_size=50, workers=2)
+    loader = fastloop.Loader(Broken(), batch_size=50, workers=2, mode="processes")
     got = []
     with pytest.raises(KeyError) as raised:
         for x, y in loader:
@@ -270,7 +270,7 @@ def test_a_worker_killed_mid_epoch_raises_worker_error_naming_it_and_nothing_lea
             time.sleep(0.002)
             return super().__getitem__(i)
 
-    loader = fastloop.Loader(Slow(), batch_size=20, workers=2)
+    loader = fastloop.Loader(Slow(), batch_size=20, workers=2, mode="processes")
     batches = iter(loader)
     next(batches)
     victim, other = loader.worker_pids
@@ -349,7 +349,7 @@ def test_ctrl_c_while_waiting_stops_the_workers(sigint_raises):
                 time.sleep(60)
             return super().__getitem__(i)
 
-    loader = fastloop.Loader(StuckInWorkers(), batch_size=2, workers=2)
+    loader = fastloop.Loader(StuckInWorkers(), batch_size=2, workers=2, mode="processes")
     with pytest.raises(KeyboardInterrupt):
         for _ in loader:
             pass

@@ -162,7 +162,7 @@ def test_an_object_a_worker_cannot_pickle_names_the_sample_and_field():
     data = Samples(6, lambda i: (i, {"fn": (lambda: i) if i == 3 else "ok"}))
     with pytest.raises(TypeError, match=r"sample 3: sample field 1\['fn'\] is a function, which cannot be sent from "
                                         r"a worker process"):
-        batches(data, batch_size=2, workers=1, collate_fn=lambda s: s)
+        batches(data, batch_size=2, workers=1, mode="processes", collate_fn=lambda s: s)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=IDS)

@@ -627,7 +627,8 @@ class Loader:
         return active
 
     def _abandon_active(self) -> None:
-        active = self._active() if self._active is not None else None
+        ref = self._active  # read once: a close() on another thread may set it to None meanwhile
+        active = ref() if ref is not None else None
         if active is not None:
             active.abandon()
         self._active = None
