@@ -243,6 +243,41 @@ def test_bad_arguments_are_refused_naming_the_option(capsys: Any) -> None:
     assert parse_args(["--device", "cpu"])[0].batch == 4 and parse_args([])[0].batch == 128
 
 
+def test_decoder_counts_reads_what_the_loader_has_and_says_n_a_for_the_rest():
+    engine = SimpleNamespace(decoded={"hardware": 4096, "cuda": 3, "cpu": 1}, decoder=SimpleNamespace(regions=False))
+    assert decoder_counts(SimpleNamespace(_jpeg=engine)) == "engine 4,096 / fallback 3 / CPU 1, regions no"
+    # other names for the same counters, on the loader itself (a method) or on its decoder
+    public = SimpleNamespace(decode_counts=lambda: {"engine": 7, "fallback": 2, "cpu": 0, "regions_used": 5})
+    assert decoder_counts(public) == "engine 7 / fallback 2 / CPU 0, regions 5"
+    counts = SimpleNamespace(_jpeg=SimpleNamespace(counts={"hardware": 1, "hybrid": 2}, regions=True))
+    assert decoder_counts(counts) == "engine 1 / fallback 2 / CPU n/a, regions yes"
+    assert decoder_counts(SimpleNamespace(_jpeg=SimpleNamespace(decoded={}))) == (
+        "engine n/a / fallback n/a / CPU n/a, regions n/a")
+    assert decoder_counts(SimpleNamespace(_jpeg=None)) == "n/a (no nvJPEG decoder)"
+    assert decoder_counts(object()) == "n/a (no nvJPEG decoder)"
+
+    class Broken:
+        @property
+        def decode_counts(self) -> dict:
+            raise RuntimeError("closed")
+
+    assert decoder_counts(Broken()) == "n/a (RuntimeError: closed)"
+
+
+def test_the_dry_run_fills_every_row_through_the_report_code(tmp_path: Any, capsys: Any) -> None:
+    report = tmp_path / "feed.md"
+    assert main(["--quick", "--dry-run", "--out", str(report)]) == 0
+    settings, _ = parse_args(["--quick", "--dry-run"])
+    rows = dry_run_rows(settings)
+    _check_filled(rows, settings)
+    decoded = {r.feed.split(",")[0]: r.decoded_by for r in rows}
+    assert decoded["fastloop nvJPEG (decode='gpu')"].startswith("engine 3,968 / fallback 24 / CPU 8")
+    assert decoded["fastloop CPU decode"] == "n/a (no nvJPEG decoder)"
+    text = report.read_text()
+    assert text.count("\n| ") == len(rows) + 1 and "| decoded by " in text and "device dry run" in text
+    assert "dry run: made up" in capsys.readouterr().out
+
+
 def _imports(module: str) -> bool:
     try:
         __import__(module)

@@ -147,10 +147,12 @@ step() {
     fi
     if [ "$cap" -gt "$left" ]; then cap=$left; fi
     if [ "$DRY_RUN" = 1 ] && [ "$name" != preflight ]; then  # the preflight runs for real
-        printf 'dry run: would run, for at most %s s:' "$cap" >>"$LOGS/$name.log"
-        printf ' %q' "$@" >>"$LOGS/$name.log"
-        echo >>"$LOGS/$name.log"
-        stub_output "$name" "$@" >>"$LOGS/$name.log" 2>&1
+        {
+            printf 'dry run: would run, for at most %s s:' "$cap"
+            printf ' %q' "$@"
+            echo
+            stub_output "$name" "$@" 2>&1
+        } >>"$LOGS/$name.log"
         rc=$?
         if [ "${GPU_CHECK_DRY_FAIL:-}" = "$name" ]; then rc=1; fi
     else
