@@ -5,7 +5,7 @@ pinned .cuda(non_blocking=True). fastloop.bench.gpu_feed says what each row meas
 
     python benchmarks/bench_gpu_feed.py [--quick] [--out FILE] [--data DIR] [--seconds S] ...
     python benchmarks/bench_gpu_feed.py --device cpu     # a smoke run of the same code, tiny, no GPU
-    python benchmarks/bench_gpu_feed.py --dry-run --out F  # made-up rows through the report code (gpu_check.sh --dry-run)
+    python benchmarks/bench_gpu_feed.py --dry-run --out F  # made-up rows through the report code
 
 Defaults: 3,072 JPEGs in a temporary folder, batch 128, crop 224, all cores as workers/threads,
 6 s timed per training row and 4 s per loader row after 1.5 s of warm-up: about 2.5 minutes on an

@@ -106,7 +106,7 @@ def test_an_unknown_argument_is_refused_with_the_usage(tmp_path):
 
 def test_the_preflight_says_in_one_line_what_is_missing(tmp_path):
     path = ":".join(d for d in os.environ.get("PATH", "").split(":")
-                    if d and not os.path.exists(os.path.join(d, "nvcc")) and not os.path.exists(os.path.join(d, "nvidia-smi")))
+                    if d and not any(os.path.exists(os.path.join(d, tool)) for tool in ("nvcc", "nvidia-smi")))
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "FASTLOOP_NVJPEG")}
     done = subprocess.run(["bash", str(SCRIPT), "--preflight"], capture_output=True, text=True, timeout=60,
                           env={**env, "PATH": path, "PYTHON": sys.executable})

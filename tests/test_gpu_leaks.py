@@ -54,8 +54,8 @@ class Report:
 def parse(output: str) -> Report:
     """The leaks and the other errors in compute-sanitizer's output."""
     leaked = [int(n.replace(",", "")) for n in LEAKED.findall(output)]
-    summary = ERRORS.findall(output)
-    errors = int(summary[-1].replace(",", "")) if summary else 0
+    summary = ERRORS.findall(output)  # one per sanitized process (pytest -n runs several)
+    errors = sum(int(n.replace(",", "")) for n in summary)
     return Report(sum(leaked), len(leaked), max(0, errors - len(leaked)), bool(summary))
 
 
@@ -169,6 +169,8 @@ def test_the_report_tells_leaks_from_other_errors():
     clean = parse("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n")
     assert (clean.leaked_bytes, clean.leaks, clean.other_errors, clean.finished) == (0, 0, 0, True)
     assert str(clean) == "0 bytes leaked in 0 allocations, 0 other errors"
+    two = parse(SAMPLE + "========= Leaked 8 bytes at 0x400200300\n========= ERROR SUMMARY: 2 errors\n")
+    assert (two.leaked_bytes, two.leaks, two.other_errors) == (4164, 3, 2)  # two processes' summaries
     cut = parse("========= COMPUTE-SANITIZER\nSegmentation fault (core dumped)\n")
     assert not cut.finished and "did not finish" in str(cut)
 

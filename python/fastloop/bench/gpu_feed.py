@@ -19,7 +19,8 @@ no number, and the others still run):
     Loader(pin_memory=True) + torch's .cuda(non_blocking=True), and through Loader(device="cuda");
     the best of two interleaved rounds each (share: of torch's)
 Per row: img/s, the share of the section's first row, the CPU cores the process used (its threads
-and child processes), the seconds from building the loader to its first batch on the device.
+and child processes), the seconds from building the loader to its first batch on the device, and
+for a fastloop loader which decoders ran (Settings.decoder_counts reads its counters).
 """
 
 from __future__ import annotations
