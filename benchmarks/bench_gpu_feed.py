@@ -5,12 +5,14 @@ pinned .cuda(non_blocking=True). fastloop.bench.gpu_feed says what each row meas
 
     python benchmarks/bench_gpu_feed.py [--quick] [--out FILE] [--data DIR] [--seconds S] ...
     python benchmarks/bench_gpu_feed.py --device cpu     # a smoke run of the same code, tiny, no GPU
+    python benchmarks/bench_gpu_feed.py --dry-run --out F  # made-up rows through the report code
 
 Defaults: 3,072 JPEGs in a temporary folder, batch 128, crop 224, all cores as workers/threads,
 6 s timed per training row and 4 s per loader row after 1.5 s of warm-up: about 2.5 minutes on an
 H200 with 16 cores (--quick: about 1). A row that cannot run here (no nvJPEG, no torchvision)
 says "not available: <why>" instead of a number; with --out, the markdown report is rewritten
-after each section, so a run cut short keeps what it measured.
+after each section, so a run cut short keeps what it measured. Each fastloop row says which
+decoder ran ("decoded by": decoder_counts below reads the loader's counters).
 
 Under pytest: the smoke run on the CPU (torchvision's ResNet-18 where torchvision imports, else a
 tiny CNN) and the --quick run where torch sees a GPU; each checks that every row has a number or
@@ -22,9 +24,61 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
-from fastloop.bench.gpu_feed import LEGEND, MODELS, QUICK, SMOKE, Row, Settings, describe, run, table
+from fastloop.bench.gpu_feed import (LEGEND, MODELS, QUICK, SMOKE, Row, Settings, add_shares, describe, loader_feeds,
+                                     run, table, write_markdown)
+
+# The decode counters a fastloop Loader may hold, read defensively: absent ones print "n/a".
+# Looked for, the first found wins: the Loader's public `decode_counts` (a dict, or a method
+# returning one), else its nvJPEG decoder `loader._jpeg`: its `counts` or `decoded` dict and its
+# `regions` (or `decoder.regions`). Keys, each under any of these names:
+ENGINE_KEYS = ("hardware", "engine")  # images nvJPEG's hardware engine decoded
+FALLBACK_KEYS = ("fallback", "cuda", "hybrid")  # images nvJPEG's CUDA (hybrid) backend decoded
+CPU_KEYS = ("cpu",)  # images the CPU decoded (the workers, or the refused ones)
+REGIONS_KEYS = ("regions", "regions_used")  # the engine decoded only each image's crop (bool or a count)
+
+
+def decoder_counts(loader: Any) -> str:
+    """'engine E / fallback F / CPU C, regions R' from the loader's counters; "n/a" for each
+    one it lacks, and "n/a (why)" where it has none (decode="cpu", another fastloop)."""
+    try:
+        counts = _read_counts(loader)
+    except Exception as error:  # a counter that raises must not fail the row
+        return f"n/a ({type(error).__name__}: {error})"
+    if counts is None:
+        return "n/a (no nvJPEG decoder)"
+
+    def pick(keys: tuple[str, ...]) -> str:
+        value = next((counts[k] for k in keys if k in counts and counts[k] is not None), None)
+        if value is None:
+            return "n/a"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    return (f"engine {pick(ENGINE_KEYS)} / fallback {pick(FALLBACK_KEYS)} / CPU {pick(CPU_KEYS)}, "
+            f"regions {pick(REGIONS_KEYS)}")
+
+
+def _read_counts(loader: Any) -> dict | None:
+    public = getattr(loader, "decode_counts", None)
+    if public is not None:
+        found = public() if callable(public) else public
+        return dict(found) if found is not None else None
+    jpeg = getattr(loader, "_jpeg", None)
+    if jpeg is None:
+        return None
+    found = next((getattr(jpeg, name) for name in ("counts", "decoded") if getattr(jpeg, name, None) is not None), {})
+    counts = dict(found() if callable(found) else found)
+    if not any(k in counts for k in REGIONS_KEYS):
+        for holder in (jpeg, getattr(jpeg, "decoder", None)):
+            regions = getattr(holder, "regions", None) if holder is not None else None
+            if regions is not None:
+                counts["regions"] = regions
+                break
+    return counts
 
 
 def parse_args(argv: list[str]) -> tuple[Settings, str | None]:
@@ -34,6 +88,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, str | None]:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a tiny smoke run of the same code where no GPU exists (its numbers mean nothing)")
     parser.add_argument("--out", help="also write the report as markdown to this file")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no loader runs: made-up rows through the report code (gpu_check.sh --dry-run)")
     parser.add_argument("--data", help="keep the JPEGs under this folder and reuse them (default: a temporary one)")
     parser.add_argument("--images", type=int, help="JPEGs in the ImageFolder (default 3072)")
     parser.add_argument("--batch", type=int, help="batch size (default 128)")
@@ -57,11 +113,43 @@ def parse_args(argv: list[str]) -> tuple[Settings, str | None]:
         if not models or any(m not in MODELS for m in models):
             parser.error(f"--models takes {', '.join(MODELS)} (comma-separated), not {args.models!r}")
         values["models"] = models
+    values["decoder_counts"] = decoder_counts
+    if args.dry_run:
+        values["device"] = "dry run"
     return Settings(**values), args.out
+
+
+def dry_run_rows(settings: Settings) -> list[Row]:
+    """Every row run() makes, in its order, with made-up numbers (labelled so) and the decoded-by
+    column read by decoder_counts from stand-in loaders: the report's code without a loader."""
+    feeds = [name for name, _ in loader_feeds(settings, "", None)]  # type: ignore[arg-type]
+    stand_ins = {  # what the loaders' counters might say: the engine, a CPU decode, none at all
+        "nvJPEG": SimpleNamespace(_jpeg=SimpleNamespace(decoded={"hardware": 3968, "cuda": 24, "cpu": 8},
+                                                        decoder=SimpleNamespace(regions=True))),
+        "CPU decode": SimpleNamespace(_jpeg=None)}
+    rows = []
+    sections = [(f"train {MODELS[m]}", ["synthetic (tensors already on the device: the limit)", *feeds])
+                for m in settings.models]
+    sections += [("loader alone", feeds), (f"copy uint8 batches {settings.batch}x{settings.crop}x{settings.crop}x3",
+                                           ["Loader(pin_memory=True) + torch .cuda(non_blocking=True)",
+                                            "Loader(device='cuda')"])]
+    for section, names in sections:
+        for i, feed in enumerate(names):
+            loader = next((s for key, s in stand_ins.items() if key in feed), None)
+            rows.append(Row(section, feed, images_per_s=1000.0 + 100 * i, cores=1.0, first_batch_s=0.5,
+                            decoded_by=decoder_counts(loader) if loader is not None else "",
+                            note="dry run: made up"))
+    return add_shares(rows)
 
 
 def main(argv: list[str]) -> int:
     settings, out = parse_args(argv)
+    if settings.device == "dry run":
+        rows = dry_run_rows(settings)
+        if out:
+            write_markdown(out, rows, settings)
+        print(table(rows))
+        return 0
     if settings.device == "cuda":
         try:
             import torch
@@ -153,6 +241,41 @@ def test_bad_arguments_are_refused_naming_the_option(capsys: Any) -> None:
     settings, out = parse_args(["--quick", "--workers", "3", "--models", "resnet50", "--out", "t.md"])
     assert (settings.images, settings.workers, settings.models, out) == (512, 3, ("resnet50",), "t.md")
     assert parse_args(["--device", "cpu"])[0].batch == 4 and parse_args([])[0].batch == 128
+
+
+def test_decoder_counts_reads_what_the_loader_has_and_says_n_a_for_the_rest():
+    engine = SimpleNamespace(decoded={"hardware": 4096, "cuda": 3, "cpu": 1}, decoder=SimpleNamespace(regions=False))
+    assert decoder_counts(SimpleNamespace(_jpeg=engine)) == "engine 4,096 / fallback 3 / CPU 1, regions no"
+    # other names for the same counters, on the loader itself (a method) or on its decoder
+    public = SimpleNamespace(decode_counts=lambda: {"engine": 7, "fallback": 2, "cpu": 0, "regions_used": 5})
+    assert decoder_counts(public) == "engine 7 / fallback 2 / CPU 0, regions 5"
+    counts = SimpleNamespace(_jpeg=SimpleNamespace(counts={"hardware": 1, "hybrid": 2}, regions=True))
+    assert decoder_counts(counts) == "engine 1 / fallback 2 / CPU n/a, regions yes"
+    assert decoder_counts(SimpleNamespace(_jpeg=SimpleNamespace(decoded={}))) == (
+        "engine n/a / fallback n/a / CPU n/a, regions n/a")
+    assert decoder_counts(SimpleNamespace(_jpeg=None)) == "n/a (no nvJPEG decoder)"
+    assert decoder_counts(object()) == "n/a (no nvJPEG decoder)"
+
+    class Broken:
+        @property
+        def decode_counts(self) -> dict:
+            raise RuntimeError("closed")
+
+    assert decoder_counts(Broken()) == "n/a (RuntimeError: closed)"
+
+
+def test_the_dry_run_fills_every_row_through_the_report_code(tmp_path: Any, capsys: Any) -> None:
+    report = tmp_path / "feed.md"
+    assert main(["--quick", "--dry-run", "--out", str(report)]) == 0
+    settings, _ = parse_args(["--quick", "--dry-run"])
+    rows = dry_run_rows(settings)
+    _check_filled(rows, settings)
+    decoded = {r.feed.split(",")[0]: r.decoded_by for r in rows}
+    assert decoded["fastloop nvJPEG (decode='gpu')"].startswith("engine 3,968 / fallback 24 / CPU 8")
+    assert decoded["fastloop CPU decode"] == "n/a (no nvJPEG decoder)"
+    text = report.read_text()
+    assert text.count("\n| ") == len(rows) + 1 and "| decoded by " in text and "device dry run" in text
+    assert "dry run: made up" in capsys.readouterr().out
 
 
 def _imports(module: str) -> bool:

@@ -19,7 +19,8 @@ no number, and the others still run):
     Loader(pin_memory=True) + torch's .cuda(non_blocking=True), and through Loader(device="cuda");
     the best of two interleaved rounds each (share: of torch's)
 Per row: img/s, the share of the section's first row, the CPU cores the process used (its threads
-and child processes), the seconds from building the loader to its first batch on the device.
+and child processes), the seconds from building the loader to its first batch on the device, and
+for a fastloop loader which decoders ran (Settings.decoder_counts reads its counters).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from .feeds import (CLASSES, LOADER_TIMEOUT_S, Batches, Feed, NotAvailable, Targ
 from .report import format_table, machine_summary
 
 MODELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "tiny": "tiny CNN"}
-HEADERS = ["section", "feed", "img/s", "share", "CPU cores", "first batch s", "note"]
+HEADERS = ["section", "feed", "img/s", "share", "CPU cores", "first batch s", "decoded by", "note"]
 LEGEND = ("share: img/s over the section's first row (synthetic for training, torch's for the loaders and "
-          "copies). CPU cores: CPU time of the process's threads and child processes / wall time.")
+          "copies). CPU cores: CPU time of the process's threads and child processes / wall time. decoded by: "
+          "a fastloop loader's own counts of the images its nvJPEG hardware engine, its fallback backend and "
+          "the CPU decoded, and whether the engine decoded only the crops (regions); n/a where it has none.")
 
 
 @dataclass
@@ -60,6 +63,8 @@ class Settings:
     models: tuple[str, ...] = ("resnet18", "resnet50")
     copy_images: int = 1024  # uint8 images in memory for the copy rows
     data: str | None = None  # where the JPEGs are kept and reused (None: a temporary folder)
+    # what a fastloop Loader's decoders did, for its row's "decoded by" (bench_gpu_feed.py's)
+    decoder_counts: Callable[[Any], str] | None = None
 
     @property
     def batches(self) -> Batches:
@@ -80,6 +85,7 @@ class Row:
     cores: float | None = None
     first_batch_s: float | None = None
     share: float | None = None  # of the section's first row
+    decoded_by: str = ""  # Settings.decoder_counts of a fastloop loader's row
     note: str = ""
 
     def cells(self) -> list[str]:
@@ -89,7 +95,7 @@ class Row:
         first = show(self.first_batch_s, ".3f" if (self.first_batch_s or 0) < 1 else ".2f")
         share = "-" if self.share is None else f"{100 * self.share:.0f}%"
         return [self.section, self.feed, show(self.images_per_s, ",.0f"), share, show(self.cores, ".1f"), first,
-                self.note]
+                self.decoded_by or "-", self.note]
 
 
 def measure(row: Row, make_feed: Callable[[], Feed], consume: Callable[[Any], int], seconds: float,
@@ -108,6 +114,8 @@ def measure(row: Row, make_feed: Callable[[], Feed], consume: Callable[[Any], in
         row.note = f"failed: {type(error).__name__}: {error}"
     finally:
         if feed is not None:
+            if settings.decoder_counts is not None and isinstance(feed.loader, fastloop.Loader):
+                row.decoded_by = settings.decoder_counts(feed.loader)
             feed.close()
     _progress(row)
     return row
