@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import fastloop
-from fastloop.data._device_feed import GpuFinish, dtype_name, memory_format_name, split_for_device
+from fastloop._core import _SlotLease
+from fastloop.data._device_feed import DeviceFeed, GpuFinish, dtype_name, memory_format_name, split_for_device
 from fastloop.ops import (Cast, CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop,
                           Resize)
 
@@ -315,47 +316,122 @@ def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
     assert core.lent == 0 and registry.pinned == {}
 
 
-class FakeFeed:
-    """A DeviceFeed whose "device" is the host: uploads keep the host fields in flight until
-    `copies_done` batches later, as a slow copy would."""
+class FakeFeed(DeviceFeed):
+    """A DeviceFeed whose "device" is the host and whose GPU runs `lag` batches behind: an
+    upload's host fields stay in flight until `lag` later uploads were queued, unless the
+    feed waits for them (wait_oldest, counted in `waits`)."""
 
-    def __new__(cls, lag: int):
-        from fastloop.data._device_feed import DeviceFeed
+    def __init__(self, lag: int) -> None:
+        super().__init__(0, None, False, 4)
+        self.lag, self.in_flight, self.views, self.waits = lag, [], [], 0
 
-        class Feed(DeviceFeed):
-            def __init__(self) -> None:
-                super().__init__(0, None, False, 4)
-                self.in_flight, self.views = [], []
+    def upload(self, fields: tuple) -> tuple:
+        self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
+        self.in_flight.append(fields)
+        return tuple(np.array(f) for f in fields)
 
-            def upload(self, fields: tuple) -> tuple:
-                from fastloop._core import _SlotLease
+    def release_copied(self) -> None:
+        del self.in_flight[:max(0, len(self.in_flight) - self.lag)]
 
-                self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
-                self.in_flight.append(fields)
-                return tuple(np.array(f) for f in fields)
+    def held(self) -> int:
+        return len(self.in_flight)
 
-            def release_copied(self) -> None:
-                del self.in_flight[:max(0, len(self.in_flight) - lag)]
+    def wait_oldest(self) -> None:
+        self.waits += 1
+        del self.in_flight[0]
 
-            def synchronize(self) -> None:
-                self.in_flight.clear()
-
-        return Feed()
+    def synchronize(self) -> None:
+        self.in_flight.clear()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("lag", [0, 1])
-def test_the_feed_never_makes_the_loader_copy_a_batch_out(workers, lag):
+class PairDataset:
+    """A map-style dataset of (x, y) samples: processes mode reads it in forked workers."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+FEED_DATA = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
+MODES = [("threads", 0), ("threads", 2), ("processes", 2)]
+
+
+def _fed_loader(mode: str, workers: int, lag: int, **kwargs) -> fastloop.Loader:
+    """A Loader of FEED_DATA (16 batches of 4) whose device feed is a FakeFeed(lag)."""
+    source = (FEED_DATA, np.arange(64)) if mode == "threads" else PairDataset(FEED_DATA, np.arange(64))
+    loader = fastloop.Loader(source, batch_size=4, workers=workers, mode=mode, **kwargs)
+    loader._feed = FakeFeed(lag)
+    return loader
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 1, 2, 5])
+def test_the_feed_never_makes_the_loader_copy_a_batch_out(mode, workers, lag):
     """Held host batches count against the loader's two lendable slots: the feed lets go of
-    the ones already copied before taking the next, so every batch stays a view (a copy-out
-    would be a memcpy of the whole batch in the main thread, into unpinned memory)."""
-    data = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
-    loader = fastloop.Loader((data, np.arange(64)), batch_size=4, workers=workers)
-    loader._feed = feed = FakeFeed(lag)
+    the ones already copied, and waits for the oldest copies when the GPU is further behind,
+    before taking the next, so every batch stays a view (a copy-out would be a memcpy of the
+    whole batch in the main thread, into unpinned memory)."""
+    loader = _fed_loader(mode, workers, lag)
+    feed = loader._feed
     for epoch in range(2):
         got = [x for x, _ in loader]
-        np.testing.assert_array_equal(np.concatenate(got), data)
+        np.testing.assert_array_equal(np.concatenate(got), FEED_DATA)
+    assert loader._core.copied_out == 0
     assert len(feed.views) == 32 and all(feed.views)
+    assert (feed.waits > 0) == (lag > 1)  # it holds one batch besides the one it takes
+    loader.close()
+
+
+def test_copied_out_counts_the_batches_the_loader_copied():
+    """The counter the feed test relies on does count: a user keeping every batch gets copies."""
+    loader = fastloop.Loader(FEED_DATA, batch_size=4, workers=2)
+    kept = list(loader)
+    copies = sum(not isinstance(x.base, _SlotLease) for x in kept)
+    assert copies > 0 and loader._core.copied_out == copies
+    loader.close()
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 2])
+def test_state_dict_counts_the_device_batches_handed_out(mode, workers, lag):
+    """The feed takes batch i+1 before it hands out batch i: the position still counts the
+    batches the user received, the last one included, and a resume from any of them gives
+    exactly the rest of the epoch."""
+    loader = _fed_loader(mode, workers, lag, shuffle=True, seed=7)
+    epoch, states = [], [loader.state_dict()]
+    for x, _ in loader:
+        epoch.append(x)
+        states.append(loader.state_dict())
+    assert [s["position"] for s in states] == list(range(17)) and {s["epoch"] for s in states} == {0}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, "seed": 7}  # the epoch ended
+    loader.close()
+    for k in (1, 5, 15, 16):
+        resumed = _fed_loader(mode, workers, lag, shuffle=True, seed=7)
+        resumed.load_state_dict(states[k])
+        rest = [x for x, _ in resumed]
+        assert len(rest) == 16 - k
+        for a, b in zip(rest, epoch[k:]):
+            np.testing.assert_array_equal(a, b)
+        resumed.close()
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+def test_a_broken_off_device_epoch_resumes_at_the_first_batch_not_received(mode, workers):
+    loader = _fed_loader(mode, workers, 1)
+    batches = iter(loader)
+    received = [next(batches)[0] for _ in range(3)]
+    del batches  # the feed had taken the fourth batch already
+    assert loader.state_dict()["position"] == 3
+    resumed = _fed_loader(mode, workers, 1)
+    resumed.load_state_dict(loader.state_dict())
+    np.testing.assert_array_equal(np.concatenate(received + [x for x, _ in resumed]), FEED_DATA)
+    loader.close()
+    resumed.close()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -62,6 +62,14 @@ class TorchFeed(DeviceFeed):
         while self.in_flight and self.in_flight[0][0].query():
             self.in_flight.popleft()
 
+    def held(self) -> int:
+        return len(self.in_flight)
+
+    def wait_oldest(self) -> None:
+        event, _ = self.in_flight[0]
+        event.synchronize()  # the loading stream's work up to that batch; not the consumer's steps
+        self.in_flight.popleft()
+
     def _image_out(self, field: np.ndarray) -> Any:
         """The empty output tensor of the first field, in the finish's dtype and layout."""
         f, torch = self.finish, self.torch
