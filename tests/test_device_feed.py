@@ -454,3 +454,56 @@ def test_pinned_batches_stay_views_in_a_training_loop(workers):
     np.testing.assert_array_equal(np.concatenate(seen), data)
     assert len(views) == 12 and all(views)
     loader.close()
+
+
+# ---------------------------------------------------------------- which GPU "cuda" means (no GPU needed)
+
+class StandInTorchCuda:
+    """torch.cuda as parse_device sees it: `started` says whether torch started CUDA."""
+
+    def __init__(self, current: int, started: bool = True) -> None:
+        self.current, self.started, self.asked = current, started, 0
+
+    def is_initialized(self) -> bool:
+        return self.started
+
+    def current_device(self) -> int:
+        self.asked += 1
+        assert self.started, "current_device() would start torch's CUDA"
+        return self.current
+
+
+class StandInCudaExtension:
+    def __init__(self, current: int) -> None:
+        self.current = current
+
+    def current_device(self) -> int:
+        return self.current
+
+
+def _stand_in_torch(monkeypatch, cuda) -> None:
+    torch = type(sys)("torch")
+    torch.cuda = cuda
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+def test_cuda_means_torchs_current_device_when_torch_started_cuda(monkeypatch):
+    from fastloop._device import parse_device
+
+    _stand_in_torch(monkeypatch, StandInTorchCuda(3))  # a torchrun rank after torch.cuda.set_device(3)
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(1), "stand-in"))
+    assert parse_device("cuda") == ("cuda", 3)
+    assert parse_device("cuda:1") == ("cuda", 1) and parse_device(2) == ("cuda", 2) and parse_device(None) == ("cpu", 0)
+
+
+def test_cuda_means_the_runtimes_current_device_without_torchs_cuda(monkeypatch):
+    from fastloop._device import parse_device
+
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(2), "stand-in"))
+    cold = StandInTorchCuda(3, started=False)
+    _stand_in_torch(monkeypatch, cold)  # imported, CUDA not started: not started here either
+    assert parse_device("cuda") == ("cuda", 2) and cold.asked == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch not imported
+    assert parse_device("cuda") == ("cuda", 2)
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (None, "built without nvcc"))
+    assert parse_device("cuda") == ("cuda", 0)  # no extension: nothing runs on a GPU anyway
