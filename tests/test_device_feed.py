@@ -507,3 +507,73 @@ def test_cuda_means_the_runtimes_current_device_without_torchs_cuda(monkeypatch)
     assert parse_device("cuda") == ("cuda", 2)
     monkeypatch.setattr(fastloop.cuda, "_load", lambda: (None, "built without nvcc"))
     assert parse_device("cuda") == ("cuda", 0)  # no extension: nothing runs on a GPU anyway
+
+
+# ---------------------------------------------------------------- the torch-ops fallback (CPU torch)
+
+class CountingTorch:
+    """torch, counting the tensors made from Python values (torch.tensor)."""
+
+    def __init__(self, torch) -> None:
+        self._torch, self.made = torch, 0
+
+    def tensor(self, *args, **kwargs):
+        self.made += 1
+        return self._torch.tensor(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+@pytest.mark.parametrize("layout", ["HWC->CHW", "HWC"])
+def test_the_torch_fallback_makes_mean_and_std_once_per_device_and_dtype(layout):
+    torch = pytest.importorskip("torch")
+    from fastloop.data._torch_feed import TorchNormalize
+
+    finish = GpuFinish(tuple(MEAN), tuple(STD), layout, "float32")
+    counting = CountingTorch(torch)
+    normalize = TorchNormalize(counting, finish)
+    for start in range(0, 40, 8):  # five batches
+        batch = IMAGES_HWC[start:start + 8]
+        out = torch.empty((8, 3, 20, 24) if finish.channels_first else (8, 20, 24, 3), dtype=torch.float32)
+        normalize(batch, out)
+        np.testing.assert_allclose(out.numpy(), _finish_like_the_gpu(batch, finish), rtol=0, atol=2e-6)  # addcmul may fuse
+    assert counting.made == 2 and len(normalize.constants) == 1  # mean and std, for the first batch only
+    normalize.scale_and_shift("cpu", torch.float64)
+    assert counting.made == 4 and len(normalize.constants) == 2
+
+
+# ---------------------------------------------------------------- why no GPU is seen (no GPU needed)
+
+class NoVisibleDevice:
+    """fastloop._cuda's answers where CUDA_VISIBLE_DEVICES hides the GPUs: a working driver,
+    and cudaGetDeviceCount failing with cudaErrorNoDevice (`raises`) or answering 0."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def driver_version(self) -> int:
+        return 13000
+
+    def runtime_version(self) -> int:
+        return 13000
+
+    def device_count(self) -> int:
+        if self.raises:
+            raise fastloop.CudaError("cudaGetDeviceCount: no CUDA-capable device is detected (cudaErrorNoDevice, "
+                                     "code 100)")
+        return 0
+
+
+@pytest.mark.parametrize("raises", [True, False])
+def test_the_unavailability_reason_names_cuda_visible_devices(monkeypatch, raises):
+    from fastloop import cuda
+
+    extension = NoVisibleDevice(raises)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    answer = cuda._availability(extension, {})
+    assert not answer and "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU" in answer.reason
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert "CUDA_VISIBLE_DEVICES='7'" in cuda._availability(extension, {}).reason
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert "CUDA_VISIBLE_DEVICES=" not in cuda._availability(extension, {}).reason
