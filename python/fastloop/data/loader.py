@@ -258,8 +258,9 @@ class Loader:
     sizes the batch slots).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
-    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU, copied from
-      slots pinned once on a loading stream, one batch ahead of the consumer. A Pipeline
+    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU ("cuda": the
+      current device, torch's where torch started CUDA), copied from slots pinned once on a
+      loading stream, one batch ahead of the consumer. A Pipeline
       ending in Normalize (and maybe Cast) on uint8 images is split: the workers stop at
       uint8 (same code, same random draws) and one kernel normalizes, lays out and casts on
       the GPU. output="torch" gives torch CUDA tensors, ready on the current stream;
