@@ -434,25 +434,55 @@ def test_a_broken_off_device_epoch_resumes_at_the_first_batch_not_received(mode,
     resumed.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_pinned_batches_stay_views_in_a_training_loop(workers):
+def lagging_torch(lag: int):
+    """FakeTorch whose stream runs `lag` events behind: an event completes once `lag` later
+    ones were recorded, or when waited on (counted in `.waits`)."""
+
+    class Event:
+        recorded = 0
+        waits = 0
+
+        def record(self, stream=None) -> None:
+            self.seq, self.done = Event.recorded, False
+            Event.recorded += 1
+
+        def query(self) -> bool:
+            return self.done or self.seq < Event.recorded - lag
+
+        def synchronize(self) -> None:
+            Event.waits += not self.query()
+            self.done = True
+
+    class Torch(FakeTorch):
+        class cuda(FakeTorch.cuda):
+            pass
+
+    Torch.cuda.Event = Event
+    return Torch
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 1, 2, 5])
+def test_pinned_batches_stay_views_in_a_training_loop(mode, workers, lag):
     """pin_memory without a device: the user's loop copies each batch and drops it; the slot
-    comes back once the copy's event passed, before the next batch is taken."""
+    comes back once the copy's event passed, and when the GPU runs behind the loader waits
+    for the oldest copies before it takes the next batch rather than copy that batch out."""
     from fastloop.data._torch_feed import PinnedBatches
 
-    data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
-    loader = fastloop.Loader(data, batch_size=4, workers=workers)
-    loader._pinned = pinned = PinnedBatches(4, torch=FakeTorch, register=FakeRegistry())
+    loader = _fed_loader(mode, workers, 0)
+    loader._feed = None
+    torch = lagging_torch(lag)
+    loader._pinned = pinned = PinnedBatches(4, torch=torch, register=FakeRegistry())
     loader._assemble.pinned, loader._assemble.torch = pinned, True  # as output="torch", pin_memory=True makes it
     views = []
     real_pin = pinned.pinner.pin
     pinned.pinner.pin = lambda array: views.append(real_pin(array)) or views[-1]
-    FakeEvent.done = True  # each copy is done by the time the next batch is asked for
     seen = []
-    for x in loader:
+    for x, _ in loader:
         seen.append(np.array(x))  # "x.to('cuda', non_blocking=True)"
-    np.testing.assert_array_equal(np.concatenate(seen), data)
-    assert len(views) == 12 and all(views)
+    np.testing.assert_array_equal(np.concatenate(seen), FEED_DATA)
+    assert len(views) == 32 and all(views) and loader._core.copied_out == 0  # both fields of 16 batches
+    assert (torch.cuda.Event.waits > 0) == (lag > 0)  # the loop variable holds a slot too
     loader.close()
 
 

@@ -17,7 +17,7 @@ the slot is held until it completes.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -197,9 +197,19 @@ class PinnedBatches:
         self.held.append((event, field))
 
     def release_copied(self) -> None:
-        """Lets go of fields whose copies are done (the Loader calls it before taking each
-        batch, so their slots are free for it)."""
+        """Lets go of fields whose copies are done."""
         while self.held and self.held[0][0].query():
+            self.held.popleft()
+
+    def make_room(self, lent: Callable[[], int]) -> None:
+        """Before the Loader takes a batch (`lent`: the loader's slots lent now): lets go of
+        the fields already copied, then, while more than one slot is lent and some are held
+        here, waits for the oldest copies. The loader lends two slots and copies a third
+        batch out, into pageable memory that the user's non_blocking copy would then read
+        synchronously: a GPU running behind should slow the loop instead."""
+        self.release_copied()
+        while self.held and lent() > 1:
+            self.held[0][0].synchronize()
             self.held.popleft()
 
     def tensors(self, arrays: tuple) -> tuple:

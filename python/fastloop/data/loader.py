@@ -773,7 +773,8 @@ class _Epoch:
         if self.done:
             raise StopIteration
         if self.loader._pinned is not None:  # slots whose copies are done go back before the next batch
-            self.loader._pinned.release_copied()
+            core = self.loader._core
+            self.loader._pinned.make_room(lambda: getattr(core, "lent", 0))  # _InProcess lends no slots
         try:
             batch = self.loader._core.next(self.loader.timeout)
         except BaseException as error:
