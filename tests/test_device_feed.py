@@ -607,3 +607,48 @@ def test_the_unavailability_reason_names_cuda_visible_devices(monkeypatch, raise
     assert "CUDA_VISIBLE_DEVICES='7'" in cuda._availability(extension, {}).reason
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert "CUDA_VISIBLE_DEVICES=" not in cuda._availability(extension, {}).reason
+
+
+# ---------------------------------------------------------------- the real feeds' waits, with stand-in events
+
+class StandInWork:
+    """A CUDA event (TorchFeed) or a DeviceArray (DeviceArrayFeed) whose work is done once
+    waited on, or when `done` is set."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    ready = query
+
+    def synchronize(self) -> None:
+        self.waited |= not self.done  # a real wait: the work was not done yet
+        self.done = True
+
+
+def test_the_torch_feed_waits_for_the_oldest_copies_only_while_it_holds_more_than_one_batch():
+    from collections import deque
+
+    from fastloop.data._torch_feed import TorchFeed
+
+    feed = object.__new__(TorchFeed)  # no torch CUDA here: only the bookkeeping
+    events = [StandInWork(), StandInWork(done=True), StandInWork(), StandInWork()]
+    feed.in_flight = deque((event, ("slot fields",)) for event in events)
+    feed.make_room()
+    assert [e.waited for e in events] == [True, False, True, False] and feed.held() == 1
+    assert feed.in_flight[0][0] is events[3]  # the batch just queued stays: it is handed out next
+
+
+def test_the_device_array_feed_waits_for_the_oldest_arrays_only_while_it_holds_more_than_one_batch():
+    from collections import deque
+
+    from fastloop.data._device_feed import DeviceArrayFeed
+
+    feed = object.__new__(DeviceArrayFeed)
+    batches = [(StandInWork(), StandInWork(done=True)), (StandInWork(done=True),), (StandInWork(),)]
+    feed.in_flight = deque(batches)
+    feed.make_room()
+    assert batches[0][0].waited and batches[0][1].done and not batches[2][0].waited
+    assert list(feed.in_flight) == [batches[2]]
