@@ -567,7 +567,8 @@ def test_the_torch_fallback_makes_mean_and_std_once_per_device_and_dtype(layout)
         batch = IMAGES_HWC[start:start + 8]
         out = torch.empty((8, 3, 20, 24) if finish.channels_first else (8, 20, 24, 3), dtype=torch.float32)
         normalize(batch, out)
-        np.testing.assert_allclose(out.numpy(), _finish_like_the_gpu(batch, finish), rtol=0, atol=2e-6)  # addcmul may fuse
+        expected = _finish_like_the_gpu(batch, finish)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=2e-6)  # addcmul may fuse
     assert counting.made == 2 and len(normalize.constants) == 1  # mean and std, for the first batch only
     normalize.scale_and_shift("cpu", torch.float64)
     assert counting.made == 4 and len(normalize.constants) == 2

@@ -63,7 +63,7 @@ static PyObject *batch_from_slot(fl_source_object *self, int slot, size_t count)
         .copy_out = fl_copy_out(src->ops->lent(src->impl), src->ops->slots(src->impl)),
     };
     if (batch.copy_out)
-        atomic_fetch_add_explicit(&self->copied_out, 1, memory_order_relaxed); /* a count, ordering nothing */
+        atomic_fetch_add_explicit(&self->copied_out, 1, memory_order_relaxed); /* orders nothing */
     PyObject *arrays = fl_batch_from_slot(source_state((PyObject *)self), &batch);
     return extra != NULL ? appended(arrays, extra) : arrays;
 }
@@ -197,7 +197,8 @@ PyObject *fl_source_get_output(PyObject *self, void *closure) {
 PyObject *fl_source_get_copied_out(PyObject *self, void *closure) {
     (void)closure;
     fl_source_object *source = (fl_source_object *)self;
-    return PyLong_FromUnsignedLongLong(atomic_load_explicit(&source->copied_out, memory_order_relaxed));
+    unsigned long long copied = atomic_load_explicit(&source->copied_out, memory_order_relaxed);
+    return PyLong_FromUnsignedLongLong(copied);
 }
 
 /* gc support: what the core reads (keep_alive) may be a user's objects that refer back to

@@ -148,7 +148,8 @@ def _availability(module: Any, libraries: dict[str, Any]) -> Answer:
     except CudaError as error:  # CUDA_VISIBLE_DEVICES="" makes it cudaErrorNoDevice
         return Answer(False, f"the CUDA runtime cannot start: {error}{_visible_devices_note()}")
     if count == 0:
-        return Answer(False, f"the CUDA runtime sees no device{_visible_devices_note() or ' (check CUDA_VISIBLE_DEVICES)'}")
+        note = _visible_devices_note() or " (check CUDA_VISIBLE_DEVICES)"
+        return Answer(False, f"the CUDA runtime sees no device{note}")
     names = ", ".join(module.device_info(i)["name"] for i in range(count))
     found = []
     for name, load in libraries.items():
