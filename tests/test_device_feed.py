@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import fastloop
-from fastloop.data._device_feed import GpuFinish, dtype_name, memory_format_name, split_for_device
+from fastloop._core import _SlotLease
+from fastloop.data._device_feed import DeviceFeed, GpuFinish, dtype_name, memory_format_name, split_for_device
 from fastloop.ops import (Cast, CenterCrop, Normalize, Pipeline, RandomCrop, RandomHFlip, RandomResizedCrop,
                           Resize)
 
@@ -315,66 +316,340 @@ def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
     assert core.lent == 0 and registry.pinned == {}
 
 
-class FakeFeed:
-    """A DeviceFeed whose "device" is the host: uploads keep the host fields in flight until
-    `copies_done` batches later, as a slow copy would."""
+class FakeFeed(DeviceFeed):
+    """A DeviceFeed whose "device" is the host and whose GPU runs `lag` batches behind: an
+    upload's host fields stay in flight until `lag` later uploads were queued, unless the
+    feed waits for them (wait_oldest, counted in `waits`)."""
 
-    def __new__(cls, lag: int):
-        from fastloop.data._device_feed import DeviceFeed
+    def __init__(self, lag: int) -> None:
+        super().__init__(0, None, False, 4)
+        self.lag, self.in_flight, self.views, self.waits = lag, [], [], 0
 
-        class Feed(DeviceFeed):
-            def __init__(self) -> None:
-                super().__init__(0, None, False, 4)
-                self.in_flight, self.views = [], []
+    def upload(self, fields: tuple) -> tuple:
+        self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
+        self.in_flight.append(fields)
+        return tuple(np.array(f) for f in fields)
 
-            def upload(self, fields: tuple) -> tuple:
-                from fastloop._core import _SlotLease
+    def release_copied(self) -> None:
+        del self.in_flight[:max(0, len(self.in_flight) - self.lag)]
 
-                self.views.append(all(isinstance(f.base, _SlotLease) for f in fields))
-                self.in_flight.append(fields)
-                return tuple(np.array(f) for f in fields)
+    def held(self) -> int:
+        return len(self.in_flight)
 
-            def release_copied(self) -> None:
-                del self.in_flight[:max(0, len(self.in_flight) - lag)]
+    def wait_oldest(self) -> None:
+        self.waits += 1
+        del self.in_flight[0]
 
-            def synchronize(self) -> None:
-                self.in_flight.clear()
-
-        return Feed()
+    def synchronize(self) -> None:
+        self.in_flight.clear()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("lag", [0, 1])
-def test_the_feed_never_makes_the_loader_copy_a_batch_out(workers, lag):
+class PairDataset:
+    """A map-style dataset of (x, y) samples: processes mode reads it in forked workers."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+FEED_DATA = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
+MODES = [("threads", 0), ("threads", 2), ("processes", 2)]
+
+
+def _fed_loader(mode: str, workers: int, lag: int, **kwargs) -> fastloop.Loader:
+    """A Loader of FEED_DATA (16 batches of 4) whose device feed is a FakeFeed(lag)."""
+    source = (FEED_DATA, np.arange(64)) if mode == "threads" else PairDataset(FEED_DATA, np.arange(64))
+    loader = fastloop.Loader(source, batch_size=4, workers=workers, mode=mode, **kwargs)
+    loader._feed = FakeFeed(lag)
+    return loader
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 1, 2, 5])
+def test_the_feed_never_makes_the_loader_copy_a_batch_out(mode, workers, lag):
     """Held host batches count against the loader's two lendable slots: the feed lets go of
-    the ones already copied before taking the next, so every batch stays a view (a copy-out
-    would be a memcpy of the whole batch in the main thread, into unpinned memory)."""
-    data = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
-    loader = fastloop.Loader((data, np.arange(64)), batch_size=4, workers=workers)
-    loader._feed = feed = FakeFeed(lag)
+    the ones already copied, and waits for the oldest copies when the GPU is further behind,
+    before taking the next, so every batch stays a view (a copy-out would be a memcpy of the
+    whole batch in the main thread, into unpinned memory)."""
+    loader = _fed_loader(mode, workers, lag)
+    feed = loader._feed
     for epoch in range(2):
         got = [x for x, _ in loader]
-        np.testing.assert_array_equal(np.concatenate(got), data)
+        np.testing.assert_array_equal(np.concatenate(got), FEED_DATA)
+    assert loader._core.copied_out == 0
     assert len(feed.views) == 32 and all(feed.views)
+    assert (feed.waits > 0) == (lag > 1)  # it holds one batch besides the one it takes
+    loader.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_pinned_batches_stay_views_in_a_training_loop(workers):
+def test_copied_out_counts_the_batches_the_loader_copied():
+    """The counter the feed test relies on does count: a user keeping every batch gets copies."""
+    loader = fastloop.Loader(FEED_DATA, batch_size=4, workers=2)
+    kept = list(loader)
+    copies = sum(not isinstance(x.base, _SlotLease) for x in kept)
+    assert copies > 0 and loader._core.copied_out == copies
+    loader.close()
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 2])
+def test_state_dict_counts_the_device_batches_handed_out(mode, workers, lag):
+    """The feed takes batch i+1 before it hands out batch i: the position still counts the
+    batches the user received, the last one included, and a resume from any of them gives
+    exactly the rest of the epoch."""
+    loader = _fed_loader(mode, workers, lag, shuffle=True, seed=7)
+    epoch, states = [], [loader.state_dict()]
+    for x, _ in loader:
+        epoch.append(x)
+        states.append(loader.state_dict())
+    assert [s["position"] for s in states] == list(range(17)) and {s["epoch"] for s in states} == {0}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, "seed": 7}  # the epoch ended
+    loader.close()
+    for k in (1, 5, 15, 16):
+        resumed = _fed_loader(mode, workers, lag, shuffle=True, seed=7)
+        resumed.load_state_dict(states[k])
+        rest = [x for x, _ in resumed]
+        assert len(rest) == 16 - k
+        for a, b in zip(rest, epoch[k:]):
+            np.testing.assert_array_equal(a, b)
+        resumed.close()
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+def test_a_broken_off_device_epoch_resumes_at_the_first_batch_not_received(mode, workers):
+    loader = _fed_loader(mode, workers, 1)
+    batches = iter(loader)
+    received = [next(batches)[0] for _ in range(3)]
+    del batches  # the feed had taken the fourth batch already
+    assert loader.state_dict()["position"] == 3
+    resumed = _fed_loader(mode, workers, 1)
+    resumed.load_state_dict(loader.state_dict())
+    np.testing.assert_array_equal(np.concatenate(received + [x for x, _ in resumed]), FEED_DATA)
+    loader.close()
+    resumed.close()
+
+
+def lagging_torch(lag: int):
+    """FakeTorch whose stream runs `lag` events behind: an event completes once `lag` later
+    ones were recorded, or when waited on (counted in `.waits`)."""
+
+    class Event:
+        recorded = 0
+        waits = 0
+
+        def record(self, stream=None) -> None:
+            self.seq, self.done = Event.recorded, False
+            Event.recorded += 1
+
+        def query(self) -> bool:
+            return self.done or self.seq < Event.recorded - lag
+
+        def synchronize(self) -> None:
+            Event.waits += not self.query()
+            self.done = True
+
+    class Torch(FakeTorch):
+        class cuda(FakeTorch.cuda):
+            pass
+
+    Torch.cuda.Event = Event
+    return Torch
+
+
+@pytest.mark.parametrize("mode, workers", MODES)
+@pytest.mark.parametrize("lag", [0, 1, 2, 5])
+def test_pinned_batches_stay_views_in_a_training_loop(mode, workers, lag):
     """pin_memory without a device: the user's loop copies each batch and drops it; the slot
-    comes back once the copy's event passed, before the next batch is taken."""
+    comes back once the copy's event passed, and when the GPU runs behind the loader waits
+    for the oldest copies before it takes the next batch rather than copy that batch out."""
     from fastloop.data._torch_feed import PinnedBatches
 
-    data = np.arange(48 * 3, dtype=np.float32).reshape(48, 3)
-    loader = fastloop.Loader(data, batch_size=4, workers=workers)
-    loader._pinned = pinned = PinnedBatches(4, torch=FakeTorch, register=FakeRegistry())
+    loader = _fed_loader(mode, workers, 0)
+    loader._feed = None
+    torch = lagging_torch(lag)
+    loader._pinned = pinned = PinnedBatches(4, torch=torch, register=FakeRegistry())
     loader._assemble.pinned, loader._assemble.torch = pinned, True  # as output="torch", pin_memory=True makes it
     views = []
     real_pin = pinned.pinner.pin
     pinned.pinner.pin = lambda array: views.append(real_pin(array)) or views[-1]
-    FakeEvent.done = True  # each copy is done by the time the next batch is asked for
     seen = []
-    for x in loader:
+    for x, _ in loader:
         seen.append(np.array(x))  # "x.to('cuda', non_blocking=True)"
-    np.testing.assert_array_equal(np.concatenate(seen), data)
-    assert len(views) == 12 and all(views)
+    np.testing.assert_array_equal(np.concatenate(seen), FEED_DATA)
+    assert len(views) == 32 and all(views) and loader._core.copied_out == 0  # both fields of 16 batches
+    assert (torch.cuda.Event.waits > 0) == (lag > 0)  # the loop variable holds a slot too
     loader.close()
+
+
+# ---------------------------------------------------------------- which GPU "cuda" means (no GPU needed)
+
+class StandInTorchCuda:
+    """torch.cuda as parse_device sees it: `started` says whether torch started CUDA."""
+
+    def __init__(self, current: int, started: bool = True) -> None:
+        self.current, self.started, self.asked = current, started, 0
+
+    def is_initialized(self) -> bool:
+        return self.started
+
+    def current_device(self) -> int:
+        self.asked += 1
+        assert self.started, "current_device() would start torch's CUDA"
+        return self.current
+
+
+class StandInCudaExtension:
+    def __init__(self, current: int) -> None:
+        self.current = current
+
+    def current_device(self) -> int:
+        return self.current
+
+
+def _stand_in_torch(monkeypatch, cuda) -> None:
+    torch = type(sys)("torch")
+    torch.cuda = cuda
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+def test_cuda_means_torchs_current_device_when_torch_started_cuda(monkeypatch):
+    from fastloop._device import parse_device
+
+    _stand_in_torch(monkeypatch, StandInTorchCuda(3))  # a torchrun rank after torch.cuda.set_device(3)
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(1), "stand-in"))
+    assert parse_device("cuda") == ("cuda", 3)
+    assert parse_device("cuda:1") == ("cuda", 1) and parse_device(2) == ("cuda", 2) and parse_device(None) == ("cpu", 0)
+
+
+def test_cuda_means_the_runtimes_current_device_without_torchs_cuda(monkeypatch):
+    from fastloop._device import parse_device
+
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(2), "stand-in"))
+    cold = StandInTorchCuda(3, started=False)
+    _stand_in_torch(monkeypatch, cold)  # imported, CUDA not started: not started here either
+    assert parse_device("cuda") == ("cuda", 2) and cold.asked == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch not imported
+    assert parse_device("cuda") == ("cuda", 2)
+    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (None, "built without nvcc"))
+    assert parse_device("cuda") == ("cuda", 0)  # no extension: nothing runs on a GPU anyway
+
+
+# ---------------------------------------------------------------- the torch-ops fallback (CPU torch)
+
+class CountingTorch:
+    """torch, counting the tensors made from Python values (torch.tensor)."""
+
+    def __init__(self, torch) -> None:
+        self._torch, self.made = torch, 0
+
+    def tensor(self, *args, **kwargs):
+        self.made += 1
+        return self._torch.tensor(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+@pytest.mark.parametrize("layout", ["HWC->CHW", "HWC"])
+def test_the_torch_fallback_makes_mean_and_std_once_per_device_and_dtype(layout):
+    torch = pytest.importorskip("torch")
+    from fastloop.data._torch_feed import TorchNormalize
+
+    finish = GpuFinish(tuple(MEAN), tuple(STD), layout, "float32")
+    counting = CountingTorch(torch)
+    normalize = TorchNormalize(counting, finish)
+    for start in range(0, 40, 8):  # five batches
+        batch = IMAGES_HWC[start:start + 8]
+        out = torch.empty((8, 3, 20, 24) if finish.channels_first else (8, 20, 24, 3), dtype=torch.float32)
+        normalize(batch, out)
+        expected = _finish_like_the_gpu(batch, finish)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=2e-6)  # addcmul may fuse
+    assert counting.made == 2 and len(normalize.constants) == 1  # mean and std, for the first batch only
+    normalize.scale_and_shift("cpu", torch.float64)
+    assert counting.made == 4 and len(normalize.constants) == 2
+
+
+# ---------------------------------------------------------------- why no GPU is seen (no GPU needed)
+
+class NoVisibleDevice:
+    """fastloop._cuda's answers where CUDA_VISIBLE_DEVICES hides the GPUs: a working driver,
+    and cudaGetDeviceCount failing with cudaErrorNoDevice (`raises`) or answering 0."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def driver_version(self) -> int:
+        return 13000
+
+    def runtime_version(self) -> int:
+        return 13000
+
+    def device_count(self) -> int:
+        if self.raises:
+            raise fastloop.CudaError("cudaGetDeviceCount: no CUDA-capable device is detected (cudaErrorNoDevice, "
+                                     "code 100)")
+        return 0
+
+
+@pytest.mark.parametrize("raises", [True, False])
+def test_the_unavailability_reason_names_cuda_visible_devices(monkeypatch, raises):
+    from fastloop import cuda
+
+    extension = NoVisibleDevice(raises)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    answer = cuda._availability(extension, {})
+    assert not answer and "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU" in answer.reason
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert "CUDA_VISIBLE_DEVICES='7'" in cuda._availability(extension, {}).reason
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert "CUDA_VISIBLE_DEVICES=" not in cuda._availability(extension, {}).reason
+
+
+# ---------------------------------------------------------------- the real feeds' waits, with stand-in events
+
+class StandInWork:
+    """A CUDA event (TorchFeed) or a DeviceArray (DeviceArrayFeed) whose work is done once
+    waited on, or when `done` is set."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    ready = query
+
+    def synchronize(self) -> None:
+        self.waited |= not self.done  # a real wait: the work was not done yet
+        self.done = True
+
+
+def test_the_torch_feed_waits_for_the_oldest_copies_only_while_it_holds_more_than_one_batch():
+    from collections import deque
+
+    from fastloop.data._torch_feed import TorchFeed
+
+    feed = object.__new__(TorchFeed)  # no torch CUDA here: only the bookkeeping
+    events = [StandInWork(), StandInWork(done=True), StandInWork(), StandInWork()]
+    feed.in_flight = deque((event, ("slot fields",)) for event in events)
+    feed.make_room()
+    assert [e.waited for e in events] == [True, False, True, False] and feed.held() == 1
+    assert feed.in_flight[0][0] is events[3]  # the batch just queued stays: it is handed out next
+
+
+def test_the_device_array_feed_waits_for_the_oldest_arrays_only_while_it_holds_more_than_one_batch():
+    from collections import deque
+
+    from fastloop.data._device_feed import DeviceArrayFeed
+
+    feed = object.__new__(DeviceArrayFeed)
+    batches = [(StandInWork(), StandInWork(done=True)), (StandInWork(done=True),), (StandInWork(),)]
+    feed.in_flight = deque(batches)
+    feed.make_room()
+    assert batches[0][0].waited and batches[0][1].done and not batches[2][0].waited
+    assert list(feed.in_flight) == [batches[2]]

@@ -62,6 +62,8 @@ static PyObject *batch_from_slot(fl_source_object *self, int slot, size_t count)
         .descrs = self->out_descrs, .shapes = self->out_shapes,
         .copy_out = fl_copy_out(src->ops->lent(src->impl), src->ops->slots(src->impl)),
     };
+    if (batch.copy_out)
+        atomic_fetch_add_explicit(&self->copied_out, 1, memory_order_relaxed); /* orders nothing */
     PyObject *arrays = fl_batch_from_slot(source_state((PyObject *)self), &batch);
     return extra != NULL ? appended(arrays, extra) : arrays;
 }
@@ -190,6 +192,13 @@ PyObject *fl_source_get_output(PyObject *self, void *closure) {
     (void)closure;
     fl_source_object *source = (fl_source_object *)self;
     return PyTuple_Pack(2, source->out_descrs, source->out_shapes);
+}
+
+PyObject *fl_source_get_copied_out(PyObject *self, void *closure) {
+    (void)closure;
+    fl_source_object *source = (fl_source_object *)self;
+    unsigned long long copied = atomic_load_explicit(&source->copied_out, memory_order_relaxed);
+    return PyLong_FromUnsignedLongLong(copied);
 }
 
 /* gc support: what the core reads (keep_alive) may be a user's objects that refer back to

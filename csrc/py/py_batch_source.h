@@ -11,6 +11,8 @@
 
 #include "fl_module.h"
 
+#include <stdatomic.h>
+
 #include "base/fl_metrics.h"
 #include "data/fl_batch_source.h"
 #include "data/fl_pipeline.h"
@@ -59,6 +61,7 @@ struct fl_source_object {
     size_t n_fields;
     size_t offsets[FL_SOURCE_MAX_FIELDS]; /* where each field's batch starts in a slot */
     int cleared;                       /* the collector cleared it: it refuses new epochs */
+    atomic_ullong copied_out;          /* batches handed out as copies (fl_copy_out): a count */
 };
 
 /* The core objects behind the optional `pipeline_obj` (a _Pipeline) and `metrics_obj` (a
@@ -78,17 +81,21 @@ int fl_source_set_batch_ends(PyObject *self, PyObject *value,
  * reference, or NULL with an exception. */
 PyTypeObject *fl_source_add_type(PyObject *module, const fl_source_type *def);
 
-/* Getters for a mode's PyGetSetDef table: FL_SOURCE_GETSET (batches, lent, ahead, output)
- * opens both modes' tables. */
+/* Getters for a mode's PyGetSetDef table: FL_SOURCE_GETSET (batches, lent, ahead, output,
+ * copied_out) opens both modes' tables. */
 PyObject *fl_source_get_batches(PyObject *self, void *closure);
 PyObject *fl_source_get_lent(PyObject *self, void *closure);
 PyObject *fl_source_get_ahead(PyObject *self, void *closure);
 PyObject *fl_source_get_output(PyObject *self, void *closure);
+PyObject *fl_source_get_copied_out(PyObject *self, void *closure);
 
 #define FL_SOURCE_GETSET                                                                       \
     {"batches", fl_source_get_batches, NULL, "Batches per epoch.", NULL},                      \
     {"lent", fl_source_get_lent, NULL, "Slots lent out now.", NULL},                           \
     {"ahead", fl_source_get_ahead, NULL, "Batches filling or ready, not yet handed out.", NULL}, \
-    {"output", fl_source_get_output, NULL, "(dtypes, sample shapes) of the fields as delivered.", NULL}
+    {"output", fl_source_get_output, NULL,                                                     \
+     "(dtypes, sample shapes) of the fields as delivered.", NULL},                             \
+    {"copied_out", fl_source_get_copied_out, NULL,                                             \
+     "Batches handed out as copies because too many slots were lent.", NULL}
 
 #endif

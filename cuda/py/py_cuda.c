@@ -5,6 +5,8 @@
 #define FL_PY_NUMPY_IMPORT
 #include "py_cuda.h"
 
+#include <cuda_runtime_api.h> /* cudaGetDevice only: a query the .cu wrappers do not need */
+
 #include "fl_cublas.h"
 #include "fl_cuda.h"
 #include "fl_cuda_mem.h"
@@ -67,6 +69,20 @@ static PyObject *device_count(PyObject *module, PyObject *unused) {
     if (rc != 0)
         return raise_cuda(module, rc, "cudaGetDeviceCount");
     return PyLong_FromLong(count);
+}
+
+/* The calling thread's current device (cudaGetDevice): what device="cuda" means when torch
+ * has not chosen one. It makes no context. */
+static PyObject *current_device(PyObject *module, PyObject *unused) {
+    (void)unused;
+    int device = 0;
+    cudaError_t rc;
+    Py_BEGIN_ALLOW_THREADS /* the first runtime call loads the driver */
+        rc = cudaGetDevice(&device);
+    Py_END_ALLOW_THREADS
+    if (rc != cudaSuccess)
+        return raise_cuda(module, (int)rc, "cudaGetDevice");
+    return PyLong_FromLong(device);
 }
 
 static PyObject *device_info(PyObject *module, PyObject *arg) {
@@ -178,6 +194,9 @@ static PyMethodDef cuda_functions[] = {
     {"device_count", device_count, METH_NOARGS,
      "device_count()\n--\n\nThe number of CUDA devices; raises fastloop.CudaError when the\n"
      "runtime cannot answer (no driver, driver too old)."},
+    {"current_device", current_device, METH_NOARGS,
+     "current_device()\n--\n\nThe calling thread's current CUDA device (cudaGetDevice); raises\n"
+     "fastloop.CudaError when the runtime cannot answer."},
     {"device_info", device_info, METH_O,
      "device_info(index, /)\n--\n\nA dict describing device `index`."},
     {"selftest", (PyCFunction)(void (*)(void))selftest, METH_VARARGS | METH_KEYWORDS,

@@ -145,10 +145,11 @@ def _availability(module: Any, libraries: dict[str, Any]) -> Answer:
                              f"this fastloop needs {needed}")
     try:
         count = module.device_count()
-    except CudaError as error:
-        return Answer(False, f"the CUDA runtime cannot start: {error}")
+    except CudaError as error:  # CUDA_VISIBLE_DEVICES="" makes it cudaErrorNoDevice
+        return Answer(False, f"the CUDA runtime cannot start: {error}{_visible_devices_note()}")
     if count == 0:
-        return Answer(False, "the CUDA runtime sees no device (check CUDA_VISIBLE_DEVICES)")
+        note = _visible_devices_note() or " (check CUDA_VISIBLE_DEVICES)"
+        return Answer(False, f"the CUDA runtime sees no device{note}")
     names = ", ".join(module.device_info(i)["name"] for i in range(count))
     found = []
     for name, load in libraries.items():
@@ -158,6 +159,17 @@ def _availability(module: Any, libraries: dict[str, Any]) -> Answer:
             found.append(f"no {name} ({str(error).replace('CUDA is not available: ', '')})")
     return Answer(True, f"{count} CUDA device(s): {names}; driver supports CUDA {_cuda_version(driver)}; "
                         + "; ".join(found))
+
+
+def _visible_devices_note() -> str:
+    """Where CUDA_VISIBLE_DEVICES is set, words naming it for a reason no device is seen
+    ("" or an index that does not exist hides every GPU from this process); else ""."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return ""
+    if not value.strip():
+        return "; CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU from this process"
+    return f"; CUDA_VISIBLE_DEVICES={value!r} chooses which GPUs this process sees: check it names existing ones"
 
 
 def require() -> ModuleType:

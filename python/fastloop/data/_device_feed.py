@@ -141,11 +141,33 @@ class DeviceFeed:
         row_bytes = 3 * self.jpeg.out_h * self.jpeg.out_w * itemsize
         return self.jpeg.decode(field, out_ptr, row_bytes, dtype, channels_first, stream)
 
+    # Host batches the feed may still hold when it takes the next one: the loader lends two
+    # batches' slots and copies a third out (py_batch.h, fl_copy_out), so with the one taken
+    # that makes two. The one held is the batch just queued, which is handed out next.
+    MAX_HELD = 1
+
     def release_copied(self) -> None:
         """Lets go of the host batches whose copies are done, so their slots go back to the
         workers before the next batch is taken (a slot still held then would make the loader
         hand out a copy: it keeps slots for at most two lent batches)."""
         raise NotImplementedError
+
+    def held(self) -> int:
+        """Host batches whose copies may still read their slots."""
+        raise NotImplementedError
+
+    def wait_oldest(self) -> None:
+        """Blocks until the oldest held batch's copies are done, and lets go of it."""
+        raise NotImplementedError
+
+    def make_room(self) -> None:
+        """Before the next host batch is taken: lets go of the batches already copied, then,
+        when the GPU is more than a batch behind, waits for the oldest copies rather than
+        leave the loader to hand the next batch out as a copy into pageable memory (a memcpy
+        of the whole batch in this thread, then an unpinned upload)."""
+        self.release_copied()
+        while self.held() > self.MAX_HELD:
+            self.wait_oldest()
 
     def iterate(self, host_batches: Iterator[tuple], epoch: int = 0) -> Iterator[tuple]:
         """Yields device batches, the next one's copy queued before the current is handed out."""
@@ -153,7 +175,7 @@ class DeviceFeed:
             self.jpeg.start_epoch(epoch)
         batches, pending = iter(host_batches), None
         while True:
-            self.release_copied()
+            self.make_room()
             host = next(batches, None)
             if host is None:
                 break
@@ -197,6 +219,13 @@ class DeviceArrayFeed(DeviceFeed):
         # ready() settles an array whose write is done: it drops the slot view it kept
         while self.in_flight and all(array.ready() for array in self.in_flight[0]):
             self.in_flight.popleft()
+
+    def held(self) -> int:
+        return len(self.in_flight)
+
+    def wait_oldest(self) -> None:
+        for array in self.in_flight.popleft():
+            array.synchronize()  # settles it: the slot view it kept goes
 
     def upload(self, fields: tuple) -> tuple:
         out = []

@@ -17,7 +17,7 @@ the slot is held until it completes.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class TorchFeed(DeviceFeed):
             raise ValueError("memory_format='channels_last' lays out (N, C, H, W) image batches: it needs a "
                              "Pipeline ending in Normalize to CHW (e.g. Normalize(mean, std, layout='HWC->CHW'))")
         self.in_flight: collections.deque = collections.deque()  # (event, host fields) until copied
+        self.normalize = TorchNormalize(self.torch, finish) if finish is not None else None
 
     def _new_stream(self) -> Any:
         return self.torch.cuda.Stream(self.device)
@@ -61,6 +62,14 @@ class TorchFeed(DeviceFeed):
     def release_copied(self) -> None:
         while self.in_flight and self.in_flight[0][0].query():
             self.in_flight.popleft()
+
+    def held(self) -> int:
+        return len(self.in_flight)
+
+    def wait_oldest(self) -> None:
+        event, _ = self.in_flight[0]
+        event.synchronize()  # the loading stream's work up to that batch; not the consumer's steps
+        self.in_flight.popleft()
 
     def _image_out(self, field: np.ndarray) -> Any:
         """The empty output tensor of the first field, in the finish's dtype and layout."""
@@ -78,7 +87,7 @@ class TorchFeed(DeviceFeed):
             cuda.preprocess(field, mean=self.finish.mean, std=self.finish.std, layout=self.finish.layout,
                             out=out, stream=self.stream, device=self.device)
         else:
-            _normalize_with_torch(self.torch, field, out, self.finish)
+            self.normalize(field, out)
         return out
 
     def _decode_images(self, field: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -125,17 +134,34 @@ class TorchFeed(DeviceFeed):
         self.in_flight.clear()
 
 
-def _normalize_with_torch(torch: Any, field: np.ndarray, out: Any, finish: GpuFinish) -> None:
-    """The kernel's math in torch ops on the current stream: the uint8 copy, then
-    x * (1/255/std) + (-mean/std) in float32 per channel, laid out and cast into `out`."""
-    device = out.device
-    x = torch.from_numpy(field).to(device, non_blocking=True)
-    if finish.source_layout == "HWC":
-        x = x.permute(0, 3, 1, 2)  # logical (N, C, H, W)
-    mean = torch.tensor(finish.mean, dtype=torch.float32, device=device).reshape(1, -1, 1, 1)
-    std = torch.tensor(finish.std, dtype=torch.float32, device=device).reshape(1, -1, 1, 1)
-    y = torch.addcmul(-mean / std, x.float(), (1.0 / 255.0) / std)
-    out.copy_(y if finish.channels_first else y.permute(0, 2, 3, 1))
+class TorchNormalize:
+    """The kernel's math in torch ops on the current stream (without fastloop's CUDA
+    extension): the uint8 copy, then x * (1/255/std) + (-mean/std) in float32 per channel,
+    laid out and cast into `out`. The per-channel scale and shift are made once per device
+    and dtype, not per batch (each would be a small upload and two kernels)."""
+
+    def __init__(self, torch: Any, finish: GpuFinish) -> None:
+        self.torch, self.finish = torch, finish
+        self.constants: dict[tuple[str, Any], tuple[Any, Any]] = {}
+
+    def scale_and_shift(self, device: Any, dtype: Any) -> tuple[Any, Any]:
+        """(1/255/std, -mean/std) as (1, C, 1, 1) tensors of `dtype` on `device`."""
+        key = (str(device), dtype)
+        if key not in self.constants:
+            torch, f = self.torch, self.finish
+            mean = torch.tensor(f.mean, dtype=dtype, device=device).reshape(1, -1, 1, 1)
+            std = torch.tensor(f.std, dtype=dtype, device=device).reshape(1, -1, 1, 1)
+            self.constants[key] = ((1.0 / 255.0) / std, -mean / std)
+        return self.constants[key]
+
+    def __call__(self, field: np.ndarray, out: Any) -> None:
+        torch, f = self.torch, self.finish
+        x = torch.from_numpy(field).to(out.device, non_blocking=True)
+        if f.source_layout == "HWC":
+            x = x.permute(0, 3, 1, 2)  # logical (N, C, H, W)
+        scale, shift = self.scale_and_shift(out.device, torch.float32)
+        y = torch.addcmul(shift, x.float(), scale)
+        out.copy_(y if f.channels_first else y.permute(0, 2, 3, 1))
 
 
 class _ReleaseGuard:
@@ -171,9 +197,19 @@ class PinnedBatches:
         self.held.append((event, field))
 
     def release_copied(self) -> None:
-        """Lets go of fields whose copies are done (the Loader calls it before taking each
-        batch, so their slots are free for it)."""
+        """Lets go of fields whose copies are done."""
         while self.held and self.held[0][0].query():
+            self.held.popleft()
+
+    def make_room(self, lent: Callable[[], int]) -> None:
+        """Before the Loader takes a batch (`lent`: the loader's slots lent now): lets go of
+        the fields already copied, then, while more than one slot is lent and some are held
+        here, waits for the oldest copies. The loader lends two slots and copies a third
+        batch out, into pageable memory that the user's non_blocking copy would then read
+        synchronously: a GPU running behind should slow the loop instead."""
+        self.release_copied()
+        while self.held and lent() > 1:
+            self.held[0][0].synchronize()
             self.held.popleft()
 
     def tensors(self, arrays: tuple) -> tuple:

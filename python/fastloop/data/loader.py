@@ -258,8 +258,9 @@ class Loader:
     sizes the batch slots).
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
-    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU, copied from
-      slots pinned once on a loading stream, one batch ahead of the consumer. A Pipeline
+    device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU ("cuda": the
+      current device, torch's where torch started CUDA), copied from slots pinned once on a
+      loading stream, one batch ahead of the consumer. A Pipeline
       ending in Normalize (and maybe Cast) on uint8 images is split: the workers stop at
       uint8 (same code, same random draws) and one kernel normalizes, lays out and casts on
       the GPU. output="torch" gives torch CUDA tensors, ready on the current stream;
@@ -620,11 +621,21 @@ class Loader:
                 self._core.batch_ends = self._order.ends
         self._core.start_epoch(epoch, first_batch)
         self._progress = (epoch, first_batch)
-        active = _Epoch(self, epoch, first_batch)
+        active = _Epoch(self, epoch, first_batch, counts_taken=self._feed is None)
         self._active = weakref.ref(active)
         if self._feed is not None:
-            return (self._layout.build(batch, None) for batch in self._feed.iterate(active, epoch))
+            return self._device_batches(active, epoch)
         return active
+
+    def _device_batches(self, active: "_Epoch", epoch: int) -> Iterator[Any]:
+        """The feed's device batches: the feed takes each host batch one ahead of the one it
+        hands out, so the epoch's position counts here, as each batch reaches the user."""
+        for batch in self._feed.iterate(active, epoch):
+            if active.abandoned:  # close() or a new iteration: nothing more from this epoch
+                return
+            active.handed_out()
+            yield self._layout.build(batch, None)
+        active.finished()
 
     def _abandon_active(self) -> None:
         ref = self._active  # read once: a close() on another thread may set it to None meanwhile
@@ -747,9 +758,14 @@ class _Epoch:
     """One pass over the loader: the iterator `for batch in loader` runs. Abandoning it
     (break, an exception, Ctrl-C, garbage collection) stops the workers at once."""
 
-    def __init__(self, loader: Loader, epoch: int, position: int) -> None:
+    def __init__(self, loader: Loader, epoch: int, position: int, counts_taken: bool = True) -> None:
+        """counts_taken: each batch counts as handed out when next() takes it; False for a
+        device feed, which takes a batch before it hands out the previous one and says when
+        it hands one out (handed_out) and when the epoch's last one went (finished)."""
         self.loader, self.epoch, self.position = loader, epoch, position
-        self.done = False
+        self.counts_taken = counts_taken
+        self.done = False  # no batch left to take: the end reached, or abandoned
+        self.abandoned = False
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -758,7 +774,8 @@ class _Epoch:
         if self.done:
             raise StopIteration
         if self.loader._pinned is not None:  # slots whose copies are done go back before the next batch
-            self.loader._pinned.release_copied()
+            core = self.loader._core
+            self.loader._pinned.make_room(lambda: getattr(core, "lent", 0))  # _InProcess lends no slots
         try:
             batch = self.loader._core.next(self.loader.timeout)
         except BaseException as error:
@@ -771,20 +788,38 @@ class _Epoch:
             if self.done:  # abandoned meanwhile (close() on another thread): the position stays
                 raise StopIteration
             self.done = True
-            self.loader._progress = None
+            if self.counts_taken:  # else the feed still holds the last batch: finished() says when it went
+                self.loader._progress = None
             if not self.loader.persistent_workers:
                 self.loader._core.stop()
             raise StopIteration
         if self.loader.on_error == "skip" and not self.loader._skips_logged:
             self.loader._log_first_skip()
-        self.position += 1
-        self.loader._progress = (self.epoch, self.position)
+        if self.counts_taken:
+            self.handed_out()
         return self.loader._deliver(batch)
+
+    def _current(self) -> bool:
+        """Whether this epoch is the loader's pass now: an abandoned one (or one a later
+        iteration replaced) no longer moves the loader's position."""
+        active = self.loader._active
+        return not self.abandoned and active is not None and active() is self
+
+    def handed_out(self) -> None:
+        """One more batch of the epoch reached the user: state_dict() resumes after it."""
+        self.position += 1
+        if self._current():
+            self.loader._progress = (self.epoch, self.position)
+
+    def finished(self) -> None:
+        """The epoch's last batch reached the user (a device feed's): state_dict() names the next epoch."""
+        if self._current():
+            self.loader._progress = None
 
     def abandon(self, wait: bool = True) -> None:
         """Stops the epoch's workers (wait=False: asks them to, as a finalizer must)."""
         if not self.done:
-            self.done = True
+            self.done = self.abandoned = True
             self.loader._core.stop(wait=wait)
 
     def __del__(self) -> None:
