@@ -338,8 +338,8 @@ static PyMethodDef cuda_functions[] = {
      "memcpy_benchmark(nbytes, pinned=True, repeats=10, device=0)\n--\n\n"
      "Host-to-device cudaMemcpyAsync bandwidth in GB/s (1e9 bytes/s)."},
     {"empty_cache", (PyCFunction)(void (*)(void))empty_cache, METH_VARARGS | METH_KEYWORDS,
-     "empty_cache(device=None)\n--\n\nFree the device blocks kept for reuse by dropped\n"
-     "DeviceArrays (every device when None); waits for the device."},
+     "empty_cache(device=-1)\n--\n\nFree the device blocks kept for reuse by dropped\n"
+     "DeviceArrays (every device when -1); waits for the device."},
 #ifdef FL_TESTING
     {"_device_restored", device_restored, METH_NOARGS,
      "_device_restored()\n--\n\nThe tests' hook (no GPU only): every entry point run with a fake\n"
