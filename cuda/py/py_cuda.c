@@ -9,7 +9,10 @@
 #include "fl_cuda.h"
 #include "fl_cuda_mem.h"
 #ifdef FL_TESTING
+#include <string.h>
+
 #include "fl_cuda_device.h"
+#include "fl_cuda_preprocess.h"
 #endif
 
 PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what) {
@@ -256,6 +259,10 @@ static int probe_entry_points(PyObject *failed, int caller, int device, int expe
     PROBE("fl_cuda_host_register", fl_cuda_host_register(device, host, sizeof host, &flag));
     PROBE("fl_cuda_host_unregister", fl_cuda_host_unregister(device, host));
     PROBE("fl_cuda_memcpy_benchmark", fl_cuda_memcpy_benchmark(device, 64, 1, 1, &gbps));
+    fl_cuda_preprocess_job job;
+    memset(&job, 0, sizeof job);
+    job.device = device, job.stream = FL_CUDA_LEGACY_STREAM, job.c = 3;
+    PROBE("fl_cuda_preprocess", fl_cuda_preprocess(&job, &event));
     const fl_nn_backend *nn = fl_cuda_nn_backend();
     void *ctx = fl_cuda_nn_bare_context(device);
     if (ctx == NULL) {
