@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fl_cuda_device.h"
+
 int fl_cuda_runtime_version(void) { return CUDART_VERSION; }
 
 int fl_cuda_driver_version(void) {
@@ -60,7 +62,8 @@ int fl_cuda_selftest(int index, size_t n, double *kernel_ms, size_t *errors) {
     *errors = 0;
     float *host = NULL, *device = NULL;
     cudaEvent_t start = NULL, stop = NULL;
-    cudaError_t rc = cudaSetDevice(index);
+    fl_cuda_device_scope scope(index); /* the caller's device is current again on return */
+    cudaError_t rc = (cudaError_t)scope.rc;
     if (rc == cudaSuccess && (host = (float *)malloc(3 * n * sizeof(float))) == NULL)
         rc = cudaErrorMemoryAllocation;
     if (rc == cudaSuccess)
@@ -71,6 +74,7 @@ int fl_cuda_selftest(int index, size_t n, double *kernel_ms, size_t *errors) {
         rc = cudaEventCreate(&stop);
     if (rc != cudaSuccess) {
         selftest_free(host, device, start, stop);
+        (void)cudaGetLastError(); /* a non-sticky error must not reach the caller's next launch */
         return (int)rc;
     }
     for (size_t i = 0; i < n; i++) {
@@ -94,6 +98,8 @@ int fl_cuda_selftest(int index, size_t n, double *kernel_ms, size_t *errors) {
             *errors += host[2 * n + i] != 3.0f * (float)i;
     }
     selftest_free(host, device, start, stop);
+    if (rc != cudaSuccess)
+        (void)cudaGetLastError();
     return (int)rc;
 }
 

@@ -46,6 +46,11 @@ int fl_cuda_selftest(int index, size_t n, double *kernel_ms, size_t *errors);
  * fails with the reason), kernels for the rest. Never fails; the table is static. */
 const fl_nn_backend *fl_cuda_nn_backend(void);
 
+/* A context of that backend that holds only its device (no stream, pool or cuBLAS handle was
+ * made): for the tests that run each op into its error path on a machine without a GPU. The
+ * backend's close() frees it; NULL when out of memory. Never touches the device. */
+void *fl_cuda_nn_bare_context(int device);
+
 /* "cudaErrorNoDevice" and "no CUDA-capable device is detected" for a code. */
 const char *fl_cuda_error_name(int code);
 const char *fl_cuda_error_string(int code);

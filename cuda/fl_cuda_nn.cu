@@ -2,7 +2,9 @@
  * context per model on one device, with its own non-blocking stream, a cuBLAS handle bound
  * to that stream, a stream-ordered memory pool, and the scratch a loss needs.
  *
- * Every op makes the context's device current first (Python threads may differ), queues
+ * Every op makes the context's device current for the call and gives the calling thread its
+ * own device back on return (fl_cuda_device_scope: Python threads differ, torch's current
+ * device must not change under it), queues
  * its work on the context's stream, and checks every CUDA and cuBLAS return code; a failure
  * leaves "<call>: <error string>" in error(ctx) and returns FL_ENOMEM (out of memory),
  * FL_EINVAL (bad arguments) or FL_ECUDA (any other CUDA or cuBLAS failure).
@@ -16,6 +18,7 @@
 
 #include "base/fl_error.h"
 #include "fl_cublas.h"
+#include "fl_cuda_device.h"
 #include "fl_cuda_nn_kernels.h"
 
 typedef struct nn_ctx {
@@ -53,13 +56,18 @@ static int cuda_fail(nn_ctx *c, cudaError_t rc, const char *what) {
             return cuda_fail((c), rc_, (what));     \
     } while (0)
 
+/* Makes the context's device current until the enclosing scope ends; fails the op when it cannot. */
+#define DEVICE_SCOPE(c)                                              \
+    fl_cuda_device_scope device_scope_((c)->device);                 \
+    CUDA_CHECK((c), (cudaError_t)device_scope_.rc, "cudaSetDevice")
+
 static int bad_dtype(nn_ctx *c, fl_dtype dtype) {
     return fail(c, FL_EINVAL, "the cuda backend takes float32 or float64, not dtype %d", (int)dtype);
 }
 
 /* Creates what a context holds; on failure the context is half made (close frees it). */
 static int open_resources(nn_ctx *c) {
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
                "cudaStreamCreateWithFlags");
     int pools = 0;
@@ -94,7 +102,7 @@ static void nn_close(void *ctx) {
     nn_ctx *c = (nn_ctx *)ctx;
     if (c == NULL)
         return;
-    cudaSetDevice(c->device);
+    fl_cuda_device_scope scope(c->device);
     if (c->stream != NULL)
         cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)
@@ -149,11 +157,18 @@ static int nn_open(int device, void **ctx, const char **why) {
     return 0;
 }
 
+void *fl_cuda_nn_bare_context(int device) {
+    nn_ctx *c = (nn_ctx *)calloc(1, sizeof *c);
+    if (c != NULL)
+        c->device = device;
+    return c;
+}
+
 static const char *nn_error(void *ctx) { return ((nn_ctx *)ctx)->error; }
 
 static int nn_sync(void *ctx) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
     return 0;
 }
@@ -161,7 +176,8 @@ static int nn_sync(void *ctx) {
 static void *nn_alloc(void *ctx, size_t bytes) {
     nn_ctx *c = (nn_ctx *)ctx;
     void *ptr = NULL;
-    cudaError_t rc = cudaSetDevice(c->device);
+    fl_cuda_device_scope scope(c->device);
+    cudaError_t rc = (cudaError_t)scope.rc;
     if (rc == cudaSuccess)
         rc = c->pool ? cudaMallocFromPoolAsync(&ptr, bytes, c->pool, c->stream)
                      : cudaMalloc(&ptr, bytes);
@@ -177,8 +193,13 @@ static void *nn_alloc(void *ctx, size_t bytes) {
 /* Stream-ordered: the block returns to the pool once the context's queued work is done. */
 static void nn_free(void *ctx, void *ptr) {
     nn_ctx *c = (nn_ctx *)ctx;
-    if (ptr == NULL || cudaSetDevice(c->device) != cudaSuccess)
+    if (ptr == NULL)
         return;
+    fl_cuda_device_scope scope(c->device);
+    if (scope.rc != 0) {
+        (void)cudaGetLastError();
+        return;
+    }
     cudaError_t rc = c->pool ? cudaFreeAsync(ptr, c->stream) : cudaFree(ptr);
     if (rc != cudaSuccess)
         cuda_fail(c, rc, c->pool ? "cudaFreeAsync" : "cudaFree");
@@ -188,7 +209,7 @@ static void nn_free(void *ctx, void *ptr) {
  * a pageable one is staged by the runtime before cudaMemcpyAsync returns. */
 static int nn_to_device(void *ctx, void *dst, const void *host_src, size_t bytes) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     cudaPointerAttributes attributes;
     CUDA_CHECK(c, cudaPointerGetAttributes(&attributes, host_src), "cudaPointerGetAttributes");
     CUDA_CHECK(c, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream),
@@ -200,7 +221,7 @@ static int nn_to_device(void *ctx, void *dst, const void *host_src, size_t bytes
 
 static int nn_to_host(void *ctx, void *host_dst, const void *src, size_t bytes) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
                "cudaMemcpyAsync(device to host)");
     CUDA_CHECK(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
@@ -209,7 +230,7 @@ static int nn_to_host(void *ctx, void *host_dst, const void *src, size_t bytes) 
 
 static int nn_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
                "cudaMemcpyAsync(device to device)");
     return 0;
@@ -217,14 +238,14 @@ static int nn_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 
 static int nn_zero(void *ctx, void *ptr, size_t bytes) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaMemsetAsync(ptr, 0, bytes, c->stream), "cudaMemsetAsync");
     return 0;
 }
 
 static int nn_wait_stream(void *ctx, uintptr_t stream) {
     nn_ctx *c = (nn_ctx *)ctx;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     CUDA_CHECK(c, cudaEventRecord(c->wait_event, (cudaStream_t)stream), "cudaEventRecord");
     CUDA_CHECK(c, cudaStreamWaitEvent(c->stream, c->wait_event, 0), "cudaStreamWaitEvent");
     return 0;
@@ -250,7 +271,7 @@ static int nn_gemm(void *ctx, fl_dtype dtype, int trans_a, int trans_b, int64_t 
     int err = gemm_dims_fit(c, dims);
     if (err != 0)
         return err;
-    CUDA_CHECK(c, cudaSetDevice(c->device), "cudaSetDevice");
+    DEVICE_SCOPE(c);
     const fl_cublas_op op_a = trans_a ? FL_CUBLAS_OP_T : FL_CUBLAS_OP_N;
     const fl_cublas_op op_b = trans_b ? FL_CUBLAS_OP_T : FL_CUBLAS_OP_N;
     int status;
@@ -278,7 +299,7 @@ static int nn_gemm(void *ctx, fl_dtype dtype, int trans_a, int trans_b, int64_t 
 /* Runs `launch` for the dtype's C type T (float or double), checking the device first. */
 #define DISPATCH(c, dtype, what, launch)                                       \
     do {                                                                       \
-        CUDA_CHECK((c), cudaSetDevice((c)->device), "cudaSetDevice");          \
+        DEVICE_SCOPE(c);                                                       \
         cudaError_t launched;                                                  \
         if ((dtype) == FL_FLOAT32) {                                           \
             typedef float T;                                                   \
@@ -361,6 +382,7 @@ static int nn_loss(void *ctx, fl_dtype dtype, fl_nn_loss kind, const void *outpu
     if (rows <= 0 || cols <= 0)
         return fail(c, FL_EINVAL, "loss of an empty output (%lld x %lld)", (long long)rows,
                     (long long)cols);
+    DEVICE_SCOPE(c); /* for the copies after the kernels too */
     int err = queue_loss(c, dtype, kind, output, target, rows, cols, grad);
     if (err != 0)
         return err;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fl_cuda_device.h"
 #include "fl_cuda_mem.h"
 
 typedef struct preprocess_params {
@@ -124,7 +125,10 @@ int fl_cuda_preprocess(const fl_cuda_preprocess_job *job, void **event) {
     const cudaStream_t stream = (cudaStream_t)job->stream;
     const params_layout l = layout_of(job);
     uint8_t *staging = NULL;
-    cudaError_t rc = (cudaError_t)fl_cuda_alloc_async(job->device, l.total, job->stream, (void **)&staging);
+    fl_cuda_device_scope scope(job->device); /* the copies and the launch below need it current */
+    cudaError_t rc = (cudaError_t)scope.rc;
+    if (rc == cudaSuccess)
+        rc = (cudaError_t)fl_cuda_alloc_async(job->device, l.total, job->stream, (void **)&staging);
     if (rc == cudaSuccess)
         rc = queue_copies(job, &l, staging, stream);
     if (rc == cudaSuccess)

@@ -219,6 +219,131 @@ def test_dlpack_refuses_a_copy_another_device_and_stream_zero():
         _cuda._from_pointer(owner.ctypes.data, 4, object, 0, owner)
 
 
+@built
+def test_every_entry_point_gives_the_callers_device_back_on_each_path():
+    """Issue 34, defect 2: each fl_cuda_* entry point and nn op switches devices through one
+    guard and gives the thread its own device back, on its error paths too. The guard's runtime
+    calls are faked (a current device of 5, then 0); the real calls after the switch fail here,
+    where there is no device, so each entry point takes an error path."""
+    from fastloop import _cuda
+
+    if not hasattr(_cuda, "_device_restored"):
+        pytest.skip(WHY_ABSENT)
+    if cuda.is_available():
+        pytest.skip("the entry points are run into their error paths only where no GPU is")
+    result = _cuda._device_restored()
+    assert result == {"switched and restored": [], "set refused, restored": [],
+                      "no context on the caller's device 0: left": []}
+
+
+FINALIZING_EXPORT = '''import ctypes
+import os
+import sys
+
+import numpy as np
+from fastloop import _cuda
+
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+DELETER_OFFSET = 56  # DLManagedTensor: a 48-byte DLTensor, manager_ctx, then deleter
+
+
+def consume():
+    """Exports an array and does what a consumer (torch's from_dlpack) does: takes the tensor
+    and renames the capsule. Returns the array's owner and the call the consumer makes when its
+    tensor goes (the deleter)."""
+    owner = np.zeros(4, np.float32)
+    view = _cuda._from_pointer(owner.ctypes.data, 4, "float32", 0, owner)
+    capsule = view.__dlpack__(stream=-1)  # stream -1: no CUDA call, so no GPU is needed
+    managed = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    api.PyCapsule_SetName(capsule, b"used_dltensor")
+    deleter = DELETER(ctypes.c_void_p.from_address(managed + DELETER_OFFSET).value)
+    return owner, lambda: deleter(managed)
+
+
+class ReleasedAtExit:
+    """Calls the deleter from its __del__, which runs once the interpreter is finalizing."""
+
+    def __init__(self, owner, release):
+        self.owner, self.release = owner, release
+
+    def __del__(self, write=os.write, finalizing=sys.is_finalizing, refs=sys.getrefcount):
+        before = refs(self.owner)
+        self.release()
+        write(1, f"finalizing {finalizing()}: the deleter dropped {before - refs(self.owner)}\\n".encode())
+
+
+owner, release = consume()
+before = sys.getrefcount(owner)
+release()
+os.write(1, f"running: the deleter dropped {before - sys.getrefcount(owner)}\\n".encode())
+keeper = ReleasedAtExit(*consume())
+os.write(1, b"exiting\\n")
+'''
+
+
+@built
+def test_dlpack_deleter_leaves_python_alone_once_the_interpreter_is_finalizing():
+    """Issue 34, defect 9: a consumer may call the deleter while the interpreter is finalizing,
+    when taking the GIL can end or hang the calling thread: the deleter must leak its reference
+    then, on 3.9-3.12 (the GPU machines' Python) as on 3.13. A subprocess exports two arrays as
+    a consumer would take them; one's deleter is called while it runs (its reference dropped),
+    the other's from a __del__ that runs once the interpreter is finalizing (kept)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", FINALIZING_EXPORT], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["running: the deleter dropped 1", "exiting",
+                                        "finalizing True: the deleter dropped 0"], done.stdout
+
+
+@built
+def test_pin_checks_its_device_before_touching_the_gpu():
+    with pytest.raises(ValueError, match="'device' must be None or a device index >= 0"):
+        cuda.pin(np.zeros(4), device=-1)
+    with pytest.raises(ValueError, match="'device' must be None or a device index >= 0, not 'x'"):
+        cuda.pin(np.zeros(4), device="x")
+
+
+def test_torch_pinning_clears_error_712_it_tolerates(monkeypatch):
+    """Issue 34, defect 9: cudaHostRegister's "already registered" (712) stays the runtime's
+    last error, and torch's next launch check would raise it: the torch path reads it away."""
+    import types
+
+    from fastloop.data import _pinning
+
+    answers, cleared = [], []
+
+    class Cudart:
+        def cudaHostRegister(self, address, nbytes, flags):
+            return answers.pop(0)
+
+        def cudaHostUnregister(self, address):
+            raise AssertionError("someone else's registration must not be undone")
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(cudart=Cudart))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(_pinning, "_clear_last_error", lambda: cleared.append(True))
+    answers.append(712)
+    _pinning._torch_register(0x1000, 64)()  # the undo does nothing
+    assert cleared == [True]
+    answers.append(2)
+    with pytest.raises(fastloop.CudaError, match="cudaError 2"):
+        _pinning._torch_register(0x1000, 64)
+    assert cleared == [True]  # a real error is raised, not cleared here
+
+
+def test_torch_runtimes_last_error_is_found_among_the_mapped_libraries_or_none():
+    from fastloop.data import _pinning
+
+    get_last_error = _pinning._torch_cudart_get_last_error()
+    mapped = open("/proc/self/maps").read()
+    assert (get_last_error is None) == ("libcudart" not in mapped.replace("libcudart_static", ""))
+
+
 # ---------------------------------------------------------------- free threading
 
 @built
@@ -459,6 +584,63 @@ def test_async_to_device_from_pinned_memory_on_a_stream_is_ready_after_synchroni
         np.testing.assert_array_equal(array.to_numpy(), host)
     assert region.closed
     region.close()  # idempotent
+
+
+@gpu
+def test_a_dropped_device_arrays_memory_is_reused_by_the_next_of_its_size():
+    """Issue 34, defect 8: a dropped array's block goes to a per-device cache (no cudaFree, which
+    waits for the whole device) and the next array of that size takes it once its use is done."""
+    nbytes = 3 << 20
+    first = cuda.empty(nbytes, np.uint8)
+    address = first.ptr
+    del first
+    seen = []
+    for _ in range(1000):  # the block is handed out once its fence passed: poll, no sleep
+        again = cuda.empty(nbytes, np.uint8)
+        seen.append(again.ptr)
+        if again.ptr == address:
+            break
+        del again
+    assert address in seen
+    cuda._empty_cache(0)
+
+
+@gpu
+def test_pinning_twice_leaves_no_error_for_torchs_next_call():
+    """Issue 34, defect 9: error 712 (already registered) must not stay the last error."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from fastloop.data import _pinning
+
+    host = np.zeros(1 << 20, np.uint8)
+    address = host.ctypes.data
+    with cuda.pin(host, 0), cuda.pin(host, 0) as again:
+        assert again.already_pinned
+        (torch.ones(4, device="cuda") * 2).sum().item()  # a launch check after the 712
+    undo = _pinning._torch_register(address, host.nbytes)
+    again_undo = _pinning._torch_register(address, host.nbytes)
+    (torch.ones(4, device="cuda") * 2).sum().item()
+    again_undo()
+    undo()
+
+
+@gpu
+def test_fastloop_calls_leave_torchs_current_device_alone():
+    """Issue 34, defect 2: a call on another device gives the thread its own device back."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    torch.cuda.set_device(1)
+    array = cuda.to_device(np.arange(4, dtype=np.float32), 0)
+    assert torch.cuda.current_device() == 1
+    with cuda.Stream(0) as stream:
+        cuda.to_device(np.arange(4, dtype=np.float32), 0, stream=stream).synchronize()
+    with cuda.pin(np.zeros(64, np.uint8), 0):
+        pass
+    np.testing.assert_array_equal(array.to_numpy(), np.arange(4))
+    assert torch.cuda.current_device() == 1
+    torch.cuda.set_device(0)
 
 
 @gpu

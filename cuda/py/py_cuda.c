@@ -10,6 +10,12 @@
 #include "fl_cublas.h"
 #include "fl_cuda.h"
 #include "fl_cuda_mem.h"
+#ifdef FL_TESTING
+#include <string.h>
+
+#include "fl_cuda_device.h"
+#include "fl_cuda_preprocess.h"
+#endif
 
 PyObject *fl_py_raise_cuda(cuda_state *state, int code, const char *what) {
     PyObject *message = PyUnicode_FromFormat(
@@ -186,6 +192,150 @@ static PyObject *memcpy_benchmark(PyObject *module, PyObject *args, PyObject *kw
     return PyFloat_FromDouble(gbps);
 }
 
+static PyObject *empty_cache(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static fl_arg_cache empty_cache_args = FL_ARG_CACHE("empty_cache");
+    int device = -1;
+    if (fl_parse_args_dict(&empty_cache_args, args, kwargs, FL_ARG("|device", INT, &device)) < 0)
+        return NULL;
+    int first = device < 0 ? 0 : device, last = device < 0 ? 63 : device, rc = 0;
+    Py_BEGIN_ALLOW_THREADS /* cudaFree waits for the device */
+        for (int d = first; d <= last && rc == 0; d++)
+            rc = fl_cuda_cache_release(d);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return raise_cuda(module, rc, "cudaFree(cached blocks)");
+    Py_RETURN_NONE;
+}
+
+#ifdef FL_TESTING
+/* ---- _device_restored(): the tests' proof that every entry point gives the caller's device
+ * back, on a machine without a GPU: the guard's runtime calls are replaced by a fake current
+ * device, and each entry point runs into its error path (the real runtime has no device). ---- */
+
+static _Thread_local int fake_current = -1, fake_sets, fake_set_fails_for = -1, fake_no_context;
+
+static int fake_get(int *device) {
+    *device = fake_current;
+    return 0;
+}
+
+static int fake_set(int device) {
+    fake_sets++;
+    if (device == fake_set_fails_for)
+        return 101; /* cudaErrorInvalidDevice */
+    fake_current = device;
+    return 0;
+}
+
+static int fake_has_context(int device) { return !(fake_no_context && device == 0); }
+
+/* Runs one entry point; appends its name to `failed` when the current device after it is not
+ * `expect`, or when it never switched to `device` (switched: 0, the set was refused). */
+#define PROBE(name, call)                                                                     \
+    do {                                                                                      \
+        fake_sets = 0;                                                                        \
+        (void)(call);                                                                         \
+        if (fake_current != expect || fake_sets == 0) {                                       \
+            PyObject *what = PyUnicode_FromFormat("%s: current %d, expected %d, %d set(s)", \
+                                                  name, fake_current, expect, fake_sets);    \
+            if (what == NULL || PyList_Append(failed, what) < 0) {                            \
+                Py_XDECREF(what);                                                             \
+                return -1;                                                                    \
+            }                                                                                 \
+            Py_DECREF(what);                                                                  \
+        }                                                                                     \
+        fake_current = caller;                                                                \
+    } while (0)
+
+/* Every device-taking entry point of fl_cuda.h and fl_cuda_mem.h, and the nn backend's ops on a
+ * bare context, with `device` asked and `caller` current; `expect` is current afterwards. */
+static int probe_entry_points(PyObject *failed, int caller, int device, int expect) {
+    void *ptr = NULL, *event = NULL;
+    uintptr_t stream = 0;
+    int flag = 0;
+    double ms, gbps;
+    size_t errors;
+    char host[16];
+    fake_current = caller;
+    PROBE("fl_cuda_selftest", fl_cuda_selftest(device, 16, &ms, &errors));
+    PROBE("fl_cuda_malloc", fl_cuda_malloc(device, 64, &ptr));
+    PROBE("fl_cuda_free", fl_cuda_free(device, (void *)host));
+    PROBE("fl_cuda_cached_free", fl_cuda_cached_free(device, (void *)host, 64, NULL));
+    PROBE("fl_cuda_alloc_async", fl_cuda_alloc_async(device, 64, FL_CUDA_LEGACY_STREAM, &ptr));
+    PROBE("fl_cuda_free_async", fl_cuda_free_async(device, (void *)host, FL_CUDA_LEGACY_STREAM));
+    PROBE("fl_cuda_to_device", fl_cuda_to_device(device, (void *)host, host, 8, FL_CUDA_LEGACY_STREAM, 1));
+    PROBE("fl_cuda_to_host", fl_cuda_to_host(device, host, (void *)host, 8, FL_CUDA_LEGACY_STREAM));
+    PROBE("fl_cuda_stream_create", fl_cuda_stream_create(device, &stream));
+    PROBE("fl_cuda_stream_destroy", fl_cuda_stream_destroy(device, FL_CUDA_LEGACY_STREAM + 1));
+    PROBE("fl_cuda_stream_synchronize", fl_cuda_stream_synchronize(device, FL_CUDA_LEGACY_STREAM));
+    PROBE("fl_cuda_stream_query", fl_cuda_stream_query(device, FL_CUDA_LEGACY_STREAM, &flag));
+    PROBE("fl_cuda_stream_wait", fl_cuda_stream_wait(device, FL_CUDA_LEGACY_STREAM, FL_CUDA_LEGACY_STREAM));
+    PROBE("fl_cuda_stream_wait_event", fl_cuda_stream_wait_event(device, FL_CUDA_LEGACY_STREAM, NULL));
+    PROBE("fl_cuda_event_record", fl_cuda_event_record(device, &event, FL_CUDA_LEGACY_STREAM));
+    PROBE("fl_cuda_host_register", fl_cuda_host_register(device, host, sizeof host, &flag));
+    PROBE("fl_cuda_host_unregister", fl_cuda_host_unregister(device, host));
+    PROBE("fl_cuda_memcpy_benchmark", fl_cuda_memcpy_benchmark(device, 64, 1, 1, &gbps));
+    fl_cuda_preprocess_job job;
+    memset(&job, 0, sizeof job);
+    job.device = device, job.stream = FL_CUDA_LEGACY_STREAM, job.c = 3;
+    PROBE("fl_cuda_preprocess", fl_cuda_preprocess(&job, &event));
+    const fl_nn_backend *nn = fl_cuda_nn_backend();
+    void *ctx = fl_cuda_nn_bare_context(device);
+    if (ctx == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    float one = 1;
+    double loss;
+    PROBE("nn.sync", nn->sync(ctx));
+    PROBE("nn.alloc", nn->alloc(ctx, 64));
+    PROBE("nn.free", (nn->free(ctx, host), 0));
+    PROBE("nn.to_device", nn->to_device(ctx, host, host, 8));
+    PROBE("nn.to_host", nn->to_host(ctx, host, host, 8));
+    PROBE("nn.copy", nn->copy(ctx, host, host, 8));
+    PROBE("nn.zero", nn->zero(ctx, host, 8));
+    PROBE("nn.fill_rows", nn->fill_rows(ctx, FL_FLOAT32, host, 1, 1, &one));
+    PROBE("nn.sum_rows", nn->sum_rows(ctx, FL_FLOAT32, host, 1, 1, host));
+    PROBE("nn.relu", nn->relu(ctx, FL_FLOAT32, host, host, 1));
+    PROBE("nn.relu_backward", nn->relu_backward(ctx, FL_FLOAT32, host, host, host, 1));
+    PROBE("nn.loss", nn->loss(ctx, FL_FLOAT32, FL_NN_MSE, host, host, 1, 1, host, &loss));
+    PROBE("nn.wait_stream", nn->wait_stream(ctx, FL_CUDA_LEGACY_STREAM));
+    PROBE("nn.close", (nn->close(ctx), 0));
+    return 0;
+}
+
+static PyObject *device_restored(PyObject *module, PyObject *unused) {
+    (void)unused;
+    int count = 0;
+    if (fl_cuda_device_count(&count) == 0 && count > 0)
+        return fl_raisef(NULL, FL_EXC_RUNTIME, "_device_restored() runs the entry points into their "
+                         "error paths: only on a machine without a CUDA device");
+    (void)module;
+    static const fl_cuda_device_ops fake = {fake_get, fake_set, fake_has_context};
+    PyObject *result = PyDict_New(), *failed = NULL;
+    /* (name, caller's device, device asked, set refused for, device 0 without a context, expected after) */
+    static const struct { const char *name; int caller, device, refuse, no_context, expect; } cases[] = {
+        {"switched and restored", 5, 3, -1, 0, 5},
+        {"set refused, restored", 5, 3, 3, 0, 5},
+        {"no context on the caller's device 0: left", 0, 3, -1, 1, 3},
+    };
+    const fl_cuda_device_ops *previous = fl_cuda_device_ops_swap(&fake);
+    for (size_t i = 0; result != NULL && i < sizeof cases / sizeof *cases; i++) {
+        fake_set_fails_for = cases[i].refuse;
+        fake_no_context = cases[i].no_context;
+        failed = PyList_New(0);
+        if (failed == NULL || probe_entry_points(failed, cases[i].caller, cases[i].device, cases[i].expect) < 0 ||
+            PyDict_SetItemString(result, cases[i].name, failed) < 0)
+            Py_CLEAR(result);
+        Py_CLEAR(failed);
+    }
+    fl_cuda_device_ops_swap(previous);
+    fake_set_fails_for = -1;
+    fake_no_context = 0;
+    return result;
+}
+#endif
+
 static PyMethodDef cuda_functions[] = {
     {"runtime_version", runtime_version, METH_NOARGS,
      "runtime_version()\n--\n\nThe CUDA runtime version built in, e.g. 13000."},
@@ -213,6 +363,14 @@ static PyMethodDef cuda_functions[] = {
      METH_VARARGS | METH_KEYWORDS,
      "memcpy_benchmark(nbytes, pinned=True, repeats=10, device=0)\n--\n\n"
      "Host-to-device cudaMemcpyAsync bandwidth in GB/s (1e9 bytes/s)."},
+    {"empty_cache", (PyCFunction)(void (*)(void))empty_cache, METH_VARARGS | METH_KEYWORDS,
+     "empty_cache(device=-1)\n--\n\nFree the device blocks kept for reuse by dropped\n"
+     "DeviceArrays (every device when -1); waits for the device."},
+#ifdef FL_TESTING
+    {"_device_restored", device_restored, METH_NOARGS,
+     "_device_restored()\n--\n\nThe tests' hook (no GPU only): every entry point run with a fake\n"
+     "current device; a dict of case -> the entry points that left the wrong device current."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
@@ -255,7 +413,11 @@ static int cuda_clear(PyObject *module) {
     return 0;
 }
 
-static void cuda_free(void *module) { cuda_clear(module); }
+static void cuda_free(void *module) {
+    cuda_clear(module);
+    for (int device = 0; device < 64; device++) /* the blocks dropped DeviceArrays left for reuse */
+        (void)fl_cuda_cache_release(device);
+}
 
 static PyModuleDef_Slot cuda_slots[] = {
     {Py_mod_exec, cuda_exec},

@@ -76,7 +76,8 @@ typedef struct DeviceArray {
     uint64_t writes;        /* writes queued so far: a wait settles only the ones it saw */
 } DeviceArray;
 
-/* A new DeviceArray of cudaMalloc'd memory on `device` (descr is stolen). NULL on error. */
+/* A new DeviceArray of device memory on `device` (descr is stolen): a block a dropped array of
+ * the same size left (fl_cuda_cached_malloc), or cudaMalloc'd. NULL on error. */
 DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
                                     const Py_ssize_t *shape, PyArray_Descr *descr);
 
@@ -90,8 +91,10 @@ int fl_py_device_array_queued(cuda_state *state, DeviceArray *array, uintptr_t s
                               PyObject *ref, PyObject *host);
 
 /* Makes work queued later on `stream` wait for the array's pending write (nothing to do
- * when none is pending or it is on `stream`), under the array's critical section so the
- * pending stream stays alive. Never blocks the host. Returns 0 or a cudaError_t code. */
+ * when none is pending or it is on `stream`): on the array's own event, recorded right after
+ * that write, so not on later work of the writer's stream (the next batch's copy); a view made
+ * by _from_pointer() has no event and waits for its stream as it is now. Under the array's
+ * critical section. Never blocks the host. Returns 0 or a cudaError_t code. */
 int fl_py_device_array_wait_stream(DeviceArray *array, uintptr_t stream);
 
 /* __dlpack__ and __dlpack_device__ of a DeviceArray (py_dlpack.c). */

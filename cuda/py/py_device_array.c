@@ -39,12 +39,18 @@ static void array_dealloc(DeviceArray *self) {
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->owner == NULL && self->data != NULL) {
-        Py_BEGIN_ALLOW_THREADS /* cudaFree waits for the device's queued work */
-            fl_cuda_free(self->device, self->data);
+        void *event = self->event;
+        const int reads_host = self->pending_host != NULL && event != NULL;
+        Py_BEGIN_ALLOW_THREADS
+            if (reads_host) /* a queued copy may still read pending_host: wait for it alone */
+                fl_cuda_event_synchronize(event);
+            /* kept for the next array of this size, reused once this one's use is done: no
+             * cudaFree, which would wait for the whole device every batch */
+            fl_cuda_cached_free(self->device, self->data, self->nbytes, event);
         Py_END_ALLOW_THREADS
     }
-    fl_cuda_event_destroy(self->event);
-    array_clear(self); /* after the free: a queued copy may still read pending_host */
+    fl_cuda_event_destroy(self->event); /* a wait queued on it still holds */
+    array_clear(self); /* after the wait: a queued copy may still read pending_host */
     Py_XDECREF(self->descr);
     type->tp_free(self);
     Py_DECREF(type);
@@ -187,7 +193,7 @@ DeviceArray *fl_py_device_array_new(cuda_state *state, int device, int ndim,
     int rc;
     void *data = NULL;
     Py_BEGIN_ALLOW_THREADS
-        rc = fl_cuda_malloc(device, nbytes, &data);
+        rc = fl_cuda_cached_malloc(device, nbytes, &data); /* a dropped array's block, or cudaMalloc */
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         Py_DECREF(self);
@@ -234,7 +240,10 @@ int fl_py_device_array_wait_stream(DeviceArray *array, uintptr_t stream) {
     int rc = 0;
     Py_BEGIN_CRITICAL_SECTION(array);
     if (array->stream != 0 && array->stream != stream)
-        rc = fl_cuda_stream_wait(array->device, stream, array->stream); /* never blocks */
+        /* the array's own event, recorded after its write: not the stream as it is now, which
+         * may already hold the next batch's copy */
+        rc = array->event != NULL ? fl_cuda_stream_wait_event(array->device, stream, array->event)
+                                  : fl_cuda_stream_wait(array->device, stream, array->stream);
     Py_END_CRITICAL_SECTION();
     return rc;
 }

@@ -9,12 +9,13 @@
 #include "fl_dlpack.h"
 
 /* Drops the reference a capsule's tensor held on its DeviceArray. The consumer may call
- * the deleter from any thread, with or without the GIL. */
+ * the deleter from any thread, with or without the GIL. Once the interpreter is finalizing it
+ * is too late to take the GIL (a thread that tries is ended or hangs): the reference leaks.
+ * Py_IsFinalizing() is public from 3.13; py/fl_compat.h maps it to _Py_IsFinalizing() on
+ * 3.9-3.12, where that is the only spelling (the GPU machines run 3.12). */
 static void release_array(void *array) {
-#if PY_VERSION_HEX >= 0x030D0000
-    if (Py_IsFinalizing()) /* too late to take the GIL: leak the reference */
+    if (Py_IsFinalizing())
         return;
-#endif
     PyGILState_STATE gil = PyGILState_Ensure();
     Py_DECREF((PyObject *)array);
     PyGILState_Release(gil);

@@ -4,6 +4,7 @@
  * unregisters it. The region keeps the array alive while the pages are registered. */
 #include "py_cuda.h"
 
+#include <limits.h>
 #include <structmember.h>
 
 #include "fl_cuda_mem.h"
@@ -13,6 +14,7 @@ typedef struct PinnedRegion {
     PyObject *array; /* NULL once closed; read and cleared under the region's critical section */
     void *ptr;
     Py_ssize_t nbytes;
+    int device; /* current while registering and unregistering; -1: the caller's current one */
     char already; /* the range was registered before: not ours to unregister */
 } PinnedRegion;
 
@@ -28,8 +30,9 @@ static int region_release(PinnedRegion *self) {
     int rc = 0;
     if (array != NULL && !self->already && self->nbytes > 0) {
         void *ptr = self->ptr;
+        const int device = self->device;
         Py_BEGIN_ALLOW_THREADS
-            rc = fl_cuda_host_unregister(ptr);
+            rc = fl_cuda_host_unregister(device, ptr);
         Py_END_ALLOW_THREADS
     }
     Py_XDECREF(array); /* after the unregister: the pages are the array's */
@@ -122,12 +125,26 @@ static PyType_Spec region_spec = {
     .slots = region_slots,
 };
 
-static PyObject *pin(PyObject *module, PyObject *array) {
+static PyObject *pin(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static fl_arg_cache pin_args = FL_ARG_CACHE("pin");
+    PyObject *array, *device_obj = Py_None;
+    if (fl_parse_args_dict(&pin_args, args, kwargs, FL_ARG("array", OBJECT, &array),
+                           FL_ARG("|device", OBJECT, &device_obj)) < 0)
+        return NULL;
     cuda_state *state = fl_py_state(module);
     if (!PyArray_Check(array) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array))
         return fl_raisef(NULL, FL_EXC_TYPE, "'array' must be a C-contiguous NumPy array, not %.200s",
                          Py_TYPE(array)->tp_name);
-    if (fl_py_require_device(state, 0) < 0)
+    int device = -1; /* None: the thread's current device, no switch */
+    if (device_obj != Py_None) {
+        long value = PyLong_Check(device_obj) ? PyLong_AsLong(device_obj) : -1;
+        if (value == -1 && PyErr_Occurred())
+            return NULL;
+        device = value > INT_MAX ? -1 : (int)value;
+        if (!PyLong_Check(device_obj) || device < 0)
+            return fl_raisef(NULL, FL_EXC_VALUE, "'device' must be None or a device index >= 0, not %R", device_obj);
+    }
+    if (fl_py_require_device(state, device < 0 ? 0 : device) < 0)
         return NULL;
     PinnedRegion *self = PyObject_GC_New(PinnedRegion, state->pinned_type);
     if (self == NULL)
@@ -136,13 +153,14 @@ static PyObject *pin(PyObject *module, PyObject *array) {
     self->ptr = PyArray_DATA((PyArrayObject *)array);
     self->nbytes = PyArray_NBYTES((PyArrayObject *)array);
     self->already = 0;
+    self->device = device;
     int rc = 0;
     if (self->nbytes > 0) {
         void *ptr = self->ptr;
         size_t nbytes = (size_t)self->nbytes;
         int already;
         Py_BEGIN_ALLOW_THREADS /* locking many pages takes a while */
-            rc = fl_cuda_host_register(ptr, nbytes, &already);
+            rc = fl_cuda_host_register(device, ptr, nbytes, &already);
         Py_END_ALLOW_THREADS
         self->already = (char)already;
     }
@@ -158,11 +176,13 @@ static PyObject *pin(PyObject *module, PyObject *array) {
 }
 
 static PyMethodDef pinned_functions[] = {
-    {"pin", pin, METH_O,
-     "pin(array, /)\n--\n\nPage-lock a C-contiguous NumPy array's buffer for fast,\n"
-     "asynchronous host-to-device copies; returns a PinnedRegion whose close() (or the end\n"
-     "of a `with` block) unregisters it. Pinning memory that is already pinned succeeds\n"
-     "(already_pinned is then True). Raises fastloop.CudaError when the driver refuses."},
+    {"pin", (PyCFunction)(void (*)(void))pin, METH_VARARGS | METH_KEYWORDS,
+     "pin(array, /, device=None)\n--\n\nPage-lock a C-contiguous NumPy array's buffer for fast,\n"
+     "asynchronous host-to-device copies (to every device); returns a PinnedRegion whose close()\n"
+     "(or the end of a `with` block) unregisters it. `device`: the one made current for the\n"
+     "call (a loader's, so no context is made on another GPU); None: the thread's current one.\n"
+     "Pinning memory that is already pinned succeeds (already_pinned is then True). Raises\n"
+     "fastloop.CudaError when the driver refuses."},
     {NULL, NULL, 0, NULL},
 };
 

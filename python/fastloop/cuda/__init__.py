@@ -247,15 +247,24 @@ def to_device(array: npt.ArrayLike, device: int = 0, *, stream: Any = None,
     return _module().to_device(array, device, stream=stream, out=out)
 
 
-def pin(array: np.ndarray) -> PinnedRegion:
+def pin(array: np.ndarray, device: int | None = None) -> PinnedRegion:
     """Page-lock a C-contiguous NumPy array's buffer (cudaHostRegister) so copies from it run
     at full speed and asynchronously; ``close()`` or the end of a ``with`` block unpins it.
     Pinning memory that is already pinned succeeds (``already_pinned`` is then True).
+    ``device``: made current for the call (and the thread's own device current again after);
+    None: the thread's current device.
 
     >>> with fastloop.cuda.pin(slot) as region:
     ...     x = fastloop.cuda.preprocess(slot, mean=MEAN, std=STD, stream=s)
     """
-    return _module().pin(array)
+    return _module().pin(array, device)
+
+
+def _empty_cache(device: int | None = None) -> None:
+    """Free the device blocks dropped DeviceArrays left for reuse (every device when None)."""
+    module, _ = _load()
+    if module is not None:
+        module.empty_cache(device if device is not None else -1)
 
 
 def preprocess(batch: np.ndarray, *, mean: float | Sequence[float], std: float | Sequence[float],

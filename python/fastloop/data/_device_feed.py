@@ -98,7 +98,7 @@ class DeviceFeed:
 
     def __init__(self, device: int, finish: GpuFinish | None, pin: bool, batch_size: int) -> None:
         self.device, self.finish, self.pin = device, finish, pin
-        self.pinner = SlotPinner(batch_size) if pin else None
+        self.pinner = SlotPinner(batch_size, device=device) if pin else None
         self._stream: Any = None
         self.jpeg: Any = None  # _gpu_decode.GpuJpeg when field 0 holds staged images (decode="gpu")
 
@@ -257,3 +257,7 @@ class DeviceArrayFeed(DeviceFeed):
         if self._stream is not None:
             self._stream.synchronize()
         self.in_flight.clear()
+
+    def close(self) -> None:
+        super().close()
+        self.cuda._empty_cache(self.device)  # the device blocks its dropped batches left for reuse

@@ -22,16 +22,41 @@ def _is_slot_view(array: Any) -> bool:
     return isinstance(array, np.ndarray) and isinstance(array.base, _SlotLease)
 
 
-def _fastloop_register(address: int, nbytes: int) -> Callable[[], None]:
+def _fastloop_register(address: int, nbytes: int, device: int | None = None) -> Callable[[], None]:
     from .. import cuda
 
     memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
-    region = cuda.pin(memory)
+    region = cuda.pin(memory, device)  # the loader's device current for the call, no other GPU's
     return region.close
 
 
 _HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 _PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device
+
+
+def _torch_cudart_get_last_error() -> Callable[[], int] | None:
+    """cudaGetLastError of the CUDA runtime torch loaded (torch.cuda.cudart() does not bind it),
+    found among the libraries mapped into this process; None where there is none to find."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            function = ctypes.CDLL(path).cudaGetLastError  # already loaded: the same runtime
+        except (OSError, AttributeError):
+            continue
+        function.restype = ctypes.c_int
+        return function
+    return None
+
+
+def _clear_last_error() -> None:
+    """Reads (and so clears) the calling thread's last error in torch's CUDA runtime."""
+    get_last_error = _torch_cudart_get_last_error()
+    if get_last_error is not None:
+        get_last_error()
 
 
 def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
@@ -40,6 +65,7 @@ def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
     cudart = torch.cuda.cudart()
     error = int(cudart.cudaHostRegister(address, nbytes, _PORTABLE))
     if error == _HOST_MEMORY_ALREADY_REGISTERED:
+        _clear_last_error()  # else torch's next launch check reports error 712 as its own
         return lambda: None  # someone else's registration: theirs to undo
     if error != 0:
         from ..errors import CudaError
@@ -53,11 +79,14 @@ def _torch_register(address: int, nbytes: int) -> Callable[[], None]:
     return unregister
 
 
-def registrar() -> Callable[[int, int], Callable[[], None]]:
-    """The pinning call to use here: fastloop's CUDA extension where it runs, else torch's."""
+def registrar(device: int | None = None) -> Callable[[int, int], Callable[[], None]]:
+    """The pinning call to use here: fastloop's CUDA extension where it runs (with `device`
+    current for the call), else torch's."""
     from .. import cuda
 
-    return _fastloop_register if cuda.is_available() else _torch_register
+    if cuda.is_available():
+        return lambda address, nbytes: _fastloop_register(address, nbytes, device)
+    return _torch_register
 
 
 class SlotPinner:
@@ -66,9 +95,10 @@ class SlotPinner:
     last one) widens the registration once. Never past what a batch views: a slot is sized for
     the largest batch its epoch makes, which may be less than batch_size."""
 
-    def __init__(self, batch_size: int, register: Callable[[int, int], Callable[[], None]] | None = None) -> None:
+    def __init__(self, batch_size: int, register: Callable[[int, int], Callable[[], None]] | None = None,
+                 device: int | None = None) -> None:
         self.batch_size = batch_size
-        self.register = register or registrar()
+        self.register = register or registrar(device)
         self._pinned: dict[int, tuple[int, Callable[[], None]]] = {}  # field address -> (bytes, unregistration)
 
     def pin(self, array: Any) -> bool:
