@@ -96,6 +96,12 @@ void fl_jpeg_states_forget(fl_jpeg_states *s, int slot) {
     st->batch = 0, st->width = 0, st->height = 0;
 }
 
+/* ---- handle flags ---- */
+
+unsigned fl_jpeg_handle_flags(int major, int minor) {
+    return major > 12 || (major == 12 && minor >= 1) ? 32u : 0u;
+}
+
 /* ---- decode="auto" ---- */
 
 int fl_jpeg_auto_gpu(int has_engine, int workers, double cpu_rate, double fallback_rate) {

@@ -129,6 +129,13 @@ void fl_jpeg_states_queued(fl_jpeg_states *s, int slot);
  * (its event still guards it when it was recorded). Never fails. */
 void fl_jpeg_states_forget(fl_jpeg_states *s, int slot);
 
+/* ---- handle flags ---- */
+
+/* The flags nvjpegCreateEx gets from an nvJPEG of version major.minor: 32
+ * (NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, libjpeg-turbo's "fancy upsampling") from 12.1 on,
+ * where the flag exists; 0 before, or when the version is unknown (major < 0). Never fails. */
+unsigned fl_jpeg_handle_flags(int major, int minor);
+
 /* ---- decode="auto" ---- */
 
 /* 1 to decode on the GPU, 0 to decode in the CPU workers. With the engine: the GPU. Without

@@ -177,6 +177,13 @@ static void test_auto_picks_the_engine_else_the_faster_of_fallback_and_workers(v
     CHECK(fl_jpeg_auto_gpu(0, 1, 400, -1) == 0);
 }
 
+static void test_interpolated_upsampling_only_from_nvjpeg_12_1(void) {
+    CHECK(fl_jpeg_handle_flags(12, 1) == 32 && fl_jpeg_handle_flags(12, 8) == 32);
+    CHECK(fl_jpeg_handle_flags(13, 0) == 32);
+    CHECK(fl_jpeg_handle_flags(12, 0) == 0 && fl_jpeg_handle_flags(11, 9) == 0);
+    CHECK(fl_jpeg_handle_flags(-1, -1) == 0);
+}
+
 int main(void) {
     RUN(test_each_image_is_routed_on_its_own_answer);
     RUN(test_a_batch_with_one_refused_image_keeps_the_others_on_the_engine);
@@ -188,5 +195,6 @@ int main(void) {
     RUN(test_a_state_is_initialized_once_per_batch_size);
     RUN(test_a_forgotten_state_is_initialized_again);
     RUN(test_auto_picks_the_engine_else_the_faster_of_fallback_and_workers);
+    RUN(test_interpolated_upsampling_only_from_nvjpeg_12_1);
     return check_failures != 0;
 }
