@@ -165,6 +165,19 @@ static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, in
 
 /* ---- the decoder ---- */
 
+/* Binds `device` for a call and keeps the caller's in *saved (-1: none), so a decode never
+ * leaves another device current in the caller's thread (torch's, say). */
+static int enter_device(int device, int *saved) {
+    if (cudaGetDevice(saved) != cudaSuccess)
+        *saved = -1, (void)cudaGetLastError();
+    return (int)cudaSetDevice(device);
+}
+
+static void leave_device(int device, int saved) {
+    if (saved >= 0 && saved != device)
+        cudaSetDevice(saved);
+}
+
 static void backend_free(const fl_nvjpeg_api *nv, backend *b) {
     for (int i = 0; i < 2; i++) {
         if (b->state[i] != NULL)
@@ -207,12 +220,13 @@ int fl_gpu_decoder_new(int device, fl_gpu_decoder **out) {
     const fl_nvjpeg_api *nv = fl_nvjpeg();
     if (nv == NULL)
         return nvjpeg_code(1); /* NVJPEG_STATUS_NOT_INITIALIZED: not loaded */
-    int rc = (int)cudaSetDevice(device);
-    if (rc != 0)
-        return rc;
-    fl_gpu_decoder *d = (fl_gpu_decoder *)calloc(1, sizeof *d);
-    if (d == NULL)
-        return (int)cudaErrorMemoryAllocation;
+    int saved;
+    int rc = enter_device(device, &saved);
+    fl_gpu_decoder *d = rc == 0 ? (fl_gpu_decoder *)calloc(1, sizeof *d) : NULL;
+    if (d == NULL) {
+        leave_device(device, saved);
+        return rc != 0 ? rc : (int)cudaErrorMemoryAllocation;
+    }
     d->device = device;
     d->nv = nv;
     fl_nvjpeg_version(&d->stats.version_major, &d->stats.version_minor);
@@ -231,10 +245,12 @@ int fl_gpu_decoder_new(int device, fl_gpu_decoder **out) {
         rc = nvjpeg_code(nv->params_create(checker, &d->probe));
     if (rc != 0) {
         fl_gpu_decoder_free(d);
+        leave_device(device, saved);
         return rc;
     }
     fl_jpeg_engine_init(&d->engine, d->hw.handle != NULL);
     *out = d;
+    leave_device(device, saved);
     return 0;
 }
 
@@ -242,7 +258,8 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     if (d == NULL)
         return;
     const fl_nvjpeg_api *nv = d->nv;
-    cudaSetDevice(d->device);
+    int saved;
+    enter_device(d->device, &saved);
     cudaDeviceSynchronize(); /* nvJPEG's buffers may still be in use by queued work */
     for (size_t i = 0; i < d->n_params; i++)
         nv->params_destroy(d->params[i]);
@@ -254,6 +271,7 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     backend_free(nv, &d->sw);
     free(d->params), free(d->data), free(d->lengths), free(d->images), free(d->order), free(d->descs);
     free(d->dest), free(d->host_upload);
+    leave_device(d->device, saved);
     free(d);
 }
 
@@ -591,7 +609,8 @@ static int decode_once(fl_gpu_decoder *d, fl_gpu_decode_job *j, int no_engine, r
 }
 
 int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
-    int rc = (int)cudaSetDevice(d->device);
+    int saved;
+    int rc = enter_device(d->device, &saved);
     if (rc == 0)
         rc = reserve(d, j->n ? j->n : 1);
     fl_jpeg_engine_begin_batch(&d->engine);
@@ -610,5 +629,6 @@ int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
     }
     if (rc != 0 && rc < FL_GPU_NVJPEG_ERROR)
         (void)cudaGetLastError();
+    leave_device(d->device, saved);
     return rc;
 }

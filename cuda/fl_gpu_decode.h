@@ -10,7 +10,8 @@
  * Everything is queued on the caller's stream; fl_gpu_decode returns without waiting for the
  * GPU (nvJPEG's host-side parsing runs in the call). The entries, a host buffer, must stay
  * untouched until the stream passes the call. One decoder per loader; its calls are not
- * thread-safe (one consumer thread). nvJPEG must be loaded (fl_nvjpeg_load) first.
+ * thread-safe (one consumer thread). nvJPEG must be loaded (fl_nvjpeg_load) first. Each call
+ * binds the decoder's device and gives the caller back its current device.
  *
  * Codes: 0, a positive cudaError_t, or FL_GPU_NVJPEG_ERROR + an nvJPEG status.
  */
