@@ -3,9 +3,9 @@
  * dlopen/dlsym, as fl_cublas.h does for cuBLAS.
  *
  * fastloop must import where nvJPEG is absent, so nothing links it. fl_nvjpeg_load() tries,
- * in order: the path it is given (fastloop.cuda passes the nvidia-nvjpeg wheel's or
- * torchvision's copy), $FASTLOOP_NVJPEG, then libnvjpeg.so.13, libnvjpeg.so.12,
- * libnvjpeg.so. Once loaded the library stays loaded for the life of the process.
+ * in order: the path it is given (fastloop.cuda passes each of nvjpeg_candidates(): the
+ * nvidia-* wheels', torch's, the CUDA Toolkit's lib64), $FASTLOOP_NVJPEG, then
+ * libnvjpeg.so.13, libnvjpeg.so.12, libnvjpeg.so. Once loaded the library stays loaded for the life of the process.
  * Thread-safe.
  */
 #ifndef FL_NVJPEG_H
