@@ -21,7 +21,7 @@ CC ?= gcc
 # The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
 CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
 CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers test_block_cache
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers test_block_cache test_jpeg_plan
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 # float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.
@@ -82,6 +82,16 @@ $(BIN)/%_asan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 $(BIN)/%_tsan: tests/c/%.c tests/c/check.h $(CORE_SOURCES) $(CORE_HEADERS)
 	@mkdir -p $(BIN)
 	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -o $@ $< $(CORE_SOURCES) -lm -ldl
+
+# The nvJPEG decoder's host decisions (cuda/fl_jpeg_plan.c): plain C, built and run without nvcc.
+JPEG_PLAN := cuda/fl_jpeg_plan.c cuda/fl_jpeg_plan.h
+$(BIN)/test_jpeg_plan_asan: tests/c/test_jpeg_plan.c tests/c/check.h $(JPEG_PLAN)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -Icuda -o $@ $< cuda/fl_jpeg_plan.c
+
+$(BIN)/test_jpeg_plan_tsan: tests/c/test_jpeg_plan.c tests/c/check.h $(JPEG_PLAN)
+	@mkdir -p $(BIN)
+	$(CC) $(CORE_FLAGS) $(TSAN_FLAGS) -Icuda -o $@ $< cuda/fl_jpeg_plan.c
 
 ctest-asan: $(addprefix $(BIN)/,$(addsuffix _asan,$(C_TESTS)))
 	@for t in $^; do echo "== $$t"; $(BLAS_ENV) $(IMAGE_ENV) ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done

@@ -16,6 +16,7 @@
 
 #include "data/fl_gpu_stage.h"
 #include "fl_cuda_mem.h"
+#include "fl_jpeg_plan.h"
 #include "fl_nvjpeg.h"
 
 enum { PRECISION_BITS = 22, ALIGN = 256 }; /* fl_resample's fixed point */
@@ -40,22 +41,32 @@ typedef struct kernel_params {
     void *dst;
 } kernel_params;
 
+/* One backend's decoder states, used in turn (fl_jpeg_plan.h): state i may be reinitialized
+ * only once event i, recorded after its last decode, has passed. */
+typedef struct backend {
+    fl_nvjpeg_handle handle;
+    fl_nvjpeg_state state[2];
+    cudaEvent_t done[2];
+    fl_jpeg_states plan;
+    int preallocates;                    /* the hardware backend, where nvJPEG has the call */
+} backend;
+
 struct fl_gpu_decoder {
     int device;
     const fl_nvjpeg_api *nv;
-    fl_nvjpeg_handle hw, sw;             /* hardware backend (or NULL), default backend */
-    fl_nvjpeg_state hw_state, sw_state;
-    fl_nvjpeg_stream parsed;             /* for support checks after a refused batch */
-    int regions;                         /* decode rectangles, until the engine keeps failing */
-    int engine_off;                      /* the engine kept failing on whole images too */
-    int engine_failures;                 /* engine batches refused in a row */
+    backend hw, sw;                      /* hardware engine (handle NULL without one), fallback */
+    fl_nvjpeg_stream parsed;             /* a header parsed for the engine's support checks */
+    fl_nvjpeg_params probe;              /* the support checks' params (ROI or whole) */
+    fl_jpeg_engine engine;               /* when the engine and its regions are used */
+    fl_gpu_decoder_stats stats;
     size_t capacity;                     /* entries the host scratch below holds */
     fl_nvjpeg_params *params;            /* per image of an engine batch */
     size_t n_params;
     const unsigned char **data;
     size_t *lengths;
     fl_nvjpeg_image *images;
-    int *order;                          /* entry index of each image, grouped by route */
+    int *order;                          /* entry index of each image, grouped by destination */
+    unsigned char *dest;                 /* per entry: its fl_jpeg_dest this try */
     image_desc *descs;
     uint8_t *host_upload;                /* descriptors then tables, as uploaded */
     size_t host_upload_capacity;
@@ -154,37 +165,92 @@ static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, in
 
 /* ---- the decoder ---- */
 
+/* Binds `device` for a call and keeps the caller's in *saved (-1: none), so a decode never
+ * leaves another device current in the caller's thread (torch's, say). */
+static int enter_device(int device, int *saved) {
+    if (cudaGetDevice(saved) != cudaSuccess)
+        *saved = -1, (void)cudaGetLastError();
+    return (int)cudaSetDevice(device);
+}
+
+static void leave_device(int device, int saved) {
+    if (saved >= 0 && saved != device)
+        cudaSetDevice(saved);
+}
+
+static void backend_free(const fl_nvjpeg_api *nv, backend *b) {
+    for (int i = 0; i < 2; i++) {
+        if (b->state[i] != NULL)
+            nv->state_destroy(b->state[i]);
+        if (b->done[i] != NULL)
+            cudaEventDestroy(b->done[i]);
+    }
+    if (b->handle != NULL)
+        nv->destroy(b->handle);
+    memset(b, 0, sizeof *b);
+}
+
+/* A backend with its two states and events, created with `flags` (retried with 0 where the
+ * library refuses them: *flags then says 0). Returns an nvJPEG status or a cudaError_t code. */
+static int backend_new(const fl_nvjpeg_api *nv, int kind, unsigned *flags, backend *b) {
+    memset(b, 0, sizeof *b);
+    int status = nv->create_ex(kind, NULL, NULL, *flags, &b->handle);
+    if (status != 0 && *flags != 0) {
+        b->handle = NULL, *flags = 0;
+        status = nv->create_ex(kind, NULL, NULL, 0, &b->handle);
+    }
+    for (int i = 0; i < 2 && status == 0; i++)
+        status = nv->state_create(b->handle, &b->state[i]);
+    if (status != 0) {
+        backend_free(nv, b);
+        return nvjpeg_code(status);
+    }
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&b->done[i], cudaEventDisableTiming) != cudaSuccess) {
+            backend_free(nv, b);
+            return (int)cudaErrorMemoryAllocation;
+        }
+    fl_jpeg_states_init(&b->plan);
+    b->preallocates = kind == FL_NVJPEG_BACKEND_HARDWARE && nv->batched_preallocate != NULL;
+    return 0;
+}
+
 int fl_gpu_decoder_new(int device, fl_gpu_decoder **out) {
     *out = NULL;
     const fl_nvjpeg_api *nv = fl_nvjpeg();
     if (nv == NULL)
         return nvjpeg_code(1); /* NVJPEG_STATUS_NOT_INITIALIZED: not loaded */
-    int rc = (int)cudaSetDevice(device);
-    if (rc != 0)
-        return rc;
-    fl_gpu_decoder *d = (fl_gpu_decoder *)calloc(1, sizeof *d);
-    if (d == NULL)
-        return (int)cudaErrorMemoryAllocation;
+    int saved;
+    int rc = enter_device(device, &saved);
+    fl_gpu_decoder *d = rc == 0 ? (fl_gpu_decoder *)calloc(1, sizeof *d) : NULL;
+    if (d == NULL) {
+        leave_device(device, saved);
+        return rc != 0 ? rc : (int)cudaErrorMemoryAllocation;
+    }
     d->device = device;
     d->nv = nv;
-    d->regions = 1;
+    fl_nvjpeg_version(&d->stats.version_major, &d->stats.version_minor);
+    unsigned flags = fl_jpeg_handle_flags(d->stats.version_major, d->stats.version_minor);
     /* the engine exists on A100/H100/H200 only: elsewhere this fails (ARCH_MISMATCH, ...) */
-    if (nv->create_ex(FL_NVJPEG_BACKEND_HARDWARE, NULL, NULL, 0, &d->hw) != 0 ||
-        nv->state_create(d->hw, &d->hw_state) != 0) {
-        if (d->hw != NULL)
-            nv->destroy(d->hw);
-        d->hw = NULL, d->hw_state = NULL;
-    }
-    rc = nvjpeg_code(nv->create_ex(FL_NVJPEG_BACKEND_DEFAULT, NULL, NULL, 0, &d->sw));
+    unsigned hw_flags = flags;
+    if (backend_new(nv, FL_NVJPEG_BACKEND_HARDWARE, &hw_flags, &d->hw) != 0)
+        memset(&d->hw, 0, sizeof d->hw);
+    rc = backend_new(nv, FL_NVJPEG_BACKEND_DEFAULT, &flags, &d->sw);
+    d->stats.hardware_flags = d->hw.handle != NULL ? hw_flags : 0;
+    d->stats.fallback_flags = flags;
+    fl_nvjpeg_handle checker = d->hw.handle != NULL ? d->hw.handle : d->sw.handle;
     if (rc == 0)
-        rc = nvjpeg_code(nv->state_create(d->sw, &d->sw_state));
+        rc = nvjpeg_code(nv->stream_create(checker, &d->parsed));
     if (rc == 0)
-        rc = nvjpeg_code(nv->stream_create(d->hw ? d->hw : d->sw, &d->parsed));
+        rc = nvjpeg_code(nv->params_create(checker, &d->probe));
     if (rc != 0) {
         fl_gpu_decoder_free(d);
+        leave_device(device, saved);
         return rc;
     }
+    fl_jpeg_engine_init(&d->engine, d->hw.handle != NULL);
     *out = d;
+    leave_device(device, saved);
     return 0;
 }
 
@@ -192,34 +258,40 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     if (d == NULL)
         return;
     const fl_nvjpeg_api *nv = d->nv;
-    cudaSetDevice(d->device);
+    int saved;
+    enter_device(d->device, &saved);
     cudaDeviceSynchronize(); /* nvJPEG's buffers may still be in use by queued work */
     for (size_t i = 0; i < d->n_params; i++)
         nv->params_destroy(d->params[i]);
+    if (d->probe != NULL)
+        nv->params_destroy(d->probe);
     if (d->parsed != NULL)
         nv->stream_destroy(d->parsed);
-    if (d->hw_state != NULL)
-        nv->state_destroy(d->hw_state);
-    if (d->sw_state != NULL)
-        nv->state_destroy(d->sw_state);
-    if (d->hw != NULL)
-        nv->destroy(d->hw);
-    if (d->sw != NULL)
-        nv->destroy(d->sw);
+    backend_free(nv, &d->hw);
+    backend_free(nv, &d->sw);
     free(d->params), free(d->data), free(d->lengths), free(d->images), free(d->order), free(d->descs);
-    free(d->host_upload);
+    free(d->dest), free(d->host_upload);
+    leave_device(d->device, saved);
     free(d);
 }
 
-int fl_gpu_decoder_has_hardware(const fl_gpu_decoder *d) { return d->hw != NULL; }
+int fl_gpu_decoder_has_hardware(const fl_gpu_decoder *d) { return d->hw.handle != NULL; }
 
-int fl_gpu_decoder_decodes_regions(const fl_gpu_decoder *d) { return d->regions; }
+int fl_gpu_decoder_decodes_regions(const fl_gpu_decoder *d) { return fl_jpeg_engine_regions(&d->engine); }
+
+void fl_gpu_decoder_get_stats(const fl_gpu_decoder *d, fl_gpu_decoder_stats *out) {
+    *out = d->stats;
+    out->engine_on = fl_jpeg_engine_usable(&d->engine);
+    out->regions_on = fl_jpeg_engine_regions(&d->engine);
+    out->demotions = d->engine.demotions;
+    out->engine_errors = d->engine.errors_total;
+}
 
 /* Grows the per-image host scratch to n entries. */
 static int reserve(fl_gpu_decoder *d, size_t n) {
     if (n <= d->capacity)
         return 0;
-    void *p[6] = {realloc(d->data, n * sizeof *d->data), NULL, NULL, NULL, NULL, NULL};
+    void *p[7] = {realloc(d->data, n * sizeof *d->data), NULL, NULL, NULL, NULL, NULL, NULL};
     if (p[0]) d->data = (const unsigned char **)p[0];
     p[1] = realloc(d->lengths, n * sizeof *d->lengths);
     if (p[1]) d->lengths = (size_t *)p[1];
@@ -231,7 +303,9 @@ static int reserve(fl_gpu_decoder *d, size_t n) {
     if (p[4]) d->descs = (image_desc *)p[4];
     p[5] = realloc(d->params, n * sizeof *d->params);
     if (p[5]) d->params = (fl_nvjpeg_params *)p[5];
-    for (int i = 0; i < 6; i++)
+    p[6] = realloc(d->dest, n * sizeof *d->dest);
+    if (p[6]) d->dest = (unsigned char *)p[6];
+    for (int i = 0; i < 7; i++)
         if (p[i] == NULL)
             return (int)cudaErrorMemoryAllocation;
     d->capacity = n;
@@ -241,7 +315,7 @@ static int reserve(fl_gpu_decoder *d, size_t n) {
 /* Makes params for the first n engine images (kept from batch to batch). */
 static int reserve_params(fl_gpu_decoder *d, size_t n) {
     for (; d->n_params < n; d->n_params++) {
-        int status = d->nv->params_create(d->hw, &d->params[d->n_params]);
+        int status = d->nv->params_create(d->hw.handle, &d->params[d->n_params]);
         if (status == 0)
             status = d->nv->params_set_output_format(d->params[d->n_params], FL_NVJPEG_OUTPUT_RGBI);
         if (status != 0)
@@ -254,31 +328,67 @@ static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 /* Where one batch's parts sit, host and device. */
 typedef struct batch_plan {
-    size_t n_hw, n_sw, n_pixels, n_images; /* order[]: engine images, CUDA images, CPU pixels */
+    size_t n_hw, n_sw, n_pixels, n_images; /* order[]: engine images, fallback images, CPU pixels */
+    size_t n_regions, n_refused;           /* engine images decoded as regions; refused by the engine */
+    int max_w, max_h;                      /* the largest engine image */
     size_t descs_bytes, tables_bytes, upload_bytes;
     size_t decoded_at, tmp_at, pixels_at, total;
     uint8_t *device;                       /* one fl_cuda_alloc_async allocation */
 } batch_plan;
 
-/* Sorts the entries by route into d->order (failed ones left out) and sizes the upload;
- * with no_engine every JPEG goes to the CUDA decoder. */
+/* What a support check needs: the decoder and the image. */
+typedef struct support_query {
+    fl_gpu_decoder *d;
+    const fl_gpu_record *r;
+    const uint8_t *jpeg;
+    int parsed;                            /* 0: not yet, 1: parsed, -1: did not parse */
+} support_query;
+
+/* fl_jpeg_ask: nvjpegDecodeBatchedSupportedEx on the image, with its region or whole. */
+static int ask_engine(void *context, int region) {
+    support_query *q = (support_query *)context;
+    const fl_nvjpeg_api *nv = q->d->nv;
+    if (q->parsed == 0)
+        q->parsed = nv->stream_parse_header(q->d->hw.handle, q->jpeg, q->r->length, q->d->parsed) == 0 ? 1 : -1;
+    if (q->parsed < 0)
+        return 0;
+    const int status = region ? nv->params_set_roi(q->d->probe, (int)q->r->x0, (int)q->r->y0, (int)q->r->rect_w,
+                                                   (int)q->r->rect_h)
+                              : nv->params_set_roi(q->d->probe, 0, 0, -1, -1);
+    int refused = 1;
+    return status == 0 && nv->batched_supported_ex(q->d->hw.handle, q->d->parsed, q->d->probe, &refused) == 0 &&
+           refused == 0;
+}
+
+/* Routes every entry (fl_jpeg_route: per image, the engine asked about each of its own) into
+ * d->dest, then sorts them into d->order: engine, fallback, CPU pixels (failed ones left out);
+ * sizes the upload. With no_engine every JPEG goes to the fallback backend. */
 static void sort_entries(fl_gpu_decoder *d, const fl_gpu_decode_job *j, int no_engine, batch_plan *b) {
-    const int engine = d->hw != NULL && !d->engine_off && !no_engine;
+    const int engine = fl_jpeg_engine_usable(&d->engine) && !no_engine, regions = fl_jpeg_engine_regions(&d->engine);
+    for (size_t i = 0; i < j->n; i++) {
+        const fl_gpu_record *r = record_of(j, i);
+        support_query q = {d, r, payload_of(j, i), 0};
+        d->dest[i] = (unsigned char)fl_jpeg_route(r->route, j->failed[i], engine, regions, ask_engine, &q);
+        b->n_refused += engine && r->route == FL_GPU_JPEG_HARDWARE && d->dest[i] == FL_JPEG_FALLBACK;
+    }
+    static const int groups[3][2] = {{FL_JPEG_ENGINE_REGION, FL_JPEG_ENGINE_WHOLE},
+                                     {FL_JPEG_FALLBACK, FL_JPEG_FALLBACK},
+                                     {FL_JPEG_PIXELS, FL_JPEG_PIXELS}};
     size_t k = 0;
-    for (int route = FL_GPU_JPEG_HARDWARE; route <= FL_GPU_PIXELS; route++)
+    size_t *counts[3] = {&b->n_hw, &b->n_sw, &b->n_pixels};
+    for (int g = 0; g < 3; g++)
         for (size_t i = 0; i < j->n; i++) {
-            const fl_gpu_record *r = record_of(j, i);
-            const int to_engine = r->route == FL_GPU_JPEG_HARDWARE && engine;
-            int mine = route == FL_GPU_JPEG_HARDWARE ? to_engine
-                     : route == FL_GPU_JPEG_CUDA     ? r->route != FL_GPU_PIXELS && !to_engine
-                                                     : r->route == FL_GPU_PIXELS;
-            if (!mine || j->failed[i])
+            if (d->dest[i] != groups[g][0] && d->dest[i] != groups[g][1])
                 continue;
+            const fl_gpu_record *r = record_of(j, i);
             d->order[k++] = (int)i;
-            b->n_hw += route == FL_GPU_JPEG_HARDWARE;
-            b->n_sw += route == FL_GPU_JPEG_CUDA;
-            b->n_pixels += route == FL_GPU_PIXELS;
-            if (r->route != FL_GPU_PIXELS)
+            (*counts[g])++;
+            b->n_regions += d->dest[i] == FL_JPEG_ENGINE_REGION;
+            if (g == 0) {
+                b->max_w = (int)r->image_w > b->max_w ? (int)r->image_w : b->max_w;
+                b->max_h = (int)r->image_h > b->max_h ? (int)r->image_h : b->max_h;
+            }
+            if (g != 2)
                 b->tables_bytes += fl_gpu_tables_bytes(j->out_h, j->out_w, r->taps_x, r->taps_y);
         }
     b->n_images = k;
@@ -286,9 +396,12 @@ static void sort_entries(fl_gpu_decoder *d, const fl_gpu_decode_job *j, int no_e
     b->upload_bytes = b->descs_bytes + align_up(b->tables_bytes);
 }
 
-/* Bytes of image k's decode: its rectangle (region decodes) or the whole image. */
-static size_t decoded_bytes(const fl_gpu_decoder *d, const fl_gpu_record *r, int engine) {
-    int region = engine && d->regions;
+/* 1 when entry i is decoded as its rectangle only. */
+static int is_region(const fl_gpu_decoder *d, size_t i) { return d->dest[i] == FL_JPEG_ENGINE_REGION; }
+
+/* Bytes of entry i's decode: its rectangle (region decodes) or the whole image. */
+static size_t decoded_bytes(const fl_gpu_decoder *d, const fl_gpu_record *r, size_t i) {
+    const int region = is_region(d, i);
     return align_up((size_t)3 * (region ? r->rect_w : r->image_w) * (region ? r->rect_h : r->image_h));
 }
 
@@ -296,8 +409,9 @@ static size_t decoded_bytes(const fl_gpu_decoder *d, const fl_gpu_record *r, int
 static void size_device(const fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *b) {
     size_t decoded = 0, tmp = 0;
     for (size_t k = 0; k < b->n_hw + b->n_sw; k++) {
-        const fl_gpu_record *r = record_of(j, (size_t)d->order[k]);
-        decoded += decoded_bytes(d, r, k < b->n_hw);
+        const size_t i = (size_t)d->order[k];
+        const fl_gpu_record *r = record_of(j, i);
+        decoded += decoded_bytes(d, r, i);
         tmp += align_up((size_t)3 * r->rect_h * j->out_w);
     }
     b->decoded_at = b->upload_bytes;
@@ -321,13 +435,13 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         image_desc *desc = &d->descs[k];
         memset(desc, 0, sizeof *desc);
         desc->index = (int)i;
-        if (r->route == FL_GPU_PIXELS) {
+        if (d->dest[i] == FL_JPEG_PIXELS) {
             desc->src = b->device + pixels;
             desc->pitch = (long long)j->out_w * 3;
             pixels += align_up(3 * j->out_h * j->out_w);
             continue;
         }
-        const int region = k < b->n_hw && d->regions;
+        const int region = is_region(d, i);
         const size_t width = region ? r->rect_w : r->image_w, bytes = fl_gpu_tables_bytes(j->out_h, j->out_w, r->taps_x, r->taps_y);
         *desc = (image_desc){b->device + decoded, (long long)width * 3, region ? 0 : (int)r->x0, region ? 0 : (int)r->y0,
                              (int)r->rect_h, 1, r->flip, (int)r->taps_x, (int)r->taps_y, (int)i,
@@ -338,7 +452,7 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         d->images[k].pitch[0] = width * 3;
         d->data[k] = payload_of(j, i);
         d->lengths[k] = r->length;
-        decoded += decoded_bytes(d, r, k < b->n_hw);
+        decoded += decoded_bytes(d, r, i);
         tmp += align_up((size_t)3 * r->rect_h * j->out_w);
         tables += bytes;
     }
@@ -346,56 +460,98 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
     return 0;
 }
 
-/* The engine's batch: regions while they are accepted. Returns an nvJPEG status. */
-static int decode_engine(fl_gpu_decoder *d, const fl_gpu_decode_job *j, const batch_plan *b) {
-    const fl_nvjpeg_api *nv = d->nv;
-    int n = (int)b->n_hw;
-    int status = nv->batched_initialize(d->hw, d->hw_state, n, 1, FL_NVJPEG_OUTPUT_RGBI);
-    if (status != 0 || !d->regions)
-        return status ? status : nv->batched(d->hw, d->hw_state, d->data, d->lengths, d->images, (void *)j->stream);
-    for (int k = 0; k < n && status == 0; k++) {
-        const fl_gpu_record *r = record_of(j, (size_t)d->order[k]);
-        status = nv->params_set_roi(d->params[k], (int)r->x0, (int)r->y0, (int)r->rect_w, (int)r->rect_h);
+/* Makes one of the backend's states ready for a batch of n (fl_jpeg_states_next's step):
+ * waits for the decode that last used it, initializes it once per batch size, pre-allocates
+ * the hardware backend's buffers as images grow. Returns 0, an nvJPEG code or a CUDA code. */
+static int take_state(fl_gpu_decoder *d, backend *be, int n, int max_w, int max_h, fl_jpeg_state_step *step) {
+    fl_jpeg_states_next(&be->plan, n, max_w, max_h, be->preallocates, step);
+    if (step->wait) { /* host wait: nvJPEG's rule is no initialize while a decode on the state runs */
+        int rc = (int)cudaEventSynchronize(be->done[step->slot]);
+        if (rc != 0)
+            return rc;
     }
-    return status ? status : nv->batched_ex(d->hw, d->hw_state, d->data, d->lengths, d->images, d->params, (void *)j->stream);
+    int status = step->initialize ? d->nv->batched_initialize(be->handle, be->state[step->slot], n, 1,
+                                                               FL_NVJPEG_OUTPUT_RGBI) : 0;
+    if (status != 0) {
+        fl_jpeg_states_forget(&be->plan, step->slot);
+        return nvjpeg_code(status);
+    }
+    if (step->preallocate && d->nv->batched_preallocate(be->handle, be->state[step->slot], n, step->width, step->height,
+                                                        FL_NVJPEG_CSS_444, FL_NVJPEG_OUTPUT_RGBI) != 0)
+        be->preallocates = 0; /* an optimization only: decoding works without it */
+    return 0;
 }
 
-/* nvJPEG's CUDA decoder, the images [first, first + n) of order[]. Returns a status. */
-static int decode_cuda(fl_gpu_decoder *d, const fl_gpu_decode_job *j, size_t first, size_t n) {
-    int status = d->nv->batched_initialize(d->sw, d->sw_state, (int)n, 1, FL_NVJPEG_OUTPUT_RGBI);
-    return status ? status : d->nv->batched(d->sw, d->sw_state, d->data + first, d->lengths + first, d->images + first,
-                                            (void *)j->stream);
+/* Records the slot's event after its decode on the stream. Returns a CUDA code. */
+static int release_state(backend *be, const fl_jpeg_state_step *step, const fl_gpu_decode_job *j, int decode_status) {
+    if (decode_status != 0)
+        fl_jpeg_states_forget(&be->plan, step->slot); /* initialized again before its next use */
+    int rc = (int)cudaEventRecord(be->done[step->slot], (cudaStream_t)j->stream);
+    if (rc == 0)
+        fl_jpeg_states_queued(&be->plan, step->slot);
+    return rc;
 }
 
-/* After a refused batch: each image alone, flagging those nvJPEG cannot decode. Returns
- * how many were flagged. */
-static size_t decode_one_by_one(fl_gpu_decoder *d, fl_gpu_decode_job *j, size_t first, size_t n) {
+/* The engine's batch, each image as its region or whole. Returns 0, the nvJPEG status of a
+ * refused batch (as is), or in *rc a CUDA code that ends the call. */
+static int decode_engine(fl_gpu_decoder *d, const fl_gpu_decode_job *j, const batch_plan *b, int *rc) {
+    const fl_nvjpeg_api *nv = d->nv;
+    const int n = (int)b->n_hw;
+    fl_jpeg_state_step step;
+    *rc = take_state(d, &d->hw, n, b->max_w, b->max_h, &step);
+    if (*rc >= FL_GPU_NVJPEG_ERROR) { /* the engine refused the initialize: an engine error */
+        int status = *rc - FL_GPU_NVJPEG_ERROR;
+        *rc = 0;
+        return status;
+    }
+    if (*rc != 0)
+        return 0;
+    int status = 0;
+    for (int k = 0; k < n && status == 0; k++) {
+        const size_t i = (size_t)d->order[k];
+        const fl_gpu_record *r = record_of(j, i);
+        status = is_region(d, i) ? nv->params_set_roi(d->params[k], (int)r->x0, (int)r->y0, (int)r->rect_w, (int)r->rect_h)
+                                 : nv->params_set_roi(d->params[k], 0, 0, -1, -1);
+    }
+    if (status == 0)
+        status = nv->batched_ex(d->hw.handle, d->hw.state[step.slot], d->data, d->lengths, d->images, d->params,
+                                (void *)j->stream);
+    *rc = release_state(&d->hw, &step, j, status);
+    return status;
+}
+
+/* The fallback backend, the images [first, first + n) of order[]. Returns an nvJPEG status
+ * (0: queued), or in *rc a CUDA code that ends the call. */
+static int decode_fallback(fl_gpu_decoder *d, const fl_gpu_decode_job *j, size_t first, size_t n, int *rc) {
+    fl_jpeg_state_step step;
+    *rc = take_state(d, &d->sw, (int)n, 0, 0, &step);
+    if (*rc >= FL_GPU_NVJPEG_ERROR) { /* refused: decoded one by one, then by the CPU */
+        int status = *rc - FL_GPU_NVJPEG_ERROR;
+        *rc = 0;
+        return status;
+    }
+    if (*rc != 0)
+        return 0;
+    int status = d->nv->batched(d->sw.handle, d->sw.state[step.slot], d->data + first, d->lengths + first,
+                                d->images + first, (void *)j->stream);
+    *rc = release_state(&d->sw, &step, j, status);
+    return status;
+}
+
+/* After a refused fallback batch: each image alone, flagging those nvJPEG cannot decode
+ * (the caller decodes them on the CPU). Returns how many were flagged. */
+static size_t decode_one_by_one(fl_gpu_decoder *d, fl_gpu_decode_job *j, size_t first, size_t n, int *rc) {
     size_t flagged = 0;
-    for (size_t k = first; k < first + n; k++)
-        if (decode_cuda(d, j, k, 1) != 0)
+    for (size_t k = first; k < first + n && *rc == 0; k++)
+        if (decode_fallback(d, j, k, 1, rc) != 0 && *rc == 0)
             j->failed[d->order[k]] = 1, flagged++;
     return flagged;
-}
-
-enum { ENGINE_TRIES = 3 }; /* engine batches refused in a row before it gives up a feature */
-
-/* The engine refused a batch (a rectangle it does not take, an image it cannot decode):
- * the batch goes to the CUDA decoder; after ENGINE_TRIES in a row the engine decodes whole
- * images, after as many more it is no longer used. */
-static void engine_refused(fl_gpu_decoder *d) {
-    if (++d->engine_failures < ENGINE_TRIES)
-        return;
-    d->engine_failures = 0;
-    if (d->regions)
-        d->regions = 0;
-    else
-        d->engine_off = 1;
 }
 
 typedef enum retry { RETRY_NONE = 0, RETRY_WITHOUT_ENGINE = 1, RETRY_WITHOUT_FAILED = 2 } retry;
 
 /* Queues the upload, the CPU pixels' copies and the decodes. Returns a code, and in *again
- * whether the batch must be planned again (the engine refused it; images were flagged). */
+ * whether the batch must be planned again (the engine failed on it; images were flagged). */
 static int queue_decodes(fl_gpu_decoder *d, fl_gpu_decode_job *j, const batch_plan *b, retry *again) {
     cudaStream_t stream = (cudaStream_t)j->stream;
     int rc = (int)cudaMemcpyAsync(b->device, d->host_upload, b->upload_bytes, cudaMemcpyHostToDevice, stream);
@@ -405,19 +561,23 @@ static int queue_decodes(fl_gpu_decoder *d, fl_gpu_decode_job *j, const batch_pl
     if (rc != 0)
         return rc;
     if (b->n_hw > 0) {
-        int status = reserve_params(d, b->n_hw);
-        if (status != 0)
-            return status;
-        if (decode_engine(d, j, b) != 0) {
-            engine_refused(d);
+        rc = reserve_params(d, b->n_hw);
+        if (rc != 0)
+            return rc;
+        /* the images were each checked as supported: a failure now is the engine's error */
+        const int ok = decode_engine(d, j, b, &rc) == 0;
+        if (rc != 0)
+            return rc;
+        fl_jpeg_engine_result(&d->engine, ok);
+        if (!ok) {
             *again = RETRY_WITHOUT_ENGINE;
             return 0;
         }
-        d->engine_failures = 0;
     }
-    if (b->n_sw > 0 && decode_cuda(d, j, b->n_hw, b->n_sw) != 0 && decode_one_by_one(d, j, b->n_hw, b->n_sw) > 0)
+    if (b->n_sw > 0 && decode_fallback(d, j, b->n_hw, b->n_sw, &rc) != 0 && rc == 0 &&
+        decode_one_by_one(d, j, b->n_hw, b->n_sw, &rc) > 0 && rc == 0)
         *again = RETRY_WITHOUT_FAILED;
-    return 0;
+    return rc;
 }
 
 /* One try at the batch: plan, decode, launch (unless it must be planned again), free. */
@@ -440,15 +600,20 @@ static int decode_once(fl_gpu_decoder *d, fl_gpu_decode_job *j, int no_engine, r
                            {j->a[0], j->a[1], j->a[2]}, {j->b[0], j->b[1], j->b[2]}, j->dst};
         rc = (int)launch(j, &p, (int)b.n_images, (int)(b.n_hw + b.n_sw));
         j->decoded[0] = b.n_hw, j->decoded[1] = b.n_sw, j->decoded[2] = b.n_pixels;
+        j->regions = b.n_regions;
     }
+    if (rc == 0 && !no_engine) /* refusals as the engine answered them, not once per retry */
+        j->refused = b.n_refused;
     int freed = b.device ? fl_cuda_free_async(d->device, b.device, j->stream) : 0;
     return rc ? rc : freed;
 }
 
 int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
-    int rc = (int)cudaSetDevice(d->device);
+    int saved;
+    int rc = enter_device(d->device, &saved);
     if (rc == 0)
         rc = reserve(d, j->n ? j->n : 1);
+    fl_jpeg_engine_begin_batch(&d->engine);
     int no_engine = 0;
     /* each retry drops the engine or flags at least one image: at most n + 1 of them */
     for (size_t attempt = 0; rc == 0 && attempt <= j->n + 1; attempt++) {
@@ -458,7 +623,12 @@ int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
             break;
         no_engine |= again == RETRY_WITHOUT_ENGINE;
     }
+    if (rc == 0) {
+        d->stats.hardware += j->decoded[0], d->stats.fallback += j->decoded[1], d->stats.pixels += j->decoded[2];
+        d->stats.regions += j->regions, d->stats.refused += j->refused;
+    }
     if (rc != 0 && rc < FL_GPU_NVJPEG_ERROR)
         (void)cudaGetLastError();
+    leave_device(d->device, saved);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* fl_nvjpeg.c - dlopen()s nvJPEG and resolves the entry points in fl_nvjpeg.h. */
 #include "fl_nvjpeg.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #include "base/fl_dl.h"
@@ -29,8 +30,11 @@ static void *open_resolved(const char *path) {
         {(void **)&api.params_set_roi, "nvjpegDecodeParamsSetROI"},
         {(void **)&api.get_property, "nvjpegGetProperty"},
     };
-    return fl_dl_open_resolved(path, "nvJPEG", table, sizeof table / sizeof table[0],
-                               "nvJPEG older than CUDA 11?");
+    void *handle = fl_dl_open_resolved(path, "nvJPEG", table, sizeof table / sizeof table[0],
+                                       "nvJPEG older than CUDA 11?");
+    if (handle != NULL) /* optional: an older nvJPEG decodes without it */
+        *(void **)&api.batched_preallocate = dlsym(handle, "nvjpegDecodeBatchedPreAllocate");
+    return handle;
 }
 
 int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
@@ -43,6 +47,16 @@ int fl_nvjpeg_load(const char *path, char *why, size_t why_len) {
 const fl_nvjpeg_api *fl_nvjpeg(void) { return fl_dl_found_api(&found); }
 
 const char *fl_nvjpeg_path(void) { return fl_dl_found_path(&found); }
+
+int fl_nvjpeg_version(int *major, int *minor) {
+    const fl_nvjpeg_api *nv = fl_nvjpeg();
+    *major = *minor = -1;
+    if (nv == NULL || nv->get_property(0, major) != 0 || nv->get_property(1, minor) != 0) {
+        *major = *minor = -1;
+        return -1;
+    }
+    return 0;
+}
 
 const char *fl_nvjpeg_status_name(int status) {
     static const char *const names[] = {

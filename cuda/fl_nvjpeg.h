@@ -3,9 +3,9 @@
  * dlopen/dlsym, as fl_cublas.h does for cuBLAS.
  *
  * fastloop must import where nvJPEG is absent, so nothing links it. fl_nvjpeg_load() tries,
- * in order: the path it is given (fastloop.cuda passes the nvidia-nvjpeg wheel's or
- * torchvision's copy), $FASTLOOP_NVJPEG, then libnvjpeg.so.13, libnvjpeg.so.12,
- * libnvjpeg.so. Once loaded the library stays loaded for the life of the process.
+ * in order: the path it is given (fastloop.cuda passes each of nvjpeg_candidates(): the
+ * nvidia-* wheels', torch's, the CUDA Toolkit's lib64), $FASTLOOP_NVJPEG, then
+ * libnvjpeg.so.13, libnvjpeg.so.12, libnvjpeg.so. Once loaded the library stays loaded for the life of the process.
  * Thread-safe.
  */
 #ifndef FL_NVJPEG_H
@@ -33,6 +33,9 @@ enum {
 };
 enum { FL_NVJPEG_BACKEND_DEFAULT = 0, FL_NVJPEG_BACKEND_HARDWARE = 3 }; /* nvjpegBackend_t */
 enum { FL_NVJPEG_OUTPUT_RGBI = 5 };                                    /* nvjpegOutputFormat_t */
+enum { FL_NVJPEG_CSS_444 = 0 };                                        /* nvjpegChromaSubsampling_t */
+/* nvJPEG >= 12.1: chroma upsampled with interpolation, as libjpeg-turbo's "fancy upsampling" */
+enum { FL_NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION = 32 };
 enum { FL_NVJPEG_MAX_COMPONENT = 4 };
 
 /* nvjpegImage_t: per plane a device pointer and its row pitch; RGBI uses plane 0 only. */
@@ -65,6 +68,9 @@ typedef struct fl_nvjpeg_api {
     int (*params_set_output_format)(fl_nvjpeg_params params, int output_format);
     int (*params_set_roi)(fl_nvjpeg_params params, int offset_x, int offset_y, int width, int height);
     int (*get_property)(int type, int *value); /* type 0: major, 1: minor, 2: patch */
+    /* optional (NULL where the library lacks it): buffers for the hardware backend sized once */
+    int (*batched_preallocate)(fl_nvjpeg_handle handle, fl_nvjpeg_state state, int batch_size, int width,
+                               int height, int chroma_subsampling, int output_format);
 } fl_nvjpeg_api;
 
 /* Loads nvJPEG unless it is loaded already; `path` may be NULL (skip that candidate).
@@ -77,6 +83,10 @@ const fl_nvjpeg_api *fl_nvjpeg(void);
 
 /* The file that was loaded ("" before loading). Never fails. */
 const char *fl_nvjpeg_path(void);
+
+/* The loaded library's version (nvjpegGetProperty): 0 with *major, *minor, or -1 before a load
+ * or where the query fails. Never blocks. */
+int fl_nvjpeg_version(int *major, int *minor);
 
 /* "NVJPEG_STATUS_BAD_JPEG" for a status ("NVJPEG_STATUS_UNKNOWN" otherwise). Static. */
 const char *fl_nvjpeg_status_name(int status);

@@ -14,14 +14,14 @@
 
 #include "data/fl_gpu_stage.h"
 #include "fl_gpu_decode.h"
+#include "fl_jpeg_plan.h"
 #include "fl_nvjpeg.h"
 
 typedef struct JpegDecoder {
     PyObject_HEAD
     fl_gpu_decoder *decoder; /* set in tp_new; its calls under lock */
     int device;
-    pthread_mutex_t lock;          /* one decode at a time; guards decoded[] too */
-    unsigned long long decoded[3]; /* images so far: by the engine, by CUDA, from CPU pixels */
+    pthread_mutex_t lock;          /* one decode at a time; guards the decoder's stats too */
 } JpegDecoder;
 
 static PyObject *nvjpeg_load(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -221,8 +221,6 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     Py_BEGIN_ALLOW_THREADS /* nvJPEG parses the batch on this thread */
         pthread_mutex_lock(&self->lock);
         rc = fl_gpu_decode(self->decoder, &job);
-        for (int route = 0; rc == 0 && route < 3; route++)
-            self->decoded[route] += job.decoded[route];
         pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
@@ -232,13 +230,12 @@ static PyObject *decoder_decode(JpegDecoder *self, PyObject *args, PyObject *kwa
     return failed;
 }
 
-/* The counts and the regions flag, read under the lock (waited for with the GIL released:
- * a decode may hold it for a while). */
-static void read_state(JpegDecoder *self, unsigned long long decoded[3], int *regions) {
+/* The decoder's stats, read under the lock (waited for with the GIL released: a decode may
+ * hold it for a while). */
+static void read_stats(JpegDecoder *self, fl_gpu_decoder_stats *stats) {
     Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&self->lock);
-        memcpy(decoded, self->decoded, sizeof self->decoded);
-        *regions = fl_gpu_decoder_decodes_regions(self->decoder);
+        fl_gpu_decoder_get_stats(self->decoder, stats);
         pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
 }
@@ -250,18 +247,29 @@ static PyObject *get_hardware(JpegDecoder *self, void *unused) {
 
 static PyObject *get_regions(JpegDecoder *self, void *unused) {
     (void)unused;
-    unsigned long long decoded[3];
-    int regions;
-    read_state(self, decoded, &regions);
-    return PyBool_FromLong(regions);
+    fl_gpu_decoder_stats stats;
+    read_stats(self, &stats);
+    return PyBool_FromLong(stats.regions_on);
 }
 
 static PyObject *get_decoded(JpegDecoder *self, void *unused) {
     (void)unused;
-    unsigned long long decoded[3];
-    int regions;
-    read_state(self, decoded, &regions);
-    return Py_BuildValue("{s:K,s:K,s:K}", "hardware", decoded[0], "cuda", decoded[1], "cpu", decoded[2]);
+    fl_gpu_decoder_stats stats;
+    read_stats(self, &stats);
+    return Py_BuildValue("{s:K,s:K,s:K}", "hardware", stats.hardware, "fallback", stats.fallback, "cpu", stats.pixels);
+}
+
+static PyObject *get_stats(JpegDecoder *self, void *unused) {
+    (void)unused;
+    fl_gpu_decoder_stats s;
+    read_stats(self, &s);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:O,s:I,s:I,s:(ii)}", "hardware", s.hardware,
+                         "fallback", s.fallback, "cpu_workers", s.pixels, "regions", s.regions, "refused", s.refused,
+                         "engine_errors", s.engine_errors, "demotions", s.demotions,
+                         "has_engine", fl_gpu_decoder_has_hardware(self->decoder) ? Py_True : Py_False,
+                         "engine_on", s.engine_on ? Py_True : Py_False, "regions_on", s.regions_on ? Py_True : Py_False,
+                         "hardware_flags", s.hardware_flags, "fallback_flags", s.fallback_flags, "nvjpeg_version",
+                         s.version_major, s.version_minor);
 }
 
 static PyMethodDef decoder_methods[] = {
@@ -279,7 +287,13 @@ static PyMethodDef decoder_methods[] = {
 static PyGetSetDef decoder_getset[] = {
     {"hardware", (getter)get_hardware, NULL, "True when nvJPEG's hardware engine decodes.", NULL},
     {"regions", (getter)get_regions, NULL, "True while the engine decodes only each image's crop.", NULL},
-    {"decoded", (getter)get_decoded, NULL, "Images decoded so far: {'hardware', 'cuda', 'cpu'}.", NULL},
+    {"decoded", (getter)get_decoded, NULL, "Images decoded so far: {'hardware', 'fallback', 'cpu'}.", NULL},
+    {"stats", (getter)get_stats, NULL,
+     "The decoder's counts and setup: hardware, fallback, cpu_workers (images by the engine, by\n"
+     "nvJPEG's fallback backend, CPU pixels from the workers), regions (engine images decoded as\n"
+     "their crop), refused (engine images sent to the fallback), engine_errors, demotions,\n"
+     "has_engine, engine_on, regions_on, hardware_flags, fallback_flags (nvjpegCreateEx's:\n"
+     "32 is interpolated chroma upsampling), nvjpeg_version ((major, minor), -1 unknown).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -314,7 +328,23 @@ static PyObject *check_staged(PyObject *module, PyObject *const *args, Py_ssize_
     return check_entries(entries, (size_t)out_h, (size_t)out_w) ? Py_NewRef(Py_None) : NULL;
 }
 
+/* _jpeg_auto_gpu(has_engine, workers, cpu_rate, fallback_rate): fl_jpeg_auto_gpu's rule. */
+static PyObject *jpeg_auto_gpu(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)module;
+    static fl_arg_cache auto_args = FL_ARG_CACHE("_jpeg_auto_gpu");
+    int has_engine, workers;
+    double cpu_rate, fallback_rate;
+    if (fl_parse_args(&auto_args, args, nargs, kwnames, FL_ARG("has_engine", BOOL, &has_engine),
+                      FL_ARG("workers", INT, &workers), FL_ARG("cpu_rate", DOUBLE, &cpu_rate),
+                      FL_ARG("fallback_rate", DOUBLE, &fallback_rate)) < 0)
+        return NULL;
+    return PyBool_FromLong(fl_jpeg_auto_gpu(has_engine, workers, cpu_rate, fallback_rate));
+}
+
 static PyMethodDef decode_functions[] = {
+    {"_jpeg_auto_gpu", (PyCFunction)(void (*)(void))jpeg_auto_gpu, METH_FASTCALL | METH_KEYWORDS,
+     "_jpeg_auto_gpu(has_engine, workers, cpu_rate, fallback_rate)\n--\n\n"
+     "decode='auto''s rule (cuda/fl_jpeg_plan.h): True to decode on the GPU."},
     {"_check_staged", (PyCFunction)(void (*)(void))check_staged, METH_FASTCALL | METH_KEYWORDS,
      "_check_staged(entries, out_h, out_w)\n--\n\nJpegDecoder.decode's checks of staged entries."},
     {"nvjpeg_load", (PyCFunction)(void (*)(void))nvjpeg_load, METH_VARARGS | METH_KEYWORDS,

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CudaError, CudaUnavailable
+from . import _libsearch
 from ._dtypes import dtype_name
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ __all__ = [
     "memcpy_benchmark",
     "load_cublas",
     "load_nvjpeg",
+    "nvjpeg_candidates",
     "nn_backend",
 ]
 
@@ -370,10 +372,16 @@ def _library_candidates(name: str, patterns: Sequence[str]) -> list[str]:
     return sorted(found.values(), key=lambda p: (-major(p), len(p)))
 
 
-def _load_library(load: Any, env: str, name: str, patterns: Sequence[str], install: str) -> str:
+def _load_library(load: Any, env: str, name: str, patterns: Sequence[str] | None, install: str) -> str:
     """Calls the extension's loader on each candidate (each try also falls back to $env and
-    the system's names); raises CudaUnavailable naming what was tried and how to get it."""
-    paths: list[str | None] = [] if os.environ.get(env) else list(_library_candidates(name, patterns))
+    the system's names); raises CudaUnavailable naming what was tried and how to get it.
+    patterns None: every place _libsearch knows (wheels, torch, the toolkit)."""
+    if os.environ.get(env):
+        paths: list[str | None] = []
+    elif patterns is None:
+        paths = [path for path, _ in _libsearch.candidates(name)]
+    else:
+        paths = list(_library_candidates(name, patterns))
     error: CudaUnavailable | None = None
     for path in paths + [None]:
         try:
@@ -400,11 +408,23 @@ def _load_cublas(module: ModuleType) -> str:
                          "install the nvidia-cublas wheel (or torch with CUDA)")
 
 
+def nvjpeg_candidates() -> list[tuple[str, str]]:
+    """The copies of libnvjpeg load_nvjpeg() tries, in its order, each as (path, where found):
+    the nvidia-* wheels (nvidia/nvjpeg/lib, nvidia/cu13/lib, ...) and torch's lib folder in
+    every site-packages, then the CUDA Toolkit's lib64 ($CUDA_HOME, $CUDA_PATH, nvcc's,
+    /usr/local/cuda); newest major version first. Needs no GPU and loads nothing.
+
+    >>> fastloop.cuda.nvjpeg_candidates()[0]
+    ('.../site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12', 'nvidia-* wheel in .../site-packages')
+    """
+    return _libsearch.candidates("nvjpeg")
+
+
 def load_nvjpeg() -> str:
     """Loads nvJPEG (once) for Loader(decode="gpu") and returns the file loaded:
-    $FASTLOOP_NVJPEG when set, else the nvidia-nvjpeg wheel's, torch's or torchvision's copy
-    found on sys.path, else libnvjpeg.so.13/.12/.so from the system (the CUDA Toolkit).
-    Raises CudaUnavailable naming what was tried and the fix.
+    $FASTLOOP_NVJPEG when set, else each of nvjpeg_candidates() (the nvidia-* wheels, torch's
+    lib folder, the CUDA Toolkit's lib64), else libnvjpeg.so.13/.12/.so from the system's
+    loader path. Raises CudaUnavailable naming what was tried and the fix.
 
     >>> fastloop.cuda.load_nvjpeg()
     '.../site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12'
@@ -413,9 +433,7 @@ def load_nvjpeg() -> str:
 
 
 def _load_nvjpeg(module: ModuleType) -> str:
-    return _load_library(module.nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg",
-                         ("nvidia/*/lib/libnvjpeg.so.*", "torch/lib/libnvjpeg*.so*",
-                          "torchvision.libs/libnvjpeg*.so*"),
+    return _load_library(module.nvjpeg_load, "FASTLOOP_NVJPEG", "nvjpeg", None,
                          "install the nvidia-nvjpeg-cu12 wheel (nvidia-nvjpeg for CUDA 13) or the CUDA Toolkit")
 
 

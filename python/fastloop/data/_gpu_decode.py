@@ -5,7 +5,7 @@ drawn and the resampling tables computed as the CPU path would, or, for an image
 cannot take (progressive, CMYK, 12-bit, PNG, a bad header, too big for its entry), the CPU
 path's finished pixels. On the consumer's side the CUDA decoder (fastloop._cuda.JpegDecoder)
 decodes each batch's JPEG rectangles with nvJPEG (the hardware engine of A100/H100/H200
-where the image suits it, its CUDA decoder otherwise), resizes them with the CPU path's
+where the image suits it, asked per image; its fallback backend otherwise), resizes them with the CPU path's
 antialiased bilinear arithmetic, flips, normalizes, lays out and casts in one kernel on the
 loader's stream. An image nvJPEG refuses there is decoded on the CPU here instead, so one
 image never fails a batch; its errors are the CPU path's (on_error respected).
@@ -13,6 +13,8 @@ image never fails a batch; its errors are the CPU path's (on_error respected).
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,13 @@ REASONS = ("", "not a JPEG", "header did not parse", "progressive, CMYK, 12-bit 
 # decoded output where that is larger.
 CAPACITY = 256 << 10
 DECODES = ("cpu", "gpu", "auto")
+# decode="auto" on a GPU without the hardware engine (cuda/fl_jpeg_plan.h, fl_jpeg_auto_gpu):
+# nvJPEG's fallback backend runs its Huffman decoding on one host thread, so the GPU is picked
+# only where FALLBACK_RATE > workers * CPU_RATE_PER_WORKER. Both are RandomResizedCrop(224)
+# images/s on ImageNet-sized JPEGs: estimates, not yet measured (each can be set by the
+# environment variable of the same name with a FASTLOOP_JPEG_ prefix).
+CPU_RATE_PER_WORKER = 400.0
+FALLBACK_RATE = 1500.0
 
 
 def records(entries: np.ndarray) -> np.ndarray:
@@ -70,9 +79,40 @@ def unavailable_reason(device: int | None, pipeline: Any, finish: Any, encoded: 
     return None
 
 
-def choose(decode: str, device: int | None, pipeline: Any, finish: Any, encoded: bool) -> bool:
-    """True to decode on the GPU: always for "gpu" (ValueError saying why it cannot), where
-    it can for "auto", never for "cpu"."""
+def _rate(name: str, default: float) -> float:
+    value = os.environ.get(f"FASTLOOP_JPEG_{name}")
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"FASTLOOP_JPEG_{name} must be a number (images/s), not {value!r}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def has_engine(device: int) -> bool:
+    """Whether nvJPEG's hardware engine decodes on `device` (a decoder made once per device)."""
+    from .. import cuda
+
+    return bool(cuda.require().JpegDecoder(device).hardware)
+
+
+def auto_prefers_gpu(engine: bool, workers: int | None) -> bool:
+    """decode="auto"'s rule where the GPU can decode: the engine always; without it nvJPEG's
+    fallback backend only where it outruns the workers (fl_jpeg_auto_gpu, FALLBACK_RATE >
+    workers * CPU_RATE_PER_WORKER). workers None: as many as this machine has cores."""
+    from .. import cuda
+
+    count = (os.cpu_count() or 1) if workers is None else workers
+    return bool(cuda._module()._jpeg_auto_gpu(engine, count, _rate("CPU_RATE_PER_WORKER", CPU_RATE_PER_WORKER),
+                                               _rate("FALLBACK_RATE", FALLBACK_RATE)))
+
+
+def choose(decode: str, device: int | None, pipeline: Any, finish: Any, encoded: bool,
+           workers: int | None = None) -> bool:
+    """True to decode on the GPU: always for "gpu" (ValueError saying why it cannot); for
+    "auto" where it can and the engine is there, or nvJPEG's fallback backend outruns the
+    `workers` (auto_prefers_gpu); never for "cpu"."""
     if decode not in DECODES:
         raise ValueError(f"'decode' must be 'cpu', 'gpu' or 'auto', not {decode!r}")
     if decode == "cpu":
@@ -83,7 +123,10 @@ def choose(decode: str, device: int | None, pipeline: Any, finish: Any, encoded:
 
         error = CudaUnavailable if "nvJPEG" in why or "CUDA" in why else ValueError
         raise error(why)
-    return why is None
+    if why is not None:
+        return False
+    assert device is not None
+    return decode == "gpu" or auto_prefers_gpu(has_engine(device), workers)
 
 
 class GpuJpeg:
@@ -101,6 +144,7 @@ class GpuJpeg:
         self.flips = pipeline._core(3) if pipeline._rest else None
         self.seed = seed
         self.epoch_seed = 0
+        self.cpu_main = 0  # images nvJPEG refused in a batch, decoded here on the CPU
 
     def start_epoch(self, epoch: int) -> None:
         from .._core import _epoch_seed
@@ -137,6 +181,7 @@ class GpuJpeg:
             raise ValueError(f"sample {int(record['id'])}: {error}") from None
         if self.flips is not None:
             pixels = self.flips.run(pixels[None], self.epoch_seed, np.array([record["id"]], np.int64), 1)[0]
+        self.cpu_main += 1
         layout = "HWC->CHW" if channels_first else "HWC"
         self.module.preprocess(np.ascontiguousarray(pixels[None]), mean=self.finish.mean, std=self.finish.std,
                                layout=layout, stream=stream, device=self.device, dtype=dtype,
@@ -145,5 +190,24 @@ class GpuJpeg:
 
     @property
     def decoded(self) -> dict:
-        """Images decoded so far: {'hardware', 'cuda', 'cpu'} (cpu: by the workers)."""
+        """Images decoded so far: {'hardware', 'fallback', 'cpu'} (cpu: by the workers)."""
         return self.decoder.decoded
+
+    @property
+    def decode_stats(self) -> dict:
+        """Which decoder ran, for this loader so far (``loader._jpeg.decode_stats``):
+
+        - hardware, fallback: images decoded by nvJPEG's hardware engine, by its fallback
+          backend (hybrid/CUDA); cpu_workers: decoded by the workers (what nvJPEG cannot
+          take), cpu_main: refused by nvJPEG in a batch and decoded here; cpu: both;
+        - regions: engine images decoded as their crop's region only; refused: engine images
+          nvjpegDecodeBatchedSupportedEx sent to the fallback; engine_errors, demotions;
+        - has_engine, engine_on, regions_on; hardware_flags, fallback_flags (32: interpolated
+          chroma upsampling), interpolation (both handles have it), nvjpeg_version.
+        """
+        stats = dict(self.decoder.stats)
+        stats["cpu_main"] = self.cpu_main
+        stats["cpu"] = stats["cpu_workers"] + self.cpu_main
+        flags = [stats["fallback_flags"]] + ([stats["hardware_flags"]] if stats["has_engine"] else [])
+        stats["interpolation"] = all(f & 32 for f in flags)
+        return stats

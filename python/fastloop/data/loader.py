@@ -486,7 +486,7 @@ class Loader:
         from ._device_feed import DeviceArrayFeed, split_for_device
 
         host, finish = split_for_device(pipeline, field_dtype, self._device_dtype)
-        if _gpu_decode.choose(self.decode, self.device, host, finish, encoded):
+        if _gpu_decode.choose(self.decode, self.device, host, finish, encoded, workers=self.workers):
             self._jpeg = _gpu_decode.GpuJpeg(self.device, host, finish, self.seed, self.on_error)
         if finish is None and self._device_dtype is not None:
             raise ValueError("'dtype' is the type the GPU normalizes the images to: the transform must be a Pipeline "
