@@ -8,37 +8,20 @@
  */
 #include "fl_gpu_decode.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/fl_gpu_stage.h"
 #include "fl_cuda_mem.h"
+#include "fl_resample_math.cuh"
 #include "fl_nvjpeg.h"
 
-enum { PRECISION_BITS = 22, ALIGN = 256 }; /* fl_resample's fixed point */
+enum { ALIGN = 256 };
 
-/* What the kernels know of one image. */
-typedef struct image_desc {
-    const uint8_t *src;  /* the decoded RGB rectangle (or whole image), or the CPU's pixels */
-    long long pitch;     /* bytes per src row */
-    int x0, y0;          /* the rectangle's origin inside src (0, 0 for a region decode) */
-    int rows;            /* rectangle rows the first pass makes */
-    int resample;        /* 1: two passes from src; 0: src holds the finished out_h x out_w x 3 */
-    int flip, taps_x, taps_y;
-    int index;           /* the image's place in the batch */
-    const int32_t *tables; /* lo_x count_x k_x lo_y count_y k_y (fl_gpu_stage.h) */
-    uint8_t *tmp;        /* rows x out_w x 3: the first pass's output */
-} image_desc;
-
-typedef struct kernel_params {
-    const image_desc *descs;
-    int out_h, out_w, dst_chw;
-    float a[3], b[3];
-    void *dst;
-} kernel_params;
+/* What the kernels know of one image, and of the batch (fl_resample_math.cuh). */
+typedef fl_gpu_image_desc image_desc;
+typedef fl_gpu_resample_params kernel_params;
 
 struct fl_gpu_decoder {
     int device;
@@ -71,69 +54,27 @@ static const uint8_t *payload_of(const fl_gpu_decode_job *j, size_t i) {
     return j->entries + i * j->entry_bytes + FL_GPU_RECORD_BYTES;
 }
 
-/* ---- kernels ---- */
-
-__device__ inline uint8_t clip8(int32_t v) {
-    v >>= PRECISION_BITS;
-    return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-}
+/* ---- kernels: grid-strided loops over fl_resample_math.cuh's per-pixel functions ---- */
 
 /* Pass 1, per decoded image (blockIdx.y): each rectangle row resampled across to out_w. */
 __global__ void horizontal_pass(kernel_params p) {
     const image_desc d = p.descs[blockIdx.y];
     if (!d.resample)
         return;
-    const int32_t *lo = d.tables, *count = lo + p.out_w, *k = count + p.out_w;
     const long long work = (long long)d.rows * p.out_w;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += (long long)gridDim.x * blockDim.x) {
-        const int y = (int)(i / p.out_w), x = (int)(i % p.out_w);
-        const uint8_t *row = d.src + (long long)(d.y0 + y) * d.pitch + (long long)(d.x0 + lo[x]) * 3;
-        const int32_t *w = k + (long long)x * d.taps_x;
-        int32_t acc[3] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-        for (int t = 0; t < count[x]; t++)
-            for (int ch = 0; ch < 3; ch++)
-                acc[ch] += row[t * 3 + ch] * w[t];
-        uint8_t *out = d.tmp + i * 3;
-        for (int ch = 0; ch < 3; ch++)
-            out[ch] = clip8(acc[ch]);
-    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += (long long)gridDim.x * blockDim.x)
+        fl_gpu_horizontal_pixel(&d, p.out_w, i);
 }
 
-__device__ inline void store(float *d, long long i, float v) { d[i] = v; }
-__device__ inline void store(__half *d, long long i, float v) { d[i] = __float2half_rn(v); }
-__device__ inline void store(__nv_bfloat16 *d, long long i, float v) { d[i] = __float2bfloat16_rn(v); }
-
 /* Pass 2, per image (blockIdx.y): columns resampled down to out_h (or the CPU's pixels
- * read), mirrored, normalized, laid out and cast into the batch. */
-template <typename Out>
+ * read), mirrored, normalized, laid out and cast into the batch; the dtype a constant. */
+template <int Dtype>
 __global__ void vertical_pass(kernel_params p) {
+    p.dtype = Dtype;
     const image_desc d = p.descs[blockIdx.y];
-    /* the vertical table follows the horizontal one (CPU pixels have none) */
-    const int32_t *lo = d.resample ? d.tables + (long long)p.out_w * (2 + d.taps_x) : NULL;
-    const int32_t *count = d.resample ? lo + p.out_h : NULL, *k = d.resample ? count + p.out_h : NULL;
     const long long plane = (long long)p.out_h * p.out_w;
-    Out *out = (Out *)p.dst + (long long)d.index * 3 * plane;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += (long long)gridDim.x * blockDim.x) {
-        const int y = (int)(i / p.out_w), x = (int)(i % p.out_w);
-        const int sx = d.flip ? p.out_w - 1 - x : x;
-        uint8_t v[3];
-        if (d.resample) {
-            const int32_t *w = k + (long long)y * d.taps_y;
-            int32_t acc[3] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-            for (int t = 0; t < count[y]; t++) {
-                const uint8_t *px = d.tmp + ((long long)(lo[y] + t) * p.out_w + sx) * 3;
-                for (int ch = 0; ch < 3; ch++)
-                    acc[ch] += px[ch] * w[t];
-            }
-            for (int ch = 0; ch < 3; ch++)
-                v[ch] = clip8(acc[ch]);
-        } else {
-            const uint8_t *px = d.src + ((long long)y * p.out_w + sx) * 3;
-            v[0] = px[0], v[1] = px[1], v[2] = px[2];
-        }
-        for (int ch = 0; ch < 3; ch++)
-            store(out, p.dst_chw ? ch * plane + i : i * 3 + ch, __fmaf_rn((float)v[ch], p.a[ch], p.b[ch]));
-    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += (long long)gridDim.x * blockDim.x)
+        fl_gpu_vertical_pixel(&p, &d, i);
 }
 
 static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, int images, int decoded) {
@@ -144,11 +85,11 @@ static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, in
     if (decoded > 0)
         horizontal_pass<<<dim3(blocks, (unsigned)decoded), (unsigned)threads, 0, stream>>>(*p);
     if (j->dtype == FL_CUDA_OUT_FLOAT16)
-        vertical_pass<__half><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_FLOAT16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     else if (j->dtype == FL_CUDA_OUT_BFLOAT16)
-        vertical_pass<__nv_bfloat16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_BFLOAT16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     else
-        vertical_pass<float><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_FLOAT32><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
@@ -437,7 +378,7 @@ static int decode_once(fl_gpu_decoder *d, fl_gpu_decode_job *j, int no_engine, r
         rc = queue_decodes(d, j, &b, again);
     if (rc == 0 && *again == RETRY_NONE) {
         kernel_params p = {(const image_desc *)b.device, (int)j->out_h, (int)j->out_w, j->dst_chw,
-                           {j->a[0], j->a[1], j->a[2]}, {j->b[0], j->b[1], j->b[2]}, j->dst};
+                           {j->a[0], j->a[1], j->a[2]}, {j->b[0], j->b[1], j->b[2]}, j->dst, (int)j->dtype};
         rc = (int)launch(j, &p, (int)b.n_images, (int)(b.n_hw + b.n_sw));
         j->decoded[0] = b.n_hw, j->decoded[1] = b.n_sw, j->decoded[2] = b.n_pixels;
     }
