@@ -231,6 +231,8 @@ core = Extension(
     define_macros=TESTING_MACROS,
     extra_compile_args=C_FLAGS,
     libraries=["pthread", "m", "dl"],
+    # the tests' host build of the GPU kernels' math (py_gpu_math_testing.c): rebuilt when it changes
+    depends=sorted(glob.glob("cuda/*.cuh")) if TESTING else [],
 )
 cuda = CudaExtension(
     "fastloop._cuda",
