@@ -21,7 +21,7 @@ CC ?= gcc
 # The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
 CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
 CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers test_gpu_stage
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 # float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.

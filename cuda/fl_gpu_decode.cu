@@ -40,8 +40,9 @@ struct fl_gpu_decoder {
     fl_nvjpeg_image *images;
     int *order;                          /* entry index of each image, grouped by route */
     image_desc *descs;
-    uint8_t *host_upload;                /* descriptors then tables, as uploaded */
-    size_t host_upload_capacity;
+    fl_gpu_upload_ring ring;             /* the pinned upload buffers' bookkeeping (fl_gpu_stage.h) */
+    uint8_t *upload[FL_GPU_UPLOAD_BUFFERS];      /* pinned: descriptors then tables, as uploaded */
+    cudaEvent_t uploaded[FL_GPU_UPLOAD_BUFFERS]; /* recorded after the last copy from each */
 };
 
 static int nvjpeg_code(int status) { return status ? FL_GPU_NVJPEG_ERROR + status : 0; }
@@ -148,7 +149,12 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     if (d->sw != NULL)
         nv->destroy(d->sw);
     free(d->params), free(d->data), free(d->lengths), free(d->images), free(d->order), free(d->descs);
-    free(d->host_upload);
+    for (int k = 0; k < FL_GPU_UPLOAD_BUFFERS; k++) {
+        if (d->upload[k] != NULL)
+            cudaFreeHost(d->upload[k]);
+        if (d->uploaded[k] != NULL)
+            cudaEventDestroy(d->uploaded[k]);
+    }
     free(d);
 }
 
@@ -199,6 +205,8 @@ typedef struct batch_plan {
     size_t descs_bytes, tables_bytes, upload_bytes;
     size_t decoded_at, tmp_at, pixels_at, total;
     uint8_t *device;                       /* one fl_cuda_alloc_async allocation */
+    uint8_t *upload;                       /* pinned: the upload, written here, copied from here */
+    fl_gpu_upload_turn turn;               /* which of the decoder's pinned buffers that is */
 } batch_plan;
 
 /* Sorts the entries by route into d->order (failed ones left out) and sizes the upload;
@@ -247,14 +255,35 @@ static void size_device(const fl_gpu_decoder *d, const fl_gpu_decode_job *j, bat
     b->total = b->pixels_at + b->n_pixels * align_up(3 * j->out_h * j->out_w);
 }
 
-/* Fills the descriptors, the nvJPEG destinations and the host upload (descriptors, tables). */
-static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *b) {
-    if (b->upload_bytes > d->host_upload_capacity) {
-        uint8_t *grown = (uint8_t *)realloc(d->host_upload, b->upload_bytes);
-        if (grown == NULL)
-            return (int)cudaErrorMemoryAllocation;
-        d->host_upload = grown, d->host_upload_capacity = b->upload_bytes;
+/* The pinned buffer this batch's upload is written into and copied from (defect: it was
+ * pageable, so every copy was staged by the driver): the last copy from it waited for, grown
+ * when too small (fl_gpu_upload_ring: no allocation for a size seen before). */
+static int take_upload(fl_gpu_decoder *d, batch_plan *b) {
+    b->turn = fl_gpu_upload_take(&d->ring, b->upload_bytes);
+    const int k = b->turn.buffer;
+    cudaError_t rc = b->turn.wait ? cudaEventSynchronize(d->uploaded[k]) : cudaSuccess;
+    if (rc == cudaSuccess && d->uploaded[k] == NULL)
+        rc = cudaEventCreateWithFlags(&d->uploaded[k], cudaEventDisableTiming);
+    if (rc != cudaSuccess)
+        return (int)rc;
+    if (b->turn.grow_to != 0) {
+        if (d->upload[k] != NULL)
+            cudaFreeHost(d->upload[k]);
+        d->upload[k] = NULL;
+        rc = cudaMallocHost((void **)&d->upload[k], b->turn.grow_to);
+        if (rc != cudaSuccess)
+            d->upload[k] = NULL;
     }
+    fl_gpu_upload_allocated(&d->ring, &b->turn, d->upload[k] != NULL);
+    b->upload = d->upload[k];
+    return (int)rc;
+}
+
+/* Fills the descriptors, the nvJPEG destinations and the pinned upload (descriptors, tables). */
+static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *b) {
+    int rc = take_upload(d, b);
+    if (rc != 0)
+        return rc;
     size_t decoded = b->decoded_at, tmp = b->tmp_at, pixels = b->pixels_at, tables = b->descs_bytes;
     for (size_t k = 0; k < b->n_images; k++) {
         const size_t i = (size_t)d->order[k];
@@ -273,7 +302,7 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         *desc = (image_desc){b->device + decoded, (long long)width * 3, region ? 0 : (int)r->x0, region ? 0 : (int)r->y0,
                              (int)r->rect_h, 1, r->flip, (int)r->taps_x, (int)r->taps_y, (int)i,
                              (const int32_t *)(b->device + tables), b->device + tmp};
-        memcpy(d->host_upload + tables, payload_of(j, i) + r->tables_at, bytes);
+        memcpy(b->upload + tables, payload_of(j, i) + r->tables_at, bytes);
         memset(&d->images[k], 0, sizeof d->images[k]);
         d->images[k].channel[0] = b->device + decoded;
         d->images[k].pitch[0] = width * 3;
@@ -283,7 +312,7 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         tmp += align_up((size_t)3 * r->rect_h * j->out_w);
         tables += bytes;
     }
-    memcpy(d->host_upload, d->descs, b->n_images * sizeof *d->descs);
+    memcpy(b->upload, d->descs, b->n_images * sizeof *d->descs);
     return 0;
 }
 
@@ -339,7 +368,11 @@ typedef enum retry { RETRY_NONE = 0, RETRY_WITHOUT_ENGINE = 1, RETRY_WITHOUT_FAI
  * whether the batch must be planned again (the engine refused it; images were flagged). */
 static int queue_decodes(fl_gpu_decoder *d, fl_gpu_decode_job *j, const batch_plan *b, retry *again) {
     cudaStream_t stream = (cudaStream_t)j->stream;
-    int rc = (int)cudaMemcpyAsync(b->device, d->host_upload, b->upload_bytes, cudaMemcpyHostToDevice, stream);
+    int rc = (int)cudaMemcpyAsync(b->device, b->upload, b->upload_bytes, cudaMemcpyHostToDevice, stream);
+    if (rc == 0)
+        rc = (int)cudaEventRecord(d->uploaded[b->turn.buffer], stream);
+    if (rc == 0)
+        fl_gpu_upload_queued(&d->ring, &b->turn);
     for (size_t k = b->n_hw + b->n_sw; rc == 0 && k < b->n_images; k++)
         rc = (int)cudaMemcpyAsync((void *)d->descs[k].src, payload_of(j, (size_t)d->order[k]), 3 * j->out_h * j->out_w,
                                   cudaMemcpyHostToDevice, stream);
