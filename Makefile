@@ -136,13 +136,13 @@ pytest: build
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_checkpoint_format.py tests/test_nn.py tests/test_loader.py \
-	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py \
+	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py tests/test_gpu_kernels_host.py \
 	tests/test_extreme_arguments.py tests/test_args.py tests/test_close_race.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
 
-$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
+$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h cuda/*.cuh) | venv
 	@mkdir -p $(dir $@)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -DFL_TESTING -fPIC $(PY_INCLUDES) -c $< -o $@
 

@@ -1,7 +1,8 @@
 """The GPU preprocessing kernels' own per-pixel code (cuda/fl_gpu_math.cuh,
 fl_preprocess_math.cuh, fl_resample_math.cuh), compiled by the host C compiler into the tests'
 build (FASTLOOP_TESTING=1) and run over every pixel, checked against the CPU path: the
-float16/bfloat16 rounding against NumPy's and torch's, and fl_cuda_preprocess's kernel against
+float16/bfloat16 rounding against NumPy's, torch's and a distance-comparing reference
+(tests/rounding.py), and fl_cuda_preprocess's kernel against
 fastloop.ops' crop, hflip and normalize on many shapes, regions, flips, layouts and dtypes.
 (fl_gpu_decode's resample kernels are checked on staged JPEGs in test_gpu_stage.py.)
 
@@ -19,6 +20,7 @@ import pytest
 from fastloop import _core
 from fastloop import ops
 from hooks import CORE_HOOKS, WHY_ABSENT
+from rounding import bfloat16_bits, bfloat16_bits_nearest, float16_bits
 
 pytestmark = pytest.mark.skipif(not CORE_HOOKS, reason=WHY_ABSENT)
 
@@ -39,19 +41,9 @@ def _cpu_has_fma() -> bool:
 FMA = _cpu_has_fma()
 
 
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """torch's float32 -> bfloat16 (round to nearest even), as uint16 bits."""
-    torch = pytest.importorskip("torch")
-    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-
-
 def _rounded(x: np.ndarray, dtype: int) -> np.ndarray:
     """The CPU path's float32 output in the GPU's output type, as bits (uint16) or float32."""
-    if dtype == F16:
-        return x.astype(np.float16).view(np.uint16)
-    if dtype == BF16:
-        return _bf16_bits(x)
-    return x
+    return float16_bits(x) if dtype == F16 else bfloat16_bits(x) if dtype == BF16 else x
 
 
 def _gpu_round(x: np.ndarray, dtype: int) -> np.ndarray:
@@ -94,13 +86,16 @@ def test_float16_rounding_is_numpys_on_every_float16_tie_and_neighbour():
     assert mismatch.size == 0, [(float(x[~nan][i]), hex(got[~nan][i])) for i in mismatch[:5]]
 
 
-def test_bfloat16_rounding_is_torchs_on_every_bfloat16_tie_and_neighbour():
+@pytest.mark.parametrize("reference", [bfloat16_bits, bfloat16_bits_nearest])
+def test_bfloat16_rounding_is_the_nearest_value_on_every_bfloat16_tie_and_neighbour(reference):
     x = _hard_floats()
-    got, want = _gpu_round(x, BF16), _bf16_bits(x)
+    got = _gpu_round(x, BF16)
     nan = np.isnan(x)
     assert np.isnan((got[nan].astype(np.uint32) << 16).view(np.float32)).all()
-    mismatch = np.flatnonzero(got[~nan] != want[~nan])
-    assert mismatch.size == 0, [(float(x[~nan][i]), hex(got[~nan][i])) for i in mismatch[:5]]
+    finite = np.isfinite(x) if reference is bfloat16_bits_nearest else ~nan
+    want = reference(x[finite])
+    mismatch = np.flatnonzero(got[finite] != want)
+    assert mismatch.size == 0, [(float(x[finite][i]), hex(got[finite][i]), hex(want[i])) for i in mismatch[:5]]
 
 
 def test_the_rounding_hook_refuses_a_bad_dtype_code():

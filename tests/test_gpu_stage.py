@@ -19,6 +19,7 @@ from fastloop import _core
 from fastloop._core import _Loader, _epoch_seed, _image_decode
 from fastloop.loader import _encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize
+from rounding import bfloat16_bits, float16_bits
 from synthetic import natural_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -93,12 +94,7 @@ def _gpu_kernels(entry: np.ndarray, out_h: int, out_w: int, region: bool, dtype:
 
 def _as(x: np.ndarray, dtype: int) -> np.ndarray:
     """The CPU path's float32 in the kernels' output type (bits for float16 and bfloat16)."""
-    if dtype == F16:
-        return x.astype(np.float16).view(np.uint16)
-    if dtype == BF16:
-        torch = pytest.importorskip("torch")
-        return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    return x
+    return float16_bits(x) if dtype == F16 else bfloat16_bits(x) if dtype == BF16 else x
 
 
 @pytest.mark.parametrize("pipeline", [
