@@ -2,9 +2,11 @@
  *
  * One call: sort the staged entries by route; lay out one stream-ordered device allocation
  * (image descriptors, tables, decoded rectangles, the first pass's rows, CPU pixels); queue
- * the upload of descriptors and tables, the copies of CPU pixels, the nvJPEG decodes, the
- * horizontal pass over decoded rectangles, and the vertical pass that also mirrors,
- * normalizes, lays out and casts every image; free the allocation in stream order.
+ * the upload of descriptors and tables (from one of two pinned buffers the decoder owns), the
+ * copies of CPU pixels, the nvJPEG decodes, the horizontal pass over decoded rectangles, and
+ * the vertical pass that also mirrors, normalizes, lays out and casts every image; free the
+ * allocation in stream order. The kernels' per-pixel code is fl_resample_math.cuh's, which
+ * the tests also build and run on the host (tests/test_gpu_stage.py).
  */
 #include "fl_gpu_decode.h"
 

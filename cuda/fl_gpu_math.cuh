@@ -75,10 +75,10 @@ FL_GPU_FN void fl_gpu_store(void *dst, int dtype, long long i, float v) {
         ((float *)dst)[i] = v;
 }
 
-/* Element (ch, y, x) of an image of h x w pixels and c channels: planar (chw) or interleaved. */
-FL_GPU_FN long long fl_gpu_index(int chw, long long ch, long long y, long long x, long long h, long long w,
-                                 long long c) {
-    return chw ? (ch * h + y) * w + x : (y * w + x) * c + ch;
+/* Element ch of pixel `pixel` (y * w + x) of an image of `plane` (h * w) pixels and c
+ * channels: planar (chw: c x h x w) or interleaved (h x w x c). */
+FL_GPU_FN long long fl_gpu_index(int chw, long long ch, long long pixel, long long plane, long long c) {
+    return chw ? ch * plane + pixel : pixel * c + ch;
 }
 
 /* The source column of output column x of a row w wide, mirrored when flip. */

@@ -23,11 +23,12 @@ FL_GPU_FN void fl_gpu_preprocess_pixel(const fl_gpu_preprocess_params *p, long l
     const long long top = p->offsets ? p->offsets[2 * img] : p->top;
     const long long left = p->offsets ? p->offsets[2 * img + 1] : p->left;
     const long long sy = top + y, sx = left + fl_gpu_flip_x(p->flips && p->flips[img], x, p->out_w);
-    const uint8_t *s = p->src + img * p->h * p->w * p->c;
-    const long long out_image = img * p->c * p->out_h * p->out_w;
+    const long long plane = p->h * p->w, out_plane = p->out_h * p->out_w;
+    const uint8_t *s = p->src + img * plane * p->c;
+    const long long out_image = img * p->c * out_plane;
     for (long long ch = 0; ch < p->c; ch++) {
-        const uint8_t v = s[fl_gpu_index(p->src_chw, ch, sy, sx, p->h, p->w, p->c)];
-        fl_gpu_store(p->dst, p->dtype, out_image + fl_gpu_index(p->dst_chw, ch, y, x, p->out_h, p->out_w, p->c),
+        const uint8_t v = s[fl_gpu_index(p->src_chw, ch, sy * p->w + sx, plane, p->c)];
+        fl_gpu_store(p->dst, p->dtype, out_image + fl_gpu_index(p->dst_chw, ch, y * p->out_w + x, out_plane, p->c),
                      fl_gpu_normalize(v, p->a[ch], p->b[ch]));
     }
 }

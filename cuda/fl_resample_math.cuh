@@ -58,13 +58,13 @@ FL_GPU_FN uint8_t fl_gpu_clip8(int32_t v) {
 }
 
 /* Output pixel o of axis a from the 3-byte pixels at `first`, `stride` bytes apart, into out. */
-FL_GPU_FN void fl_gpu_taps(const fl_gpu_axis *a, long long o, const uint8_t *first, long long stride, uint8_t out[3]) {
-    const int32_t *w = a->k + o * a->taps;
+FL_GPU_FN void fl_gpu_taps(const fl_gpu_axis *a, int o, const uint8_t *first, int stride, uint8_t out[3]) {
+    const int32_t *w = a->k + (long long)o * a->taps;
     int32_t acc[3] = {1 << (FL_GPU_PRECISION_BITS - 1), 1 << (FL_GPU_PRECISION_BITS - 1),
                       1 << (FL_GPU_PRECISION_BITS - 1)};
     for (int t = 0; t < a->count[o]; t++)
         for (int ch = 0; ch < 3; ch++)
-            acc[ch] += first[t * stride + ch] * w[t];
+            acc[ch] += first[(long long)t * stride + ch] * w[t];
     for (int ch = 0; ch < 3; ch++)
         out[ch] = fl_gpu_clip8(acc[ch]);
 }
@@ -72,7 +72,7 @@ FL_GPU_FN void fl_gpu_taps(const fl_gpu_axis *a, long long o, const uint8_t *fir
 /* Pass 1, item i of rows x out_w: rectangle row i / out_w resampled to column i % out_w. */
 FL_GPU_FN void fl_gpu_horizontal_pixel(const fl_gpu_image_desc *d, int out_w, long long i) {
     const fl_gpu_axis ax = fl_gpu_axis_x(d, out_w);
-    const long long y = i / out_w, x = i % out_w;
+    const int y = (int)(i / out_w), x = (int)(i % out_w);
     const uint8_t *row = d->src + (d->y0 + y) * d->pitch + (d->x0 + (long long)ax.lo[x]) * 3;
     fl_gpu_taps(&ax, x, row, 3, d->tmp + i * 3);
 }
@@ -80,18 +80,18 @@ FL_GPU_FN void fl_gpu_horizontal_pixel(const fl_gpu_image_desc *d, int out_w, lo
 /* Pass 2, pixel i of out_h x out_w: the column resampled down (or the CPU's pixel read),
  * mirrored, normalized, laid out and cast into the batch. */
 FL_GPU_FN void fl_gpu_vertical_pixel(const fl_gpu_resample_params *p, const fl_gpu_image_desc *d, long long i) {
-    const long long plane = (long long)p->out_h * p->out_w, y = i / p->out_w, x = i % p->out_w;
-    const long long sx = fl_gpu_flip_x(d->flip, x, p->out_w);
+    const long long plane = (long long)p->out_h * p->out_w;
+    const int y = (int)(i / p->out_w), x = (int)(i % p->out_w), sx = (int)fl_gpu_flip_x(d->flip, x, p->out_w);
     uint8_t v[3];
     if (d->resample) {
         const fl_gpu_axis ay = fl_gpu_axis_y(d, p->out_h, p->out_w);
-        fl_gpu_taps(&ay, y, d->tmp + ((long long)ay.lo[y] * p->out_w + sx) * 3, (long long)p->out_w * 3, v);
+        fl_gpu_taps(&ay, y, d->tmp + ((long long)ay.lo[y] * p->out_w + sx) * 3, p->out_w * 3, v);
     } else {
-        const uint8_t *px = d->src + (y * p->out_w + sx) * 3;
+        const uint8_t *px = d->src + ((long long)y * p->out_w + sx) * 3;
         v[0] = px[0], v[1] = px[1], v[2] = px[2];
     }
     for (int ch = 0; ch < 3; ch++)
-        fl_gpu_store(p->dst, p->dtype, d->index * 3 * plane + fl_gpu_index(p->dst_chw, ch, y, x, p->out_h, p->out_w, 3),
+        fl_gpu_store(p->dst, p->dtype, d->index * 3 * plane + fl_gpu_index(p->dst_chw, ch, i, plane, 3),
                      fl_gpu_normalize(v[ch], p->a[ch], p->b[ch]));
 }
 
