@@ -21,7 +21,7 @@ CC ?= gcc
 # The core: one folder per subsystem (csrc/README.md); csrc/py/ is the binding, built by setup.py.
 CORE_SOURCES := $(filter-out csrc/py/%,$(wildcard csrc/*/*.c))
 CORE_HEADERS := $(filter-out csrc/py/%,$(wildcard csrc/*/*.h csrc/*/*.inc))
-C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers test_block_cache test_jpeg_plan
+C_TESTS := test_queue test_pool test_ops test_monitor test_checkpoint test_npy test_jpeg_header test_loader test_loader_filler test_procpool test_nn test_image test_json_numbers test_block_cache test_jpeg_plan test_gpu_stage
 # The core builds without Python's include path: a Python.h creeping in fails here.
 CORE_FLAGS := -std=gnu11 -g -Wall -Wextra -Werror -pthread -Icsrc
 # float-cast-overflow and float-divide-by-zero are not in "undefined": a NaN cast to int is.
@@ -146,13 +146,13 @@ pytest: build
 ASAN_PYTESTS := tests/test_queue.py tests/test_ops.py tests/test_gc_cycles.py \
 	tests/test_monitor.py tests/test_monitor_tensorboard.py tests/test_metrics.py \
 	tests/test_checkpoint.py tests/test_checkpoint_format.py tests/test_nn.py tests/test_loader.py \
-	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py \
+	tests/test_loader_samples.py tests/test_serve_json_inputs.py tests/test_gpu_stage.py tests/test_gpu_kernels_host.py \
 	tests/test_extreme_arguments.py tests/test_args.py tests/test_close_race.py
 ASAN_EXT := build/asan-ext
 ASAN_OBJS := $(patsubst csrc/%.c,$(ASAN_EXT)/%.o,$(CORE_SOURCES) $(wildcard csrc/py/*.c))
 PY_INCLUDES = $(shell $(PY) -c 'import sysconfig, numpy; print("-I" + sysconfig.get_paths()["include"], "-I" + numpy.get_include())')
 
-$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h) | venv
+$(ASAN_EXT)/%.o: csrc/%.c $(CORE_HEADERS) $(wildcard csrc/py/*.h cuda/*.cuh) | venv
 	@mkdir -p $(dir $@)
 	$(CC) $(CORE_FLAGS) $(ASAN_FLAGS) -DFL_TESTING -fPIC $(PY_INCLUDES) -c $< -o $@
 

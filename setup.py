@@ -36,7 +36,7 @@ WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FASTLOOP_WERRO
 C_FLAGS = ["-std=gnu11", "-O3", "-fvisibility=hidden", *WARNINGS]
 DEFAULT_CUDA_ARCHS = "75;80;86;89;90"
 TESTING = os.environ.get("FASTLOOP_TESTING") == "1"
-TEST_ONLY_SOURCES = ["csrc/testing/", "csrc/py/py_testing.c", "cuda/py/py_nn_testing.c"]
+TEST_ONLY_SOURCES = ["csrc/testing/", "csrc/py/py_testing.c", "csrc/py/py_gpu_math_testing.c", "cuda/py/py_nn_testing.c"]
 TESTING_MACROS = [("FL_TESTING", "1")] if TESTING else []
 
 
@@ -181,7 +181,7 @@ class BuildExt(build_ext):
             self.spawn([*cmd, "-o", obj])
             return obj
         digest = hashlib.sha256(" ".join([*cmd[3:], nvcc_version(nvcc)]).encode())
-        for path in [source, *sorted(glob.glob("cuda/*.h") + glob.glob("csrc/*/*.h") + glob.glob("csrc/*/*.inc"))]:
+        for path in [source, *sorted(glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/*/*.h") + glob.glob("csrc/*/*.inc"))]:
             with open(path, "rb") as f:
                 digest.update(path.encode() + f.read())
         cached = os.path.join(cache, f"{os.path.basename(source)}-{digest.hexdigest()[:16]}.o")
@@ -231,6 +231,8 @@ core = Extension(
     define_macros=TESTING_MACROS,
     extra_compile_args=C_FLAGS,
     libraries=["pthread", "m", "dl"],
+    # the tests' host build of the GPU kernels' math (py_gpu_math_testing.c): rebuilt when it changes
+    depends=sorted(glob.glob("cuda/*.cuh")) if TESTING else [],
 )
 cuda = CudaExtension(
     "fastloop._cuda",

@@ -1,48 +1,25 @@
 /* fl_cuda_preprocess.cu - the preprocess kernel and what queues it (fl_cuda_preprocess.h). */
 #include "fl_cuda_preprocess.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fl_cuda_device.h"
 #include "fl_cuda_mem.h"
+#include "fl_preprocess_math.cuh"
 
-typedef struct preprocess_params {
-    const uint8_t *src;
-    void *dst;
-    const float *a, *b;
-    const int32_t *offsets; /* device, or NULL */
-    const uint8_t *flips;   /* device, or NULL */
-    long long n, h, w, c, out_h, out_w, top, left;
-    int src_chw, dst_chw;
-} preprocess_params;
+typedef fl_gpu_preprocess_params preprocess_params;
 
-/* The fused multiply-add's float result in the output type (round to nearest even). */
-__device__ inline void store(float *d, long long i, float v) { d[i] = v; }
-__device__ inline void store(__half *d, long long i, float v) { d[i] = __float2half_rn(v); }
-__device__ inline void store(__nv_bfloat16 *d, long long i, float v) { d[i] = __float2bfloat16_rn(v); }
-
-/* One thread per output pixel (grid-strided), all channels of it. */
-template <typename Out>
+/* One thread per output pixel (grid-strided), all channels of it (fl_preprocess_math.cuh);
+ * the dtype a constant, so each instance stores one type. */
+template <int Dtype>
 __global__ void preprocess_kernel(preprocess_params p) {
+    p.dtype = Dtype;
     const long long pixels = p.n * p.out_h * p.out_w;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pixels;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long x = i % p.out_w, t = i / p.out_w, y = t % p.out_h, img = t / p.out_h;
-        const long long top = p.offsets ? p.offsets[2 * img] : p.top;
-        const long long left = p.offsets ? p.offsets[2 * img + 1] : p.left;
-        const long long sy = top + y, sx = left + (p.flips && p.flips[img] ? p.out_w - 1 - x : x);
-        const uint8_t *s = p.src + img * p.h * p.w * p.c;
-        Out *d = (Out *)p.dst + img * p.c * p.out_h * p.out_w;
-        for (long long ch = 0; ch < p.c; ch++) {
-            const uint8_t v = p.src_chw ? s[(ch * p.h + sy) * p.w + sx] : s[(sy * p.w + sx) * p.c + ch];
-            const float out = __fmaf_rn((float)v, p.a[ch], p.b[ch]);
-            store(d, p.dst_chw ? (ch * p.out_h + y) * p.out_w + x : (y * p.out_w + x) * p.c + ch, out);
-        }
-    }
+         i += (long long)gridDim.x * blockDim.x)
+        fl_gpu_preprocess_pixel(&p, i);
 }
 
 size_t fl_cuda_out_dtype_size(fl_cuda_out_dtype dtype) {
@@ -106,6 +83,7 @@ static cudaError_t queue_kernel(const fl_cuda_preprocess_job *j, const params_la
     p.out_h = (long long)j->out_h, p.out_w = (long long)j->out_w;
     p.top = (long long)j->top, p.left = (long long)j->left;
     p.src_chw = j->src_chw, p.dst_chw = j->dst_chw;
+    p.dtype = (int)j->dst_dtype;
     const long long pixels = p.n * p.out_h * p.out_w, threads = 256;
     const long long blocks = (pixels + threads - 1) / threads;
     if (pixels == 0)
@@ -113,11 +91,11 @@ static cudaError_t queue_kernel(const fl_cuda_preprocess_job *j, const params_la
     const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
     (void)cudaGetLastError(); /* report only this launch's error */
     if (j->dst_dtype == FL_CUDA_OUT_FLOAT16)
-        preprocess_kernel<__half><<<grid, threads, 0, stream>>>(p);
+        preprocess_kernel<FL_CUDA_OUT_FLOAT16><<<grid, threads, 0, stream>>>(p);
     else if (j->dst_dtype == FL_CUDA_OUT_BFLOAT16)
-        preprocess_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p);
+        preprocess_kernel<FL_CUDA_OUT_BFLOAT16><<<grid, threads, 0, stream>>>(p);
     else
-        preprocess_kernel<float><<<grid, threads, 0, stream>>>(p);
+        preprocess_kernel<FL_CUDA_OUT_FLOAT32><<<grid, threads, 0, stream>>>(p);
     return cudaGetLastError();
 }
 

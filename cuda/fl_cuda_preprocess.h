@@ -3,9 +3,13 @@
  * (x/255 - mean) / std per channel, HWC -> CHW if asked (or CHW -> HWC: torch's
  * channels_last memory), and the cast, all queued on a stream without waiting.
  *
- * The arithmetic is fastloop.ops.normalize's (csrc/ops_normalize.c): a = (1/255) / std and
- * b = -mean / std in float, then one fused multiply-add x * a + b per value, rounded to
- * nearest even into the output type.
+ * The arithmetic is fastloop.ops.normalize's (csrc/ops/ops_normalize.c): a = (1/255) / std
+ * and b = -mean / std in float, then one fused multiply-add x * a + b per value, rounded to
+ * nearest even into the output type. The kernel's per-pixel code is fl_preprocess_math.cuh's,
+ * which the tests build and run on the host against fastloop.ops (tests/test_gpu_kernels_host.py):
+ * equal bit for bit where the CPU's normalize fuses the multiply-add (x86-64 with AVX2 and FMA;
+ * always for uint8 RGB HWC -> CHW there), within 1 float32 ulp (one step of float16/bfloat16
+ * at a tie) where it rounds the product and the sum apart.
  */
 #ifndef FL_CUDA_PREPROCESS_H
 #define FL_CUDA_PREPROCESS_H

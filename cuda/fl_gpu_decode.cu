@@ -2,44 +2,30 @@
  *
  * One call: sort the staged entries by route; lay out one stream-ordered device allocation
  * (image descriptors, tables, decoded rectangles, the first pass's rows, CPU pixels); queue
- * the upload of descriptors and tables, the copies of CPU pixels, the nvJPEG decodes, the
- * horizontal pass over decoded rectangles, and the vertical pass that also mirrors,
- * normalizes, lays out and casts every image; free the allocation in stream order.
+ * the upload of descriptors and tables (from one of two pinned buffers the decoder owns), the
+ * copies of CPU pixels, the nvJPEG decodes, the horizontal pass over decoded rectangles, and
+ * the vertical pass that also mirrors, normalizes, lays out and casts every image; free the
+ * allocation in stream order. The kernels' per-pixel code is fl_resample_math.cuh's, which
+ * the tests also build and run on the host (tests/test_gpu_stage.py).
  */
 #include "fl_gpu_decode.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/fl_gpu_stage.h"
+#include "fl_cuda_device.h"
 #include "fl_cuda_mem.h"
 #include "fl_jpeg_plan.h"
+#include "fl_resample_math.cuh"
 #include "fl_nvjpeg.h"
 
-enum { PRECISION_BITS = 22, ALIGN = 256 }; /* fl_resample's fixed point */
+enum { ALIGN = 256 };
 
-/* What the kernels know of one image. */
-typedef struct image_desc {
-    const uint8_t *src;  /* the decoded RGB rectangle (or whole image), or the CPU's pixels */
-    long long pitch;     /* bytes per src row */
-    int x0, y0;          /* the rectangle's origin inside src (0, 0 for a region decode) */
-    int rows;            /* rectangle rows the first pass makes */
-    int resample;        /* 1: two passes from src; 0: src holds the finished out_h x out_w x 3 */
-    int flip, taps_x, taps_y;
-    int index;           /* the image's place in the batch */
-    const int32_t *tables; /* lo_x count_x k_x lo_y count_y k_y (fl_gpu_stage.h) */
-    uint8_t *tmp;        /* rows x out_w x 3: the first pass's output */
-} image_desc;
-
-typedef struct kernel_params {
-    const image_desc *descs;
-    int out_h, out_w, dst_chw;
-    float a[3], b[3];
-    void *dst;
-} kernel_params;
+/* What the kernels know of one image, and of the batch (fl_resample_math.cuh). */
+typedef fl_gpu_image_desc image_desc;
+typedef fl_gpu_resample_params kernel_params;
 
 /* One backend's decoder states, used in turn (fl_jpeg_plan.h): state i may be reinitialized
  * only once event i, recorded after its last decode, has passed. */
@@ -68,8 +54,9 @@ struct fl_gpu_decoder {
     int *order;                          /* entry index of each image, grouped by destination */
     unsigned char *dest;                 /* per entry: its fl_jpeg_dest this try */
     image_desc *descs;
-    uint8_t *host_upload;                /* descriptors then tables, as uploaded */
-    size_t host_upload_capacity;
+    fl_gpu_upload_ring ring;             /* the pinned upload buffers' bookkeeping (fl_gpu_stage.h) */
+    uint8_t *upload[FL_GPU_UPLOAD_BUFFERS];      /* pinned: descriptors then tables, as uploaded */
+    cudaEvent_t uploaded[FL_GPU_UPLOAD_BUFFERS]; /* recorded after the last copy from each */
 };
 
 static int nvjpeg_code(int status) { return status ? FL_GPU_NVJPEG_ERROR + status : 0; }
@@ -82,69 +69,27 @@ static const uint8_t *payload_of(const fl_gpu_decode_job *j, size_t i) {
     return j->entries + i * j->entry_bytes + FL_GPU_RECORD_BYTES;
 }
 
-/* ---- kernels ---- */
-
-__device__ inline uint8_t clip8(int32_t v) {
-    v >>= PRECISION_BITS;
-    return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-}
+/* ---- kernels: grid-strided loops over fl_resample_math.cuh's per-pixel functions ---- */
 
 /* Pass 1, per decoded image (blockIdx.y): each rectangle row resampled across to out_w. */
 __global__ void horizontal_pass(kernel_params p) {
     const image_desc d = p.descs[blockIdx.y];
     if (!d.resample)
         return;
-    const int32_t *lo = d.tables, *count = lo + p.out_w, *k = count + p.out_w;
     const long long work = (long long)d.rows * p.out_w;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += (long long)gridDim.x * blockDim.x) {
-        const int y = (int)(i / p.out_w), x = (int)(i % p.out_w);
-        const uint8_t *row = d.src + (long long)(d.y0 + y) * d.pitch + (long long)(d.x0 + lo[x]) * 3;
-        const int32_t *w = k + (long long)x * d.taps_x;
-        int32_t acc[3] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-        for (int t = 0; t < count[x]; t++)
-            for (int ch = 0; ch < 3; ch++)
-                acc[ch] += row[t * 3 + ch] * w[t];
-        uint8_t *out = d.tmp + i * 3;
-        for (int ch = 0; ch < 3; ch++)
-            out[ch] = clip8(acc[ch]);
-    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += (long long)gridDim.x * blockDim.x)
+        fl_gpu_horizontal_pixel(&d, p.out_w, i);
 }
 
-__device__ inline void store(float *d, long long i, float v) { d[i] = v; }
-__device__ inline void store(__half *d, long long i, float v) { d[i] = __float2half_rn(v); }
-__device__ inline void store(__nv_bfloat16 *d, long long i, float v) { d[i] = __float2bfloat16_rn(v); }
-
 /* Pass 2, per image (blockIdx.y): columns resampled down to out_h (or the CPU's pixels
- * read), mirrored, normalized, laid out and cast into the batch. */
-template <typename Out>
+ * read), mirrored, normalized, laid out and cast into the batch; the dtype a constant. */
+template <int Dtype>
 __global__ void vertical_pass(kernel_params p) {
+    p.dtype = Dtype;
     const image_desc d = p.descs[blockIdx.y];
-    /* the vertical table follows the horizontal one (CPU pixels have none) */
-    const int32_t *lo = d.resample ? d.tables + (long long)p.out_w * (2 + d.taps_x) : NULL;
-    const int32_t *count = d.resample ? lo + p.out_h : NULL, *k = d.resample ? count + p.out_h : NULL;
     const long long plane = (long long)p.out_h * p.out_w;
-    Out *out = (Out *)p.dst + (long long)d.index * 3 * plane;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += (long long)gridDim.x * blockDim.x) {
-        const int y = (int)(i / p.out_w), x = (int)(i % p.out_w);
-        const int sx = d.flip ? p.out_w - 1 - x : x;
-        uint8_t v[3];
-        if (d.resample) {
-            const int32_t *w = k + (long long)y * d.taps_y;
-            int32_t acc[3] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-            for (int t = 0; t < count[y]; t++) {
-                const uint8_t *px = d.tmp + ((long long)(lo[y] + t) * p.out_w + sx) * 3;
-                for (int ch = 0; ch < 3; ch++)
-                    acc[ch] += px[ch] * w[t];
-            }
-            for (int ch = 0; ch < 3; ch++)
-                v[ch] = clip8(acc[ch]);
-        } else {
-            const uint8_t *px = d.src + ((long long)y * p.out_w + sx) * 3;
-            v[0] = px[0], v[1] = px[1], v[2] = px[2];
-        }
-        for (int ch = 0; ch < 3; ch++)
-            store(out, p.dst_chw ? ch * plane + i : i * 3 + ch, __fmaf_rn((float)v[ch], p.a[ch], p.b[ch]));
-    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += (long long)gridDim.x * blockDim.x)
+        fl_gpu_vertical_pixel(&p, &d, i);
 }
 
 static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, int images, int decoded) {
@@ -155,28 +100,15 @@ static cudaError_t launch(const fl_gpu_decode_job *j, const kernel_params *p, in
     if (decoded > 0)
         horizontal_pass<<<dim3(blocks, (unsigned)decoded), (unsigned)threads, 0, stream>>>(*p);
     if (j->dtype == FL_CUDA_OUT_FLOAT16)
-        vertical_pass<__half><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_FLOAT16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     else if (j->dtype == FL_CUDA_OUT_BFLOAT16)
-        vertical_pass<__nv_bfloat16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_BFLOAT16><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     else
-        vertical_pass<float><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
+        vertical_pass<FL_CUDA_OUT_FLOAT32><<<dim3(blocks, (unsigned)images), (unsigned)threads, 0, stream>>>(*p);
     return cudaGetLastError();
 }
 
 /* ---- the decoder ---- */
-
-/* Binds `device` for a call and keeps the caller's in *saved (-1: none), so a decode never
- * leaves another device current in the caller's thread (torch's, say). */
-static int enter_device(int device, int *saved) {
-    if (cudaGetDevice(saved) != cudaSuccess)
-        *saved = -1, (void)cudaGetLastError();
-    return (int)cudaSetDevice(device);
-}
-
-static void leave_device(int device, int saved) {
-    if (saved >= 0 && saved != device)
-        cudaSetDevice(saved);
-}
 
 static void backend_free(const fl_nvjpeg_api *nv, backend *b) {
     for (int i = 0; i < 2; i++) {
@@ -220,11 +152,11 @@ int fl_gpu_decoder_new(int device, fl_gpu_decoder **out) {
     const fl_nvjpeg_api *nv = fl_nvjpeg();
     if (nv == NULL)
         return nvjpeg_code(1); /* NVJPEG_STATUS_NOT_INITIALIZED: not loaded */
-    int saved;
-    int rc = enter_device(device, &saved);
+    fl_cuda_device_guard caller; /* the caller's device comes back on the way out (fl_cuda_device.h) */
+    int rc = fl_cuda_device_begin(&caller, device);
     fl_gpu_decoder *d = rc == 0 ? (fl_gpu_decoder *)calloc(1, sizeof *d) : NULL;
     if (d == NULL) {
-        leave_device(device, saved);
+        fl_cuda_device_end(&caller);
         return rc != 0 ? rc : (int)cudaErrorMemoryAllocation;
     }
     d->device = device;
@@ -245,12 +177,12 @@ int fl_gpu_decoder_new(int device, fl_gpu_decoder **out) {
         rc = nvjpeg_code(nv->params_create(checker, &d->probe));
     if (rc != 0) {
         fl_gpu_decoder_free(d);
-        leave_device(device, saved);
+        fl_cuda_device_end(&caller);
         return rc;
     }
     fl_jpeg_engine_init(&d->engine, d->hw.handle != NULL);
     *out = d;
-    leave_device(device, saved);
+    fl_cuda_device_end(&caller);
     return 0;
 }
 
@@ -258,8 +190,8 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     if (d == NULL)
         return;
     const fl_nvjpeg_api *nv = d->nv;
-    int saved;
-    enter_device(d->device, &saved);
+    fl_cuda_device_guard caller; /* the caller's device comes back on the way out (fl_cuda_device.h) */
+    fl_cuda_device_begin(&caller, d->device);
     cudaDeviceSynchronize(); /* nvJPEG's buffers may still be in use by queued work */
     for (size_t i = 0; i < d->n_params; i++)
         nv->params_destroy(d->params[i]);
@@ -270,8 +202,14 @@ void fl_gpu_decoder_free(fl_gpu_decoder *d) {
     backend_free(nv, &d->hw);
     backend_free(nv, &d->sw);
     free(d->params), free(d->data), free(d->lengths), free(d->images), free(d->order), free(d->descs);
-    free(d->dest), free(d->host_upload);
-    leave_device(d->device, saved);
+    free(d->dest);
+    for (int k = 0; k < FL_GPU_UPLOAD_BUFFERS; k++) {
+        if (d->upload[k] != NULL)
+            cudaFreeHost(d->upload[k]);
+        if (d->uploaded[k] != NULL)
+            cudaEventDestroy(d->uploaded[k]);
+    }
+    fl_cuda_device_end(&caller);
     free(d);
 }
 
@@ -334,6 +272,8 @@ typedef struct batch_plan {
     size_t descs_bytes, tables_bytes, upload_bytes;
     size_t decoded_at, tmp_at, pixels_at, total;
     uint8_t *device;                       /* one fl_cuda_alloc_async allocation */
+    uint8_t *upload;                       /* pinned: the upload, written here, copied from here */
+    fl_gpu_upload_turn turn;               /* which of the decoder's pinned buffers that is */
 } batch_plan;
 
 /* What a support check needs: the decoder and the image. */
@@ -420,14 +360,35 @@ static void size_device(const fl_gpu_decoder *d, const fl_gpu_decode_job *j, bat
     b->total = b->pixels_at + b->n_pixels * align_up(3 * j->out_h * j->out_w);
 }
 
-/* Fills the descriptors, the nvJPEG destinations and the host upload (descriptors, tables). */
-static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *b) {
-    if (b->upload_bytes > d->host_upload_capacity) {
-        uint8_t *grown = (uint8_t *)realloc(d->host_upload, b->upload_bytes);
-        if (grown == NULL)
-            return (int)cudaErrorMemoryAllocation;
-        d->host_upload = grown, d->host_upload_capacity = b->upload_bytes;
+/* The pinned buffer this batch's upload is written into and copied from (defect: it was
+ * pageable, so every copy was staged by the driver): the last copy from it waited for, grown
+ * when too small (fl_gpu_upload_ring: no allocation for a size seen before). */
+static int take_upload(fl_gpu_decoder *d, batch_plan *b) {
+    b->turn = fl_gpu_upload_take(&d->ring, b->upload_bytes);
+    const int k = b->turn.buffer;
+    cudaError_t rc = b->turn.wait ? cudaEventSynchronize(d->uploaded[k]) : cudaSuccess;
+    if (rc == cudaSuccess && d->uploaded[k] == NULL)
+        rc = cudaEventCreateWithFlags(&d->uploaded[k], cudaEventDisableTiming);
+    if (rc != cudaSuccess)
+        return (int)rc;
+    if (b->turn.grow_to != 0) {
+        if (d->upload[k] != NULL)
+            cudaFreeHost(d->upload[k]);
+        d->upload[k] = NULL;
+        rc = cudaMallocHost((void **)&d->upload[k], b->turn.grow_to);
+        if (rc != cudaSuccess)
+            d->upload[k] = NULL;
     }
+    fl_gpu_upload_allocated(&d->ring, &b->turn, d->upload[k] != NULL);
+    b->upload = d->upload[k];
+    return (int)rc;
+}
+
+/* Fills the descriptors, the nvJPEG destinations and the pinned upload (descriptors, tables). */
+static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *b) {
+    int rc = take_upload(d, b);
+    if (rc != 0)
+        return rc;
     size_t decoded = b->decoded_at, tmp = b->tmp_at, pixels = b->pixels_at, tables = b->descs_bytes;
     for (size_t k = 0; k < b->n_images; k++) {
         const size_t i = (size_t)d->order[k];
@@ -446,7 +407,7 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         *desc = (image_desc){b->device + decoded, (long long)width * 3, region ? 0 : (int)r->x0, region ? 0 : (int)r->y0,
                              (int)r->rect_h, 1, r->flip, (int)r->taps_x, (int)r->taps_y, (int)i,
                              (const int32_t *)(b->device + tables), b->device + tmp};
-        memcpy(d->host_upload + tables, payload_of(j, i) + r->tables_at, bytes);
+        memcpy(b->upload + tables, payload_of(j, i) + r->tables_at, bytes);
         memset(&d->images[k], 0, sizeof d->images[k]);
         d->images[k].channel[0] = b->device + decoded;
         d->images[k].pitch[0] = width * 3;
@@ -456,7 +417,7 @@ static int fill_plan(fl_gpu_decoder *d, const fl_gpu_decode_job *j, batch_plan *
         tmp += align_up((size_t)3 * r->rect_h * j->out_w);
         tables += bytes;
     }
-    memcpy(d->host_upload, d->descs, b->n_images * sizeof *d->descs);
+    memcpy(b->upload, d->descs, b->n_images * sizeof *d->descs);
     return 0;
 }
 
@@ -554,7 +515,11 @@ typedef enum retry { RETRY_NONE = 0, RETRY_WITHOUT_ENGINE = 1, RETRY_WITHOUT_FAI
  * whether the batch must be planned again (the engine failed on it; images were flagged). */
 static int queue_decodes(fl_gpu_decoder *d, fl_gpu_decode_job *j, const batch_plan *b, retry *again) {
     cudaStream_t stream = (cudaStream_t)j->stream;
-    int rc = (int)cudaMemcpyAsync(b->device, d->host_upload, b->upload_bytes, cudaMemcpyHostToDevice, stream);
+    int rc = (int)cudaMemcpyAsync(b->device, b->upload, b->upload_bytes, cudaMemcpyHostToDevice, stream);
+    if (rc == 0)
+        rc = (int)cudaEventRecord(d->uploaded[b->turn.buffer], stream);
+    if (rc == 0)
+        fl_gpu_upload_queued(&d->ring, &b->turn);
     for (size_t k = b->n_hw + b->n_sw; rc == 0 && k < b->n_images; k++)
         rc = (int)cudaMemcpyAsync((void *)d->descs[k].src, payload_of(j, (size_t)d->order[k]), 3 * j->out_h * j->out_w,
                                   cudaMemcpyHostToDevice, stream);
@@ -597,7 +562,7 @@ static int decode_once(fl_gpu_decoder *d, fl_gpu_decode_job *j, int no_engine, r
         rc = queue_decodes(d, j, &b, again);
     if (rc == 0 && *again == RETRY_NONE) {
         kernel_params p = {(const image_desc *)b.device, (int)j->out_h, (int)j->out_w, j->dst_chw,
-                           {j->a[0], j->a[1], j->a[2]}, {j->b[0], j->b[1], j->b[2]}, j->dst};
+                           {j->a[0], j->a[1], j->a[2]}, {j->b[0], j->b[1], j->b[2]}, j->dst, (int)j->dtype};
         rc = (int)launch(j, &p, (int)b.n_images, (int)(b.n_hw + b.n_sw));
         j->decoded[0] = b.n_hw, j->decoded[1] = b.n_sw, j->decoded[2] = b.n_pixels;
         j->regions = b.n_regions;
@@ -609,8 +574,8 @@ static int decode_once(fl_gpu_decoder *d, fl_gpu_decode_job *j, int no_engine, r
 }
 
 int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
-    int saved;
-    int rc = enter_device(d->device, &saved);
+    fl_cuda_device_guard caller; /* the caller's device comes back on the way out (fl_cuda_device.h) */
+    int rc = fl_cuda_device_begin(&caller, d->device);
     if (rc == 0)
         rc = reserve(d, j->n ? j->n : 1);
     fl_jpeg_engine_begin_batch(&d->engine);
@@ -629,6 +594,6 @@ int fl_gpu_decode(fl_gpu_decoder *d, fl_gpu_decode_job *j) {
     }
     if (rc != 0 && rc < FL_GPU_NVJPEG_ERROR)
         (void)cudaGetLastError();
-    leave_device(d->device, saved);
+    fl_cuda_device_end(&caller);
     return rc;
 }

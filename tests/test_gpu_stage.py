@@ -1,8 +1,10 @@
 """Loader(decode="gpu") on the host side, where no GPU is needed: the C workers stage each
 image (csrc/data/fl_gpu_stage.h) and this file checks what they stage against the CPU path:
 the routes and their reasons, the CPU path's own pixels for what nvJPEG cannot take, and for
-JPEGs the bytes, the rectangle, the flip and the resampling tables, by running the GPU
-kernels' arithmetic in NumPy on a full decode and comparing with the CPU path's output."""
+JPEGs the bytes, the rectangle, the flip and the resampling tables, by running fl_gpu_decode's
+kernels' own per-pixel code (cuda/fl_resample_math.cuh, built on the host by
+FASTLOOP_TESTING=1) on the CPU decoder's pixels and comparing with the CPU path's normalized
+output, bit for bit, in every output type and layout."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import pytest
 
 import fastloop
 from fastloop.data import _gpu_decode
+from fastloop import _core
 from fastloop._core import _Loader, _epoch_seed, _image_decode
 from fastloop.loader import _encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize
+from rounding import bfloat16_bits, float16_bits
 from synthetic import natural_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -58,41 +62,39 @@ def _cpu(source, pipeline: Pipeline, seed: int = 3) -> np.ndarray:
     return np.array(images)
 
 
-def _tables(entry: np.ndarray, record, out_h: int, out_w: int) -> tuple:
-    t = entry[_gpu_decode.RECORD_BYTES + int(record["tables_at"]):].view(np.int32)
-    tx, ty = int(record["taps_x"]), int(record["taps_y"])
-    lo_x, count_x, k_x = t[:out_w], t[out_w:2 * out_w], t[2 * out_w:out_w * (2 + tx)].reshape(out_w, tx)
-    t = t[out_w * (2 + tx):]
-    lo_y, count_y, k_y = t[:out_h], t[out_h:2 * out_h], t[2 * out_h:out_h * (2 + ty)].reshape(out_h, ty)
-    return lo_x, count_x, k_x, lo_y, count_y, k_y
+F32, F16, BF16 = 0, 1, 2
 
 
-def _clip8(acc: np.ndarray) -> np.ndarray:
-    return np.clip(acc >> 22, 0, 255).astype(np.uint8)
+def _coefficients() -> tuple[np.ndarray, np.ndarray]:
+    """fl_cuda_preprocess_coefficients's a and b for MEAN and STD, in float32 as the C does."""
+    mean, std = np.float32(MEAN), np.float32(STD)
+    return (np.float32(1.0) / np.float32(255.0)) / std, -mean / std
 
 
-def _gpu_arithmetic(entry: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
-    """What fl_gpu_decode's kernels make of a JPEG entry, in NumPy: the rectangle of a full
-    decode, the horizontal then the vertical pass with the staged tables, the flip."""
+def _gpu_kernels(entry: np.ndarray, out_h: int, out_w: int, region: bool, dtype: int = F32,
+                 chw: bool = True) -> np.ndarray:
+    """What fl_gpu_decode's two kernels make of one staged entry: their own per-pixel code
+    (cuda/fl_resample_math.cuh) built on the host (FASTLOOP_TESTING=1), fed the CPU decoder's
+    pixels: the rectangle alone (region: as a region decode gives it) or the whole image."""
     record = _gpu_decode.records(entry[None])[0]
-    lo_x, count_x, k_x, lo_y, count_y, k_y = _tables(entry, record, out_h, out_w)
-    image = _image_decode(_gpu_decode.payload(entry[None], 0)[:int(record["length"])].tobytes())
-    assert image.shape[:2] == (record["image_h"], record["image_w"])
-    x0, y0 = int(record["x0"]), int(record["y0"])
-    rect = image[y0:y0 + int(record["rect_h"]), x0:x0 + int(record["rect_w"])].astype(np.int64)
-    across = np.empty((rect.shape[0], out_w, 3), np.uint8)
-    for x in range(out_w):
-        acc = np.full((rect.shape[0], 3), 1 << 21, np.int64)
-        for t in range(count_x[x]):
-            acc += rect[:, lo_x[x] + t] * int(k_x[x, t])
-        across[:, x] = _clip8(acc)
-    out = np.empty((out_h, out_w, 3), np.uint8)
-    for y in range(out_h):
-        acc = np.full((out_w, 3), 1 << 21, np.int64)
-        for t in range(count_y[y]):
-            acc += across[lo_y[y] + t].astype(np.int64) * int(k_y[y, t])
-        out[y] = _clip8(acc)
-    return out[:, ::-1] if record["flip"] else out
+    x0, y0, rect_h, rect_w = int(record["x0"]), int(record["y0"]), int(record["rect_h"]), int(record["rect_w"])
+    if record["route"] == 2:  # the CPU's pixels: the second kernel reads them
+        image = np.zeros((1, 1, 3), np.uint8)
+    else:
+        image = _image_decode(_gpu_decode.payload(entry[None], 0)[:int(record["length"])].tobytes())
+        assert image.shape[:2] == (record["image_h"], record["image_w"])
+        if region:
+            image, x0, y0 = np.ascontiguousarray(image[y0:y0 + rect_h, x0:x0 + rect_w]), 0, 0
+    a, b = _coefficients()
+    raw = _core._gpu_resample(np.ascontiguousarray(entry), np.ascontiguousarray(image), image.shape[0], image.shape[1],
+                              x0, y0, out_h, out_w, a, b, dtype, int(chw))
+    shape = (3, out_h, out_w) if chw else (out_h, out_w, 3)
+    return np.frombuffer(raw, np.float32 if dtype == F32 else np.uint16).reshape(shape)
+
+
+def _as(x: np.ndarray, dtype: int) -> np.ndarray:
+    """The CPU path's float32 in the kernels' output type (bits for float16 and bfloat16)."""
+    return float16_bits(x) if dtype == F16 else bfloat16_bits(x) if dtype == BF16 else x
 
 
 @pytest.mark.parametrize("pipeline", [
@@ -111,14 +113,24 @@ def test_staged_jpegs_resampled_as_the_gpu_does_match_the_cpu_path(folder: Path,
     routes = [_gpu_decode.ROUTES[r] for r in records["route"]]
     assert routes[:10] == ["hardware"] * 10  # baseline 4:4:4, 4:2:2, 4:2:0
     assert routes[source.samples.index(next(s for s in source.samples if "gray" in s[0]))] == "hardware"
+    normalized = _cpu(source, Pipeline([*pipeline.steps, Normalize(MEAN, STD, layout="HWC->CHW")]))
+    channels_last = _cpu(source, Pipeline([*pipeline.steps, Normalize(MEAN, STD, layout="HWC")]))
     for i, path in enumerate(p for p, _ in source.samples):
         r = records[i]
         if r["route"] == 2:  # the CPU path's own pixels, flips applied
             pixels = entries[i, 64:64 + out_h * out_w * 3].reshape(out_h, out_w, 3)
             np.testing.assert_array_equal(pixels, cpu[i], err_msg=path)
-            continue
-        assert bytes(entries[i, 64:64 + int(r["length"])]) == Path(path).read_bytes()
-        np.testing.assert_array_equal(_gpu_arithmetic(entries[i], out_h, out_w), cpu[i], err_msg=path)
+        else:
+            assert bytes(entries[i, 64:64 + int(r["length"])]) == Path(path).read_bytes()
+        if not hasattr(_core, "_gpu_resample"):
+            continue  # a wheel: the kernels' host build is not there
+        # the kernels' own code: resampled, mirrored, normalized, laid out and cast as the CPU path
+        for region in (True, False):
+            for dtype in (F32, F16, BF16):
+                np.testing.assert_array_equal(_gpu_kernels(entries[i], out_h, out_w, region, dtype), _as(normalized[i], dtype),
+                                              err_msg=f"{path} region={region} dtype={dtype}")
+        np.testing.assert_array_equal(_gpu_kernels(entries[i], out_h, out_w, True, F32, chw=False), channels_last[i],
+                                      err_msg=f"{path} channels last")
 
 
 def test_what_nvjpeg_cannot_take_is_decoded_by_the_worker_and_says_why(folder: Path):

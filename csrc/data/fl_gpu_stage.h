@@ -66,6 +66,58 @@ static inline size_t fl_gpu_tables_bytes(size_t out_h, size_t out_w, size_t taps
     return sizeof(int32_t) * (out_w * (2 + taps_x) + out_h * (2 + taps_y));
 }
 
+/* The pinned host buffers a GPU decoder uploads each batch's descriptors and tables from
+ * (cuda/fl_gpu_decode.cu): two, written in turn, so that one batch's copy may still be in
+ * flight while the next batch is planned into the other. This is their bookkeeping only (the
+ * CUDA calls are the decoder's): before writing a buffer the decoder waits for the event of
+ * the last copy from it, and frees and reallocates it only when a batch needs more room than
+ * it has, to a power of two, so batches of the sizes seen before allocate nothing. */
+enum { FL_GPU_UPLOAD_BUFFERS = 2 };
+
+typedef struct fl_gpu_upload_ring {
+    size_t capacity[FL_GPU_UPLOAD_BUFFERS]; /* bytes allocated (0: none) */
+    int queued[FL_GPU_UPLOAD_BUFFERS];      /* a copy from it was queued, its event recorded */
+    int next;                               /* the buffer the next batch writes */
+} fl_gpu_upload_ring;
+
+/* What the decoder does for one batch's upload, in order. */
+typedef struct fl_gpu_upload_turn {
+    int buffer;     /* the buffer to write */
+    int wait;       /* 1: wait for its event first (the last copy from it) */
+    size_t grow_to; /* 0: it is big enough; else free it and allocate this many bytes */
+} fl_gpu_upload_turn;
+
+enum { FL_GPU_UPLOAD_MIN_BYTES = 64 << 10 };
+
+/* Inline (header-only): the CUDA extension uses them without linking the core. */
+
+/* The turn for a batch of `bytes` upload bytes (bytes <= SIZE_MAX / 2); the ring moves on
+ * to the other buffer. Never fails. */
+static inline fl_gpu_upload_turn fl_gpu_upload_take(fl_gpu_upload_ring *r, size_t bytes) {
+    fl_gpu_upload_turn t = {r->next, r->queued[r->next], 0};
+    if (bytes > r->capacity[t.buffer]) {
+        size_t grown = FL_GPU_UPLOAD_MIN_BYTES;
+        while (grown < bytes)
+            grown *= 2;
+        t.grow_to = grown;
+    }
+    r->next = (r->next + 1) % FL_GPU_UPLOAD_BUFFERS;
+    return t;
+}
+
+/* After the turn's wait, free and allocation: allocated says whether grow_to bytes were
+ * allocated (else the buffer is gone: capacity 0). Never fails. */
+static inline void fl_gpu_upload_allocated(fl_gpu_upload_ring *r, const fl_gpu_upload_turn *t, int allocated) {
+    r->queued[t->buffer] = 0; /* waited for (a new buffer has had no copy) */
+    if (t->grow_to != 0)
+        r->capacity[t->buffer] = allocated ? t->grow_to : 0;
+}
+
+/* After the copy from the turn's buffer was queued and its event recorded. Never fails. */
+static inline void fl_gpu_upload_queued(fl_gpu_upload_ring *r, const fl_gpu_upload_turn *t) {
+    r->queued[t->buffer] = 1;
+}
+
 /* Bytes per staged entry for `capacity` payload bytes (raised to hold the CPU path's pixels,
  * out_h * out_w * 3, and rounded up to 64), or 0 when that overflows. */
 size_t fl_gpu_entry_bytes(size_t out_h, size_t out_w, size_t capacity);

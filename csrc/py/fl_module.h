@@ -155,6 +155,7 @@ int fl_npy_module_init(PyObject *module, fl_module_state *state);
 int fl_nn_module_init(PyObject *module, fl_module_state *state);
 int fl_ops_module_init(PyObject *module);
 int fl_testing_module_init(PyObject *module);
+int fl_gpu_math_testing_init(PyObject *module); /* py_gpu_math_testing.c, FL_TESTING builds too */
 int fl_image_module_init(PyObject *module);
 int fl_json_numbers_module_init(PyObject *module);
 

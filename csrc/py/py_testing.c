@@ -86,5 +86,7 @@ static PyMethodDef testing_functions[] = {
 };
 
 int fl_testing_module_init(PyObject *module) {
-    return PyModule_AddFunctions(module, testing_functions);
+    if (PyModule_AddFunctions(module, testing_functions) < 0)
+        return -1;
+    return fl_gpu_math_testing_init(module);
 }
