@@ -32,7 +32,8 @@ from fastloop.bench.gpu_feed import (LEGEND, MODELS, QUICK, SMOKE, Row, Settings
 
 # The decode counters a fastloop Loader may hold, read defensively: absent ones print "n/a".
 # Looked for, the first found wins: the Loader's public `decode_counts` (a dict, or a method
-# returning one), else its nvJPEG decoder `loader._jpeg`: its `counts` or `decoded` dict and its
+# returning one), else its nvJPEG decoder `loader._jpeg`: its `decode_stats` (GpuJpeg's: the full
+# set), `counts` or `decoded` dict and its
 # `regions` (or `decoder.regions`). Keys, each under any of these names:
 ENGINE_KEYS = ("hardware", "engine")  # images nvJPEG's hardware engine decoded
 FALLBACK_KEYS = ("fallback", "cuda", "hybrid")  # images nvJPEG's CUDA (hybrid) backend decoded
@@ -70,7 +71,8 @@ def _read_counts(loader: Any) -> dict | None:
     jpeg = getattr(loader, "_jpeg", None)
     if jpeg is None:
         return None
-    found = next((getattr(jpeg, name) for name in ("counts", "decoded") if getattr(jpeg, name, None) is not None), {})
+    names = ("decode_stats", "counts", "decoded")
+    found = next((getattr(jpeg, name) for name in names if getattr(jpeg, name, None) is not None), {})
     counts = dict(found() if callable(found) else found)
     if not any(k in counts for k in REGIONS_KEYS):
         for holder in (jpeg, getattr(jpeg, "decoder", None)):
