@@ -8,10 +8,10 @@ fastloop.ops' crop, hflip and normalize on many shapes, regions, flips, layouts 
 
 Bit-exact where the CPU's normalize is one fused multiply-add per value, as the kernels' is
 (gcc's x86-64-v3 build of its loop, and its hand-vectorized RGB loop, where the CPU has FMA);
-elsewhere its loop rounds the product and the sum apart, and the two differ by at most 1 ulp
-of float32 (one step of float16/bfloat16 where that ulp crosses a tie). Which one the CPU
-does is read from its output (_cpu_fuses); the RGB HWC -> CHW loop must fuse on an x86-64
-CPU with AVX2 and FMA."""
+elsewhere (an -O1 sanitizer build, a CPU without FMA) its loop rounds the product before the
+sum, and the bound is tests/rounding.py's assert_normalized_like_cpu. Which one the CPU does is
+read from its output (cpu_normalize_fuses); the RGB HWC -> CHW loop must fuse on an x86-64 CPU
+with AVX2 and FMA."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest
 from fastloop import _core
 from fastloop import ops
 from hooks import CORE_HOOKS, WHY_ABSENT
-from rounding import bfloat16_bits, bfloat16_bits_nearest, float16_bits
+from rounding import assert_normalized_like_cpu, bfloat16_bits, bfloat16_bits_nearest, cpu_normalize_fuses, float16_bits
 
 pytestmark = pytest.mark.skipif(not CORE_HOOKS, reason=WHY_ABSENT)
 
@@ -35,25 +35,7 @@ DTYPES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
 LAYOUTS = {(0, 0): "HWC", (0, 1): "HWC->CHW", (1, 1): "CHW", (1, 0): "CHW->HWC"}
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_fuses(layout: str, c: int) -> bool:
-    """Whether the CPU's normalize rounds x * a + b once for this layout and channel count (its
-    loop is compiled with FMA on x86-64-v3, and its RGB HWC -> CHW loop uses FMA where the CPU
-    has it), found from its output: every uint8 against the exact fused result (the product of
-    8 and 24 significant bits and the sum are exact in long double, rounded once to float32)."""
-    x = np.arange(256, dtype=np.uint8)
-    src = np.repeat(x, c).reshape(1, 16, 16, c) if layout.startswith("HWC") else np.tile(x, c).reshape(1, c, 16, 16)
-    mean, std = np.full(c, 0.485, np.float32), np.full(c, 0.229, np.float32)
-    a, b = _coefficients(mean, std)
-    out = ops.normalize(src, mean, std, layout=layout)
-    fused = (x.astype(np.longdouble) * np.longdouble(a[0]) + np.longdouble(b[0])).astype(np.float32)
-    values = out.reshape(-1, c, 256) if layout.endswith("CHW") else out.reshape(-1, 256, c).transpose(0, 2, 1)
-    return bool(np.array_equal(values[0, 0], fused))
-
-
-def _rounded(x: np.ndarray, dtype: int) -> np.ndarray:
-    """The CPU path's float32 output in the GPU's output type, as bits (uint16) or float32."""
-    return float16_bits(x) if dtype == F16 else bfloat16_bits(x) if dtype == BF16 else x
+_cpu_fuses = functools.lru_cache(maxsize=None)(cpu_normalize_fuses)
 
 
 def _gpu_round(x: np.ndarray, dtype: int) -> np.ndarray:
@@ -140,13 +122,8 @@ def _cpu_preprocess(src, chw_in, chw_out, out_h, out_w, offsets, flips, mean, st
     return ops.normalize(flipped, mean, std, layout=LAYOUTS[int(chw_in), int(chw_out)])
 
 
-def _assert_matches(got: np.ndarray, cpu: np.ndarray, dtype: int, fused: bool, what: str) -> None:
-    if fused:
-        np.testing.assert_array_equal(got, _rounded(cpu, dtype), err_msg=what)
-    elif dtype == F32:  # the CPU rounds x * a and + b apart: 1 ulp at most
-        np.testing.assert_array_max_ulp(got, cpu, maxulp=1)
-    else:  # a float32 1 ulp off may round to the neighbouring float16/bfloat16
-        assert np.abs(got.astype(np.int32) - _rounded(cpu, dtype).astype(np.int32)).max() <= 1, what
+def _assert_matches(got: np.ndarray, cpu: np.ndarray, dtype: int, fused: bool, a: np.ndarray, what: str) -> None:
+    assert_normalized_like_cpu(got, cpu, DTYPES[dtype], fused, 255.0 * float(np.abs(a).max()), what)
 
 
 CASES = [  # n, h, w, c, out_h, out_w
@@ -169,13 +146,14 @@ def test_the_preprocess_kernel_matches_the_cpu_path(case, chw_in, chw_out, dtype
     cpu = _cpu_preprocess(src, chw_in, chw_out, out_h, out_w, offsets, flips, mean, std)
     got = _gpu_preprocess(src, chw_in, chw_out, out_h, out_w, 0, 0, offsets, flips, mean, std, dtype)
     fused = _cpu_fuses(LAYOUTS[chw_in, chw_out], c)
-    _assert_matches(got, cpu, dtype, fused, f"per-image regions and flips, {case}")
+    a, _ = _coefficients(mean, std)
+    _assert_matches(got, cpu, dtype, fused, a, f"per-image regions and flips, {case}")
     # one region for every image, no flips: the kernel's other branch
     top, left = (h - out_h) // 2, (w - out_w + 1) // 2
     same = np.tile([top, left], (n, 1))
     cpu = _cpu_preprocess(src, chw_in, chw_out, out_h, out_w, same, np.zeros(n, np.uint8), mean, std)
     got = _gpu_preprocess(src, chw_in, chw_out, out_h, out_w, top, left, None, None, mean, std, dtype)
-    _assert_matches(got, cpu, dtype, fused, f"one region, no flips, {case}")
+    _assert_matches(got, cpu, dtype, fused, a, f"one region, no flips, {case}")
 
 
 def test_the_cpu_rgb_loop_fuses_where_the_cpu_has_fma():

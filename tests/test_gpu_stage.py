@@ -19,7 +19,7 @@ from fastloop import _core
 from fastloop._core import _Loader, _epoch_seed, _image_decode
 from fastloop.loader import _encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize
-from rounding import bfloat16_bits, float16_bits
+from rounding import assert_normalized_like_cpu, cpu_normalize_fuses
 from synthetic import natural_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -63,6 +63,7 @@ def _cpu(source, pipeline: Pipeline, seed: int = 3) -> np.ndarray:
 
 
 F32, F16, BF16 = 0, 1, 2
+DTYPES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
 
 
 def _coefficients() -> tuple[np.ndarray, np.ndarray]:
@@ -92,11 +93,6 @@ def _gpu_kernels(entry: np.ndarray, out_h: int, out_w: int, region: bool, dtype:
     return np.frombuffer(raw, np.float32 if dtype == F32 else np.uint16).reshape(shape)
 
 
-def _as(x: np.ndarray, dtype: int) -> np.ndarray:
-    """The CPU path's float32 in the kernels' output type (bits for float16 and bfloat16)."""
-    return float16_bits(x) if dtype == F16 else bfloat16_bits(x) if dtype == BF16 else x
-
-
 @pytest.mark.parametrize("pipeline", [
     Pipeline([RandomResizedCrop(32, reduced_decode=False), RandomHFlip()]),
     Pipeline([Resize(40, reduced_decode=False), CenterCrop(32)]),
@@ -115,6 +111,9 @@ def test_staged_jpegs_resampled_as_the_gpu_does_match_the_cpu_path(folder: Path,
     assert routes[source.samples.index(next(s for s in source.samples if "gray" in s[0]))] == "hardware"
     normalized = _cpu(source, Pipeline([*pipeline.steps, Normalize(MEAN, STD, layout="HWC->CHW")]))
     channels_last = _cpu(source, Pipeline([*pipeline.steps, Normalize(MEAN, STD, layout="HWC")]))
+    # bit-exact where the CPU path fuses x * a + b as the kernels do (tests/rounding.py)
+    fuses = {layout: cpu_normalize_fuses(layout, 3) for layout in ("HWC->CHW", "HWC")}
+    product = 255.0 * float(np.abs(_coefficients()[0]).max())
     for i, path in enumerate(p for p, _ in source.samples):
         r = records[i]
         if r["route"] == 2:  # the CPU path's own pixels, flips applied
@@ -127,10 +126,10 @@ def test_staged_jpegs_resampled_as_the_gpu_does_match_the_cpu_path(folder: Path,
         # the kernels' own code: resampled, mirrored, normalized, laid out and cast as the CPU path
         for region in (True, False):
             for dtype in (F32, F16, BF16):
-                np.testing.assert_array_equal(_gpu_kernels(entries[i], out_h, out_w, region, dtype), _as(normalized[i], dtype),
-                                              err_msg=f"{path} region={region} dtype={dtype}")
-        np.testing.assert_array_equal(_gpu_kernels(entries[i], out_h, out_w, True, F32, chw=False), channels_last[i],
-                                      err_msg=f"{path} channels last")
+                assert_normalized_like_cpu(_gpu_kernels(entries[i], out_h, out_w, region, dtype), normalized[i],
+                                           DTYPES[dtype], fuses["HWC->CHW"], product, f"{path} region={region} dtype={dtype}")
+        assert_normalized_like_cpu(_gpu_kernels(entries[i], out_h, out_w, True, F32, chw=False), channels_last[i],
+                                   "float32", fuses["HWC"], product, f"{path} channels last")
 
 
 def test_what_nvjpeg_cannot_take_is_decoded_by_the_worker_and_says_why(folder: Path):
