@@ -3,6 +3,7 @@ no float holds, non-numbers in inputs, NaN in results, and connection abuse."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import npy_bytes  # noqa: E402
 from fastloop.serve.jobs import check_job_id  # noqa: E402
 from test_serve_http import IN, call, poll, sample, serving  # noqa: E402
-from waiting import wait_for  # noqa: E402
+from waiting import wait_for, wait_until  # noqa: E402
 
 
 def strict_json(text: str):
@@ -306,6 +307,67 @@ def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_i
             assert service.health()["stuck_workers"] == 0
     finally:
         release.set()
+        service.close()
+
+
+class Held:
+    """A model whose calls wait until released (holding no lock); counts the calls that entered."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = 0
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.entered += 1
+        assert self.release.wait(20), "the test never released the model"
+        return batch * 2
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_workers_come_back_once_more_calls_than_workers_were_stuck_at_once():
+    """Issue 37, item 1: short client deadlines leave every worker stuck (2 + 2 replacements,
+    then no more); once the calls return, the service serves with `workers` workers again."""
+    model = Held()
+    service = InferenceService(model, workers=2, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    try:
+        for attempt in range(40):  # each job's deadline passes in its model call (or in the queue)
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
+                service.result(service.submit([float(attempt), 0.0], timeout_s=0.05), timeout=10)
+            if service.health()["workers"] == 0:
+                break
+        health = service.health()
+        assert health == {"status": "degraded", "workers": 0, "stuck_workers": 4}, health
+        model.release.set()  # the stuck calls return
+        assert wait_until(lambda: service.health() == {"status": "ok", "workers": 2, "stuck_workers": 0},
+                          timeout=10), service.health()
+        assert service.result(service.submit([1.0, 2.0]), timeout=10).tolist() == [2.0, 4.0]
+        assert service.stats()["workers"] == 2
+    finally:
+        model.release.set()
+        service.close()
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_the_issue_repro_over_http_leaves_healthz_at_two_workers():
+    """16 predicts, 8 at a time, each with timeout_s 0.01, against 2 workers whose model is
+    held: every one answers 504, and /healthz reports both workers once the calls return."""
+    model = Held()
+    service = InferenceService(model, workers=2, store=MemoryStore())
+    try:
+        with serving(App(service, threads=8)) as base:
+            def client(i: int) -> int:
+                return call(base, "POST", "/v1/predict", {"inputs": [float(i), 1.0], "timeout_s": 0.01})[0]
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                assert sorted(set(pool.map(client, range(16)))) == [504]
+            model.release.set()
+            assert wait_until(lambda: call(base, "GET", "/healthz")[2] ==
+                              {"status": "ok", "workers": 2, "stuck_workers": 0}, timeout=10), \
+                call(base, "GET", "/healthz")
+            status, _, body = call(base, "POST", "/v1/predict", {"inputs": [1.0, 2.0]})
+            assert status == 200 and body["result"] == [2.0, 4.0], body
+    finally:
+        model.release.set()
         service.close()
 
 
