@@ -350,7 +350,9 @@ class App:
                 self._openapi = await self._call(openapi_schema, self.fronts, self.default.name)
             except ImportError as error:
                 raise Reply(501, {"error": f"/openapi.json needs FastAPI (pip install fastapi): {error}"}) from None
-        return 200, self._openapi, []
+        from .http_openapi import with_root_path
+
+        return 200, with_root_path(self._openapi, scope.get("root_path", "")), []
 
     async def _ep_submit(self, scope: Scope, receive: Receive) -> Answer:
         job_id, _ = await self._accept(scope, receive)
