@@ -487,3 +487,75 @@ def test_metrics_label_values_are_escaped_newlines_included():
     samples = {s.labels.get("code"): s.value for f in text_string_to_metric_families(text)
                for s in f.samples if s.name == "fastloop_http_responses_total"}
     assert samples == {odd: 3.0}  # a Prometheus parser reads the value back whole
+
+
+# ---------------------------------------------------------------- query parameters, priorities, huge numbers
+
+
+def test_query_options_are_honoured_with_a_json_body(server):
+    """Issue 37, item 3: ?id= and ?timeout_s= apply to a JSON body as to a .npy one."""
+    base, service = server
+    body = {"inputs": sample(4).tolist()}
+    status, response, answer = call(base, "POST", "/v1/jobs?id=q-json", body)
+    assert status == 202 and answer["id"] == "q-json" and response.getheader("location").endswith("/q-json")
+    status, _, answer = call(base, "POST", "/v1/jobs?timeout_s=7", body)
+    assert status == 202
+    record = service.record(answer["id"])
+    assert record.deadline == pytest.approx(record.submitted + 7)
+    status, _, answer = call(base, "POST", "/v1/predict?timeout_s=5&id=q-predict", body)
+    assert status == 200 and answer["id"] == "q-predict", answer
+    record = service.record("q-predict")
+    assert record.deadline == pytest.approx(record.submitted + 5)
+
+
+@pytest.mark.parametrize("query, words", [
+    ("timeout_s=abc", "'timeout_s' must be a finite number"),
+    ("timeout_s=nan", "'timeout_s' must be a finite number"),
+    ("timeout_s=inf", "'timeout_s' must be a finite number"),
+    ("timeout_s=-1", "timeout_s must be a number of seconds > 0"),
+    ("timeout=5", "unknown query parameter 'timeout'"),
+    ("id=a&id=b", "'id' is given more than once"),
+    ("id=bad%0A", "not valid"),
+    ("priority=urgent", "priority must be one of 'high', 'normal', 'low'"),
+    ("priority=high", "needs a queue with priorities"),
+])
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/predict"])
+def test_a_bad_query_parameter_is_400_naming_it_for_json_and_npy_bodies(server, path, query, words):
+    base, service = server
+    submitted = service.stats()["submitted"]
+    for headers, raw in (({"content-type": "application/json"}, json.dumps({"inputs": sample(5).tolist()}).encode()),
+                         ({"content-type": "application/x-npy"}, npy_bytes(sample(5)))):
+        status, _, body = call(base, "POST", f"{path}?{query}", raw=raw, headers=headers)
+        assert status == 400 and words in body["error"], (headers, body)
+    assert service.stats()["submitted"] == submitted
+
+
+@pytest.mark.parametrize("name, value", [("id", "q-both"), ("timeout_s", 3)])
+def test_an_option_in_both_the_body_and_the_query_is_400_naming_it(server, name, value):
+    base, _ = server
+    status, _, body = call(base, "POST", f"/v1/jobs?{name}={value}", {"inputs": sample(6).tolist(), name: value})
+    assert status == 400 and f"'{name}' is given both in the body and in the query" in body["error"], body
+
+
+def test_an_unknown_priority_has_its_own_400_naming_the_priorities(server):
+    """Issue 37, item 4: "urgent" is no priority at all; "high" is one this queue lacks."""
+    base, service = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(7).tolist(), "priority": "urgent"})
+    assert status == 400 and "priority must be one of 'high', 'normal', 'low', not 'urgent'" in body["error"], body
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(7).tolist(), "priority": "high"})
+    assert status == 400 and "needs a queue with priorities" in body["error"] and "one of" not in body["error"]
+    with pytest.raises(ValueError, match="priority must be one of"):
+        service.submit(sample(7), priority="urgent")
+
+
+def test_a_100000_digit_integer_is_bad_input_not_a_plain_value_error(server):
+    from fastloop.serve.http_inputs import BadInput, parse_body
+
+    huge = b"1" + b"0" * 100_000
+    for body in (b'{"inputs": [' + huge + b", 1.0]}", b'{"inputs": [1.0, 2.0], "timeout_s": ' + huge + b"}"):
+        for dtype in (None, np.dtype(np.float32), np.dtype(np.int64)):
+            with pytest.raises(BadInput, match="not valid JSON"):
+                parse_body(body, dtype)
+        base, _ = server
+        status, _, answer = call(base, "POST", "/v1/jobs", raw=body, headers={"content-type": "application/json"})
+        assert status == 400 and "not valid JSON" in answer["error"], answer

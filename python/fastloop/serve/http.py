@@ -62,18 +62,41 @@ def _header(scope: Scope, name: bytes) -> str:
 
 
 def _query(scope: Scope, name: str) -> str | None:
-    """A query parameter (a .npy body's ``id`` or ``timeout_s``), or None."""
+    """A query parameter (a result's ``wait_s``), or None."""
     values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
     return values[0] if values else None
 
 
-def _query_timeout(scope: Scope) -> float | None:
-    text = _query(scope, "timeout_s")
-    try:
-        return None if text is None else float(text)
-    except ValueError:
-        raise Reply(400, {"error": f"timeout_s must be a number of seconds, not {text!r}"},
-                    rejection="bad_input") from None
+SUBMIT_QUERY = ("id", "timeout_s", "priority")  # what POST .../jobs and .../predict take in the query
+
+
+def _bad_query(message: str) -> Reply:
+    return Reply(400, {"error": message}, rejection="bad_input")
+
+
+def _submit_query(scope: Scope) -> dict[str, Any]:
+    """The job options a POST .../jobs or .../predict gives in its query, whatever its body:
+    ``id``, ``timeout_s`` (a float here) and ``priority``; 400 naming a parameter that is
+    unknown, given twice, or (timeout_s) not a finite number of seconds. Never ignored."""
+    text = scope.get("query_string", b"")
+    if not text:
+        return {}
+    options: dict[str, Any] = {}
+    for name, value in urllib.parse.parse_qsl(text.decode("latin-1"), keep_blank_values=True):
+        if name not in SUBMIT_QUERY:
+            raise _bad_query(f"unknown query parameter {name!r:.60}: a job takes ?id=, ?timeout_s= and ?priority=")
+        if name in options:
+            raise _bad_query(f"query parameter {name!r} is given more than once")
+        options[name] = value
+    if "timeout_s" in options:
+        text = options["timeout_s"]
+        try:
+            options["timeout_s"] = float(text)
+        except ValueError:
+            options["timeout_s"] = math.nan
+        if not math.isfinite(options["timeout_s"]):
+            raise _bad_query(f"query parameter 'timeout_s' must be a finite number of seconds, not {text!r:.40}")
+    return options
 
 
 def _query_wait(scope: Scope) -> float:
@@ -365,17 +388,17 @@ class App:
         already, or another process holds it). `timeout_s`: the deadline when the request
         names none."""
         front = self._front(scope)
+        query = _submit_query(scope)  # id, timeout_s, priority: for every kind of body
         body = await self._read_body(scope, receive)
         self._refuse_if_draining()
         raw = front.service.preprocess is not None or \
             _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
-        given_id = _query(scope, "id") if raw else None
         # A full queue is answered here, on the loop, before any parsing: a 429 must be
         # fast when the service is busiest. (A request naming its own id goes the long way,
         # so resubmitting a known job stays idempotent.)
         # An admitted request holds a queue slot until its submit in the pool uses it, so it
         # is never refused later (a 429 that waited behind the pool's parsing).
-        named = given_id is not None if raw else b'"id"' in body
+        named = "id" in query or (not raw and b'"id"' in body)
         admission = None if named else front.service.admit()
         if admission is None and not named:
             raise Reply(429, {"error": f"the service's queue is full ({front.service.max_queue} jobs "
@@ -383,14 +406,14 @@ class App:
                         [("retry-after", str(self.retry_after_s))], rejection="queue_full")
         try:
             if raw:
-                return await self._call(front.submit_raw, body, given_id, _query_timeout(scope) or timeout_s,
-                                        _query(scope, "priority") or "normal", admission, on_end)
+                return await self._call(front.submit_raw, body, query.get("id"), query.get("timeout_s", timeout_s),
+                                        query.get("priority", "normal"), admission, on_end)
             if self._in_flight == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES:
                 # A lone request and the memory store (a subclass may block): the trip through
                 # the pool (two thread switches) would only add latency (one client: p50 ~10%
                 # lower, measured); with others in progress the loop has better things to do
-                return self._inline(front.submit, body, admission, on_end, timeout_s)
-            return await self._call(front.submit, body, admission, on_end, timeout_s)
+                return self._inline(front.submit, body, admission, on_end, timeout_s, query)
+            return await self._call(front.submit, body, admission, on_end, timeout_s, query)
         finally:
             if admission is not None:
                 admission.release()  # unused: the submit failed before it, or never ran

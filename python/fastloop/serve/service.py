@@ -35,6 +35,7 @@ from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelle
                    JobRecord, RowsFailed, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
 from .rows import Row, assemble, row_errors_of
+from .redisqueue import check_level
 from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
@@ -247,6 +248,7 @@ class InferenceService:
     def _submit(self, inputs: Any, job_id: str | None, timeout_s: float | None, priority: str,
                 admission: Admission | None) -> str:
         if priority != "normal":
+            check_level(priority)  # one that is no priority at all: its own message, naming them
             raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
