@@ -4,6 +4,7 @@ no float holds, non-numbers in inputs, NaN in results, and connection abuse."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import socket
@@ -559,3 +560,62 @@ def test_a_100000_digit_integer_is_bad_input_not_a_plain_value_error(server):
         base, _ = server
         status, _, answer = call(base, "POST", "/v1/jobs", raw=body, headers={"content-type": "application/json"})
         assert status == 400 and "not valid JSON" in answer["error"], answer
+
+
+# ---------------------------------------------------------------- WebSocket subscribers
+
+
+def test_websockets_over_max_websockets_are_closed_1013_naming_the_limit():
+    from test_serve_http import ws_client, ws_url
+    from websockets.exceptions import ConnectionClosed
+
+    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    app = App(service, max_websockets=2)
+    try:
+        with serving(app) as base:
+            with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5), \
+                    ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5):
+                with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5) as third:
+                    with pytest.raises(ConnectionClosed):
+                        third.recv(timeout=5)
+                assert third.close_code == 1013 and "max_websockets=2" in third.close_reason, third.close_reason
+                assert "fastloop_ws_refused_total 1.0" in call(base, "GET", "/metrics")[2]
+            wait_for(lambda: app._http_counts()["ws_open"] == 0)  # the two closed: room again
+            with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5) as again:
+                job = service.submit([1.0, 2.0])
+                assert json.loads(again.recv(timeout=5))["id"] == job
+    finally:
+        service.close()
+
+
+def test_result_streams_share_one_store_read_per_done_job():
+    """Issue 37, item 4: N ?result=1 subscribers cost one result read per finished job, not N."""
+    from test_serve_http import ws_client, ws_url
+
+    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    app = App(service)
+    front = app.fronts["default"]
+    reads = []
+    read_result = front.result
+
+    def counted(job_id, *args):
+        reads.append(job_id)
+        return read_result(job_id, *args)
+
+    front.result = counted
+    try:
+        with serving(app) as base:
+            with contextlib.ExitStack() as stack:
+                streams = [stack.enter_context(ws_client.connect(ws_url(base, "/v1/events?result=1"), open_timeout=5))
+                           for _ in range(5)]
+                jobs = [service.submit([float(i), 1.0]) for i in range(3)]
+                for ws in streams:
+                    done = {}
+                    while len(done) < len(jobs):
+                        message = json.loads(ws.recv(timeout=10))
+                        if message["status"] == "done":
+                            done[message["id"]] = message["result"]
+                    assert done == {job: [2.0 * i, 2.0] for i, job in enumerate(jobs)}
+        assert sorted(reads) == sorted(jobs), reads
+    finally:
+        service.close()

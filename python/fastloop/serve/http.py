@@ -50,6 +50,9 @@ MAX_WAIT_S = 60.0  # the longest long poll (GET .../result?wait_s=)
 _PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
 _INLINE_MAX_BYTES = 64 << 10  # a lone request's body up to this is read and submitted on the loop
+_RESULT_READS_KEPT = 64  # done jobs whose ?result=1 event message is kept, read once for every stream
+MAX_WEBSOCKETS = 1024  # App(max_websockets=)'s default: open event streams at once
+WS_FULL = 1013  # "try again later": the close code of a WebSocket refused over max_websockets
 DEFAULT_NAME = "default"  # the name of a model given alone
 
 
@@ -165,7 +168,8 @@ class App:
     ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``threads``: the
     pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
     that names none (and the service has no default ``timeout_s``): its job fails then and the
-    request answers 504.
+    request answers 504. ``max_websockets``: event streams open at once; one more is closed
+    at once with 1013 ("try again later"), its reason naming the limit.
 
     >>> app = App(InferenceService(model, store=MemoryStore()), input_root="inputs")
     >>> uvicorn.run(app, port=8000)
@@ -173,9 +177,9 @@ class App:
 
     def __init__(self, models: InferenceService | Mapping[str, InferenceService], input_root: str | None = None,
                  max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8,
-                 predict_timeout_s: float = 30.0) -> None:
-        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1:
-            raise ValueError("max_body_bytes, ws_buffer and threads must be >= 1")
+                 predict_timeout_s: float = 30.0, max_websockets: int = MAX_WEBSOCKETS) -> None:
+        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1 or max_websockets < 1:
+            raise ValueError("max_body_bytes, ws_buffer, threads and max_websockets must be >= 1")
         if not predict_timeout_s > 0:
             raise ValueError(f"predict_timeout_s must be > 0, not {predict_timeout_s!r}")
         self.fronts = {name: ModelFront(name, service, input_root, max_body_bytes, retry_after_s)
@@ -194,6 +198,9 @@ class App:
         self._responses: dict[int, int] = {}
         self._rejections: dict[str, int] = {}
         self._ws_dropped = 0
+        self._ws_refused = 0  # WebSockets closed at once: max_websockets were open
+        self.max_websockets, self._ws_open = max_websockets, 0
+        self._result_reads: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}  # ?result=1: one read per job
         self._openapi: dict[str, Any] | None = None
         from .metrics import CONTENT_TYPE, models_registry  # prometheus_client: the serve extra
 
@@ -524,7 +531,7 @@ class App:
     def _http_counts(self) -> dict[str, Any]:
         with self._counts_lock:
             http = {"responses": dict(self._responses), "rejections": dict(self._rejections),
-                    "ws_dropped": self._ws_dropped}
+                    "ws_dropped": self._ws_dropped, "ws_refused": self._ws_refused}
         http["ws_open"] = sum(len(group) for group in list(self._watchers.values()))
         return http
 
@@ -584,7 +591,15 @@ class App:
         except Reply as reply:
             await send({"type": "websocket.close", "code": 1008, "reason": reply.body["error"][:120]})
             return
+        if self._ws_open >= self.max_websockets:  # accepted, then closed: a close code needs a handshake
+            with self._counts_lock:
+                self._ws_refused += 1
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": WS_FULL,
+                        "reason": f"too many event streams open (max_websockets={self.max_websockets}): retry later"})
+            return
         watcher = Watcher((front.name, job_id), self.ws_buffer, _query_flag(websocket.scope, "result"))
+        self._ws_open += 1
         self._watch(watcher)  # before reading the status, so no change falls between
         try:
             first: tuple[str, str] | None = None
@@ -606,9 +621,29 @@ class App:
 
             await stream(watcher, first, receive, send, result_message, dropped)
         finally:
+            self._ws_open -= 1
             self._unwatch(watcher)
 
     async def _result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
+        """A done job's event message for ?result=1 streams: one store read however many
+        streams send it (a done job's result does not change; the last few are kept, an
+        error is not)."""
+        key = (front.name, job_id)
+        read = self._result_reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self._read_result_message(front, job_id))
+            self._result_reads[key] = read
+            while len(self._result_reads) > _RESULT_READS_KEPT:
+                del self._result_reads[next(iter(self._result_reads))]  # the oldest
+
+            def forget_errors(done: "asyncio.Future[dict[str, Any]]") -> None:
+                if (done.cancelled() or done.exception() is not None or "error" in done.result()) \
+                        and self._result_reads.get(key) is done:
+                    del self._result_reads[key]
+            read.add_done_callback(forget_errors)
+        return dict(await asyncio.shield(read))  # a stream that leaves does not cancel the others' read
+
+    async def _read_result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
         """A done job's dtype/shape/result for its event (as GET .../result answers them),
         or the error that kept the result out of it."""
         try:
