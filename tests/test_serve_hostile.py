@@ -619,3 +619,28 @@ def test_result_streams_share_one_store_read_per_done_job():
         assert sorted(reads) == sorted(jobs), reads
     finally:
         service.close()
+
+
+def test_a_predict_waits_for_the_query_deadline_past_predict_timeout_s(monkeypatch):
+    """?timeout_s= longer than App(predict_timeout_s) is the job's deadline, and the predict
+    waits for it instead of answering 504 at predict_timeout_s."""
+    import fastloop.serve.http as front
+
+    monkeypatch.setattr(front, "_PREDICT_MARGIN_S", 0.0)  # without the fix: a 504 after 1 ms
+    model = Held()
+    service = InferenceService(model, workers=1, store=MemoryStore())
+    try:
+        with serving(App(service, predict_timeout_s=0.001)) as base:
+            answers = []
+            thread = threading.Thread(target=lambda: answers.append(
+                call(base, "POST", "/v1/predict?timeout_s=20&id=long", {"inputs": [1.0, 2.0]})))
+            thread.start()
+            wait_for(lambda: model.entered == 1)
+            wait_for(lambda: service.stats()["running"] == 1)
+            model.release.set()
+            thread.join(15)
+            status, _, body = answers[0]
+            assert status == 200 and body["result"] == [2.0, 4.0], body
+    finally:
+        model.release.set()
+        service.close()

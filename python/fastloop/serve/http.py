@@ -389,13 +389,14 @@ class App:
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}{_jobs_path(scope)}/{job_id}")]
 
     async def _accept(self, scope: Scope, receive: Receive, on_end: Callable[[JobRecord, Any], None] | None = None,
-                      timeout_s: float | None = None) -> tuple[str, bool]:
+                      timeout_s: float | None = None, query: dict[str, Any] | None = None) -> tuple[str, bool]:
         """Reads, admits and submits a request's job (POST .../jobs, .../predict): its id,
         and whether `on_end` will be called when it ends (service.watch; False: the job ended
         already, or another process holds it). `timeout_s`: the deadline when the request
-        names none."""
+        names none. `query`: the request's _submit_query (read here when not given)."""
         front = self._front(scope)
-        query = _submit_query(scope)  # id, timeout_s, priority: for every kind of body
+        if query is None:
+            query = _submit_query(scope)  # id, timeout_s, priority: for every kind of body
         body = await self._read_body(scope, receive)
         self._refuse_if_draining()
         raw = front.service.preprocess is not None or \
@@ -436,9 +437,10 @@ class App:
             loop.call_soon_threadsafe(_settle, done, (record, row))
 
         timeout_s = front.service.timeout_s or self.predict_timeout_s
-        job_id, watching = await self._accept(scope, receive, on_end, timeout_s)
+        query = _submit_query(scope)
+        job_id, watching = await self._accept(scope, receive, on_end, timeout_s, query)
         as_npy = NPY_TYPE in _header(scope, b"accept").lower()
-        wait_s = timeout_s + _PREDICT_MARGIN_S
+        wait_s = query.get("timeout_s", timeout_s) + _PREDICT_MARGIN_S  # the deadline the job has
         if not watching:  # ended already, or held by another process
             answer = await self._wait_result(front, job_id, as_npy, wait_s, predict=True)
             return _timed_out(job_id, wait_s) if answer[0] == 202 else answer
