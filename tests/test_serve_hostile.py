@@ -3,6 +3,8 @@ no float holds, non-numbers in inputs, NaN in results, and connection abuse."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import socket
@@ -20,7 +22,7 @@ from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import npy_bytes  # noqa: E402
 from fastloop.serve.jobs import check_job_id  # noqa: E402
 from test_serve_http import IN, call, poll, sample, serving  # noqa: E402
-from waiting import wait_for  # noqa: E402
+from waiting import wait_for, wait_until  # noqa: E402
 
 
 def strict_json(text: str):
@@ -309,6 +311,67 @@ def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_i
         service.close()
 
 
+class Held:
+    """A model whose calls wait until released (holding no lock); counts the calls that entered."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = 0
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.entered += 1
+        assert self.release.wait(20), "the test never released the model"
+        return batch * 2
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_workers_come_back_once_more_calls_than_workers_were_stuck_at_once():
+    """Issue 37, item 1: short client deadlines leave every worker stuck (2 + 2 replacements,
+    then no more); once the calls return, the service serves with `workers` workers again."""
+    model = Held()
+    service = InferenceService(model, workers=2, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    try:
+        for attempt in range(40):  # each job's deadline passes in its model call (or in the queue)
+            with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
+                service.result(service.submit([float(attempt), 0.0], timeout_s=0.05), timeout=10)
+            if service.health()["workers"] == 0:
+                break
+        health = service.health()
+        assert health == {"status": "degraded", "workers": 0, "stuck_workers": 4}, health
+        model.release.set()  # the stuck calls return
+        assert wait_until(lambda: service.health() == {"status": "ok", "workers": 2, "stuck_workers": 0},
+                          timeout=10), service.health()
+        assert service.result(service.submit([1.0, 2.0]), timeout=10).tolist() == [2.0, 4.0]
+        assert service.stats()["workers"] == 2
+    finally:
+        model.release.set()
+        service.close()
+
+
+@pytest.mark.filterwarnings("ignore:InferenceService.*stuck:RuntimeWarning")
+def test_the_issue_repro_over_http_leaves_healthz_at_two_workers():
+    """16 predicts, 8 at a time, each with timeout_s 0.01, against 2 workers whose model is
+    held: every one answers 504, and /healthz reports both workers once the calls return."""
+    model = Held()
+    service = InferenceService(model, workers=2, store=MemoryStore())
+    try:
+        with serving(App(service, threads=8)) as base:
+            def client(i: int) -> int:
+                return call(base, "POST", "/v1/predict", {"inputs": [float(i), 1.0], "timeout_s": 0.01})[0]
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                assert sorted(set(pool.map(client, range(16)))) == [504]
+            model.release.set()
+            assert wait_until(lambda: call(base, "GET", "/healthz")[2] ==
+                              {"status": "ok", "workers": 2, "stuck_workers": 0}, timeout=10), \
+                call(base, "GET", "/healthz")
+            status, _, body = call(base, "POST", "/v1/predict", {"inputs": [1.0, 2.0]})
+            assert status == 200 and body["result"] == [2.0, 4.0], body
+    finally:
+        model.release.set()
+        service.close()
+
+
 def test_timeout_s_over_http_is_taken_from_the_body_and_checked(server):
     base, _ = server
     status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(3).tolist(), "timeout_s": 30})
@@ -425,3 +488,159 @@ def test_metrics_label_values_are_escaped_newlines_included():
     samples = {s.labels.get("code"): s.value for f in text_string_to_metric_families(text)
                for s in f.samples if s.name == "fastloop_http_responses_total"}
     assert samples == {odd: 3.0}  # a Prometheus parser reads the value back whole
+
+
+# ---------------------------------------------------------------- query parameters, priorities, huge numbers
+
+
+def test_query_options_are_honoured_with_a_json_body(server):
+    """Issue 37, item 3: ?id= and ?timeout_s= apply to a JSON body as to a .npy one."""
+    base, service = server
+    body = {"inputs": sample(4).tolist()}
+    status, response, answer = call(base, "POST", "/v1/jobs?id=q-json", body)
+    assert status == 202 and answer["id"] == "q-json" and response.getheader("location").endswith("/q-json")
+    status, _, answer = call(base, "POST", "/v1/jobs?timeout_s=7", body)
+    assert status == 202
+    record = service.record(answer["id"])
+    assert record.deadline == pytest.approx(record.submitted + 7)
+    status, _, answer = call(base, "POST", "/v1/predict?timeout_s=5&id=q-predict", body)
+    assert status == 200 and answer["id"] == "q-predict", answer
+    record = service.record("q-predict")
+    assert record.deadline == pytest.approx(record.submitted + 5)
+
+
+@pytest.mark.parametrize("query, words", [
+    ("timeout_s=abc", "'timeout_s' must be a finite number"),
+    ("timeout_s=nan", "'timeout_s' must be a finite number"),
+    ("timeout_s=inf", "'timeout_s' must be a finite number"),
+    ("timeout_s=-1", "timeout_s must be a number of seconds > 0"),
+    ("timeout=5", "unknown query parameter 'timeout'"),
+    ("id=a&id=b", "'id' is given more than once"),
+    ("id=bad%0A", "not valid"),
+    ("priority=urgent", "priority must be one of 'high', 'normal', 'low'"),
+    ("priority=high", "needs a queue with priorities"),
+])
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/predict"])
+def test_a_bad_query_parameter_is_400_naming_it_for_json_and_npy_bodies(server, path, query, words):
+    base, service = server
+    submitted = service.stats()["submitted"]
+    for headers, raw in (({"content-type": "application/json"}, json.dumps({"inputs": sample(5).tolist()}).encode()),
+                         ({"content-type": "application/x-npy"}, npy_bytes(sample(5)))):
+        status, _, body = call(base, "POST", f"{path}?{query}", raw=raw, headers=headers)
+        assert status == 400 and words in body["error"], (headers, body)
+    assert service.stats()["submitted"] == submitted
+
+
+@pytest.mark.parametrize("name, value", [("id", "q-both"), ("timeout_s", 3)])
+def test_an_option_in_both_the_body_and_the_query_is_400_naming_it(server, name, value):
+    base, _ = server
+    status, _, body = call(base, "POST", f"/v1/jobs?{name}={value}", {"inputs": sample(6).tolist(), name: value})
+    assert status == 400 and f"'{name}' is given both in the body and in the query" in body["error"], body
+
+
+def test_an_unknown_priority_has_its_own_400_naming_the_priorities(server):
+    """Issue 37, item 4: "urgent" is no priority at all; "high" is one this queue lacks."""
+    base, service = server
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(7).tolist(), "priority": "urgent"})
+    assert status == 400 and "priority must be one of 'high', 'normal', 'low', not 'urgent'" in body["error"], body
+    status, _, body = call(base, "POST", "/v1/jobs", {"inputs": sample(7).tolist(), "priority": "high"})
+    assert status == 400 and "needs a queue with priorities" in body["error"] and "one of" not in body["error"]
+    with pytest.raises(ValueError, match="priority must be one of"):
+        service.submit(sample(7), priority="urgent")
+
+
+def test_a_100000_digit_integer_is_bad_input_not_a_plain_value_error(server):
+    from fastloop.serve.http_inputs import BadInput, parse_body
+
+    huge = b"1" + b"0" * 100_000
+    for body in (b'{"inputs": [' + huge + b", 1.0]}", b'{"inputs": [1.0, 2.0], "timeout_s": ' + huge + b"}"):
+        for dtype in (None, np.dtype(np.float32), np.dtype(np.int64)):
+            with pytest.raises(BadInput, match="not valid JSON"):
+                parse_body(body, dtype)
+        base, _ = server
+        status, _, answer = call(base, "POST", "/v1/jobs", raw=body, headers={"content-type": "application/json"})
+        assert status == 400 and "not valid JSON" in answer["error"], answer
+
+
+# ---------------------------------------------------------------- WebSocket subscribers
+
+
+def test_websockets_over_max_websockets_are_closed_1013_naming_the_limit():
+    from test_serve_http import ws_client, ws_url
+    from websockets.exceptions import ConnectionClosed
+
+    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    app = App(service, max_websockets=2)
+    try:
+        with serving(app) as base:
+            with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5), \
+                    ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5):
+                with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5) as third:
+                    with pytest.raises(ConnectionClosed):
+                        third.recv(timeout=5)
+                assert third.close_code == 1013 and "max_websockets=2" in third.close_reason, third.close_reason
+                assert "fastloop_ws_refused_total 1.0" in call(base, "GET", "/metrics")[2]
+            wait_for(lambda: app._http_counts()["ws_open"] == 0)  # the two closed: room again
+            with ws_client.connect(ws_url(base, "/v1/events"), open_timeout=5) as again:
+                job = service.submit([1.0, 2.0])
+                assert json.loads(again.recv(timeout=5))["id"] == job
+    finally:
+        service.close()
+
+
+def test_result_streams_share_one_store_read_per_done_job():
+    """Issue 37, item 4: N ?result=1 subscribers cost one result read per finished job, not N."""
+    from test_serve_http import ws_client, ws_url
+
+    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    app = App(service)
+    front = app.fronts["default"]
+    reads = []
+    read_result = front.result
+
+    def counted(job_id, *args):
+        reads.append(job_id)
+        return read_result(job_id, *args)
+
+    front.result = counted
+    try:
+        with serving(app) as base:
+            with contextlib.ExitStack() as stack:
+                streams = [stack.enter_context(ws_client.connect(ws_url(base, "/v1/events?result=1"), open_timeout=5))
+                           for _ in range(5)]
+                jobs = [service.submit([float(i), 1.0]) for i in range(3)]
+                for ws in streams:
+                    done = {}
+                    while len(done) < len(jobs):
+                        message = json.loads(ws.recv(timeout=10))
+                        if message["status"] == "done":
+                            done[message["id"]] = message["result"]
+                    assert done == {job: [2.0 * i, 2.0] for i, job in enumerate(jobs)}
+        assert sorted(reads) == sorted(jobs), reads
+    finally:
+        service.close()
+
+
+def test_a_predict_waits_for_the_query_deadline_past_predict_timeout_s(monkeypatch):
+    """?timeout_s= longer than App(predict_timeout_s) is the job's deadline, and the predict
+    waits for it instead of answering 504 at predict_timeout_s."""
+    import fastloop.serve.http as front
+
+    monkeypatch.setattr(front, "_PREDICT_MARGIN_S", 0.0)  # without the fix: a 504 after 1 ms
+    model = Held()
+    service = InferenceService(model, workers=1, store=MemoryStore())
+    try:
+        with serving(App(service, predict_timeout_s=0.001)) as base:
+            answers = []
+            thread = threading.Thread(target=lambda: answers.append(
+                call(base, "POST", "/v1/predict?timeout_s=20&id=long", {"inputs": [1.0, 2.0]})))
+            thread.start()
+            wait_for(lambda: model.entered == 1)
+            wait_for(lambda: service.stats()["running"] == 1)
+            model.release.set()
+            thread.join(15)
+            status, _, body = answers[0]
+            assert status == 200 and body["result"] == [2.0, 4.0], body
+    finally:
+        model.release.set()
+        service.close()

@@ -68,6 +68,8 @@ def test_the_fastapi_recipe_serves_under_the_mount_path_and_its_lifespan_closes_
         status, _, answer = call(base, "GET", location + "/result")
         assert status == 200 and answer["result"] == [2.0, 4.0]
         assert call(base, "GET", "/inference/healthz")[0] == 200
+        status, _, schema = call(base, "GET", "/inference/openapi.json")  # a generated client's base URL
+        assert status == 200 and schema["servers"] == [{"url": "/inference"}] and "/v1/predict" in schema["paths"]
         assert call(base, "GET", "/inference/metrics")[0] == 200
         assert call(base, "GET", "/inference/nope")[0] == 404
         # WebSocket events through the mount
@@ -83,6 +85,16 @@ def test_a_proxy_root_path_is_honoured_in_location(service):
         status, response, body = call(base, "POST", "/v1/jobs", {"inputs": [1.0]})
         assert status == 202 and response.getheader("location") == f"/api/v1/jobs/{body['id']}"
         assert poll(base, body["id"])["status"] == "done"
+
+
+def test_openapi_names_the_mount_prefix_or_root_path_in_servers(service):
+    pytest.importorskip("fastapi")
+    with serving(App(service), root_path="/api") as base:
+        status, _, schema = call(base, "GET", "/openapi.json")
+        assert status == 200 and schema["servers"] == [{"url": "/api"}], schema.get("servers")
+    with serving(App(service)) as base:  # unmounted: no servers entry (its paths are the URLs)
+        status, _, schema = call(base, "GET", "/openapi.json")
+        assert status == 200 and "servers" not in schema
 
 
 def test_the_flask_recipe_answers_400_for_bad_bodies_422_for_failed_jobs_and_the_results():

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:  # the help still shows (the limits' values are not in it)
         LIMITS, missing = collections.defaultdict(lambda: None), error
 
+    from .http import MAX_WEBSOCKETS
+
     parser = argparse.ArgumentParser(prog="python -m fastloop serve",
                                      description="serve a model over HTTP")
     parser.add_argument("--model", required=True, action="append", metavar="[NAME=]MODEL",
@@ -188,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
     parser.add_argument("--result-ttl-s", type=float, default=600.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    parser.add_argument("--max-websockets", type=int, default=MAX_WEBSOCKETS,
+                        help="event streams (WebSockets) open at once; more are closed with 1013 (default: %(default)s)")
     parser.add_argument("--max-header-bytes", type=int, default=LIMITS["max_header_bytes"],
                         help="a request's headers over this are answered 431")
     parser.add_argument("--header-timeout-s", type=float, default=LIMITS["header_timeout_s"],
@@ -307,7 +311,8 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
             for service in services.values():
                 service.close(drain_s=0)
             return 2
-    front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes)
+    front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes,
+                max_websockets=args.max_websockets)
     app: Any = front
     sockets = None if sock is None else [sock]
     on_connections = None

@@ -50,6 +50,9 @@ MAX_WAIT_S = 60.0  # the longest long poll (GET .../result?wait_s=)
 _PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
 _INLINE_MAX_BYTES = 64 << 10  # a lone request's body up to this is read and submitted on the loop
+_RESULT_READS_KEPT = 64  # done jobs whose ?result=1 event message is kept, read once for every stream
+MAX_WEBSOCKETS = 1024  # App(max_websockets=)'s default: open event streams at once
+WS_FULL = 1013  # "try again later": the close code of a WebSocket refused over max_websockets
 DEFAULT_NAME = "default"  # the name of a model given alone
 
 
@@ -62,18 +65,41 @@ def _header(scope: Scope, name: bytes) -> str:
 
 
 def _query(scope: Scope, name: str) -> str | None:
-    """A query parameter (a .npy body's ``id`` or ``timeout_s``), or None."""
+    """A query parameter (a result's ``wait_s``), or None."""
     values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
     return values[0] if values else None
 
 
-def _query_timeout(scope: Scope) -> float | None:
-    text = _query(scope, "timeout_s")
-    try:
-        return None if text is None else float(text)
-    except ValueError:
-        raise Reply(400, {"error": f"timeout_s must be a number of seconds, not {text!r}"},
-                    rejection="bad_input") from None
+SUBMIT_QUERY = ("id", "timeout_s", "priority")  # what POST .../jobs and .../predict take in the query
+
+
+def _bad_query(message: str) -> Reply:
+    return Reply(400, {"error": message}, rejection="bad_input")
+
+
+def _submit_query(scope: Scope) -> dict[str, Any]:
+    """The job options a POST .../jobs or .../predict gives in its query, whatever its body:
+    ``id``, ``timeout_s`` (a float here) and ``priority``; 400 naming a parameter that is
+    unknown, given twice, or (timeout_s) not a finite number of seconds. Never ignored."""
+    text = scope.get("query_string", b"")
+    if not text:
+        return {}
+    options: dict[str, Any] = {}
+    for name, value in urllib.parse.parse_qsl(text.decode("latin-1"), keep_blank_values=True):
+        if name not in SUBMIT_QUERY:
+            raise _bad_query(f"unknown query parameter {name!r:.60}: a job takes ?id=, ?timeout_s= and ?priority=")
+        if name in options:
+            raise _bad_query(f"query parameter {name!r} is given more than once")
+        options[name] = value
+    if "timeout_s" in options:
+        text = options["timeout_s"]
+        try:
+            options["timeout_s"] = float(text)
+        except ValueError:
+            options["timeout_s"] = math.nan
+        if not math.isfinite(options["timeout_s"]):
+            raise _bad_query(f"query parameter 'timeout_s' must be a finite number of seconds, not {text!r:.40}")
+    return options
 
 
 def _query_wait(scope: Scope) -> float:
@@ -142,7 +168,8 @@ class App:
     ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``threads``: the
     pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
     that names none (and the service has no default ``timeout_s``): its job fails then and the
-    request answers 504.
+    request answers 504. ``max_websockets``: event streams open at once; one more is closed
+    at once with 1013 ("try again later"), its reason naming the limit.
 
     >>> app = App(InferenceService(model, store=MemoryStore()), input_root="inputs")
     >>> uvicorn.run(app, port=8000)
@@ -150,9 +177,9 @@ class App:
 
     def __init__(self, models: InferenceService | Mapping[str, InferenceService], input_root: str | None = None,
                  max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8,
-                 predict_timeout_s: float = 30.0) -> None:
-        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1:
-            raise ValueError("max_body_bytes, ws_buffer and threads must be >= 1")
+                 predict_timeout_s: float = 30.0, max_websockets: int = MAX_WEBSOCKETS) -> None:
+        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1 or max_websockets < 1:
+            raise ValueError("max_body_bytes, ws_buffer, threads and max_websockets must be >= 1")
         if not predict_timeout_s > 0:
             raise ValueError(f"predict_timeout_s must be > 0, not {predict_timeout_s!r}")
         self.fronts = {name: ModelFront(name, service, input_root, max_body_bytes, retry_after_s)
@@ -171,6 +198,9 @@ class App:
         self._responses: dict[int, int] = {}
         self._rejections: dict[str, int] = {}
         self._ws_dropped = 0
+        self._ws_refused = 0  # WebSockets closed at once: max_websockets were open
+        self.max_websockets, self._ws_open = max_websockets, 0
+        self._result_reads: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}  # ?result=1: one read per job
         self._openapi: dict[str, Any] | None = None
         from .metrics import CONTENT_TYPE, models_registry  # prometheus_client: the serve extra
 
@@ -350,30 +380,33 @@ class App:
                 self._openapi = await self._call(openapi_schema, self.fronts, self.default.name)
             except ImportError as error:
                 raise Reply(501, {"error": f"/openapi.json needs FastAPI (pip install fastapi): {error}"}) from None
-        return 200, self._openapi, []
+        from .http_openapi import with_root_path
+
+        return 200, with_root_path(self._openapi, scope.get("root_path", "")), []
 
     async def _ep_submit(self, scope: Scope, receive: Receive) -> Answer:
         job_id, _ = await self._accept(scope, receive)
         return 202, {"id": job_id}, [("location", f"{scope.get('root_path', '')}{_jobs_path(scope)}/{job_id}")]
 
     async def _accept(self, scope: Scope, receive: Receive, on_end: Callable[[JobRecord, Any], None] | None = None,
-                      timeout_s: float | None = None) -> tuple[str, bool]:
+                      timeout_s: float | None = None, query: dict[str, Any] | None = None) -> tuple[str, bool]:
         """Reads, admits and submits a request's job (POST .../jobs, .../predict): its id,
         and whether `on_end` will be called when it ends (service.watch; False: the job ended
         already, or another process holds it). `timeout_s`: the deadline when the request
-        names none."""
+        names none. `query`: the request's _submit_query (read here when not given)."""
         front = self._front(scope)
+        if query is None:
+            query = _submit_query(scope)  # id, timeout_s, priority: for every kind of body
         body = await self._read_body(scope, receive)
         self._refuse_if_draining()
         raw = front.service.preprocess is not None or \
             _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
-        given_id = _query(scope, "id") if raw else None
         # A full queue is answered here, on the loop, before any parsing: a 429 must be
         # fast when the service is busiest. (A request naming its own id goes the long way,
         # so resubmitting a known job stays idempotent.)
         # An admitted request holds a queue slot until its submit in the pool uses it, so it
         # is never refused later (a 429 that waited behind the pool's parsing).
-        named = given_id is not None if raw else b'"id"' in body
+        named = "id" in query or (not raw and b'"id"' in body)
         admission = None if named else front.service.admit()
         if admission is None and not named:
             raise Reply(429, {"error": f"the service's queue is full ({front.service.max_queue} jobs "
@@ -381,14 +414,14 @@ class App:
                         [("retry-after", str(self.retry_after_s))], rejection="queue_full")
         try:
             if raw:
-                return await self._call(front.submit_raw, body, given_id, _query_timeout(scope) or timeout_s,
-                                        _query(scope, "priority") or "normal", admission, on_end)
+                return await self._call(front.submit_raw, body, query.get("id"), query.get("timeout_s", timeout_s),
+                                        query.get("priority", "normal"), admission, on_end)
             if self._in_flight == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES:
                 # A lone request and the memory store (a subclass may block): the trip through
                 # the pool (two thread switches) would only add latency (one client: p50 ~10%
                 # lower, measured); with others in progress the loop has better things to do
-                return self._inline(front.submit, body, admission, on_end, timeout_s)
-            return await self._call(front.submit, body, admission, on_end, timeout_s)
+                return self._inline(front.submit, body, admission, on_end, timeout_s, query)
+            return await self._call(front.submit, body, admission, on_end, timeout_s, query)
         finally:
             if admission is not None:
                 admission.release()  # unused: the submit failed before it, or never ran
@@ -404,9 +437,10 @@ class App:
             loop.call_soon_threadsafe(_settle, done, (record, row))
 
         timeout_s = front.service.timeout_s or self.predict_timeout_s
-        job_id, watching = await self._accept(scope, receive, on_end, timeout_s)
+        query = _submit_query(scope)
+        job_id, watching = await self._accept(scope, receive, on_end, timeout_s, query)
         as_npy = NPY_TYPE in _header(scope, b"accept").lower()
-        wait_s = timeout_s + _PREDICT_MARGIN_S
+        wait_s = query.get("timeout_s", timeout_s) + _PREDICT_MARGIN_S  # the deadline the job has
         if not watching:  # ended already, or held by another process
             answer = await self._wait_result(front, job_id, as_npy, wait_s, predict=True)
             return _timed_out(job_id, wait_s) if answer[0] == 202 else answer
@@ -499,7 +533,7 @@ class App:
     def _http_counts(self) -> dict[str, Any]:
         with self._counts_lock:
             http = {"responses": dict(self._responses), "rejections": dict(self._rejections),
-                    "ws_dropped": self._ws_dropped}
+                    "ws_dropped": self._ws_dropped, "ws_refused": self._ws_refused}
         http["ws_open"] = sum(len(group) for group in list(self._watchers.values()))
         return http
 
@@ -559,7 +593,15 @@ class App:
         except Reply as reply:
             await send({"type": "websocket.close", "code": 1008, "reason": reply.body["error"][:120]})
             return
+        if self._ws_open >= self.max_websockets:  # accepted, then closed: a close code needs a handshake
+            with self._counts_lock:
+                self._ws_refused += 1
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": WS_FULL,
+                        "reason": f"too many event streams open (max_websockets={self.max_websockets}): retry later"})
+            return
         watcher = Watcher((front.name, job_id), self.ws_buffer, _query_flag(websocket.scope, "result"))
+        self._ws_open += 1
         self._watch(watcher)  # before reading the status, so no change falls between
         try:
             first: tuple[str, str] | None = None
@@ -581,9 +623,29 @@ class App:
 
             await stream(watcher, first, receive, send, result_message, dropped)
         finally:
+            self._ws_open -= 1
             self._unwatch(watcher)
 
     async def _result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
+        """A done job's event message for ?result=1 streams: one store read however many
+        streams send it (a done job's result does not change; the last few are kept, an
+        error is not)."""
+        key = (front.name, job_id)
+        read = self._result_reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self._read_result_message(front, job_id))
+            self._result_reads[key] = read
+            while len(self._result_reads) > _RESULT_READS_KEPT:
+                del self._result_reads[next(iter(self._result_reads))]  # the oldest
+
+            def forget_errors(done: "asyncio.Future[dict[str, Any]]") -> None:
+                if (done.cancelled() or done.exception() is not None or "error" in done.result()) \
+                        and self._result_reads.get(key) is done:
+                    del self._result_reads[key]
+            read.add_done_callback(forget_errors)
+        return dict(await asyncio.shield(read))  # a stream that leaves does not cancel the others' read
+
+    async def _read_result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
         """A done job's dtype/shape/result for its event (as GET .../result answers them),
         or the error that kept the result out of it."""
         try:

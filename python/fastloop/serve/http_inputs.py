@@ -58,7 +58,7 @@ def parse_body(body: bytes, dtype: np.dtype | None = None) -> dict[str, Any]:
             return data
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    except (ValueError, RecursionError) as error:  # ValueError: also an integer over Python's digit limit
         raise BadInput(f"the body is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise BadInput(f"the body must be a JSON object, not {type(data).__name__}")
@@ -136,7 +136,8 @@ def check_numbers(inputs: Any, what: str = "'inputs'") -> None:
             kind = "null" if item is None else type(item).__name__
             raise BadInput(f"{what} must be a (nested) list of numbers; it holds {kind} {item!r:.40}")
         if isinstance(item, int) and item.bit_length() > 1024:  # past float64's range
-            raise BadInput(f"{what} holds an integer of {len(str(abs(item)))} digits, too large for any float")
+            digits = int(item.bit_length() * 0.30103) + 1  # str() of a huge int may itself raise
+            raise BadInput(f"{what} holds an integer of about {digits} digits, too large for any float")
         if isinstance(item, float) and item in _INFINITIES:
             raise BadInput(_too_large(what))
 

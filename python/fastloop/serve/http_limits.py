@@ -11,16 +11,32 @@ A header over ``max_header_bytes`` is answered 431 and the connection closed; he
 complete ``header_timeout_s`` after the connection opened (or after the previous response)
 close the connection; a body not complete ``body_timeout_s`` after its headers is answered 408.
 Idle keep-alive connections close after uvicorn's ``timeout_keep_alive``.
+
+The protocol subclasses uvicorn's private ``HttpToolsProtocol``: the serve extra pins the
+uvicorn versions it was tested with (pyproject.toml), ``shape_problems()`` lists what changed
+in the methods and attributes relied on (a test fails naming the class), and
+``uvicorn_config`` refuses to start when a relied-on method is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import re
 from typing import Any, Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["LimitedHttpProtocol", "uvicorn_config", "LIMITS"]
+__all__ = ["LimitedHttpProtocol", "uvicorn_config", "LIMITS", "shape_problems", "PROTOCOL"]
+
+PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"  # the private class subclassed below
+# Its methods overridden or called below -> their parameters after self, as this module calls them.
+RELIED_ON = {"connection_made": ["transport"], "connection_lost": ["exc"], "data_received": ["data"],
+             "send_400_response": ["msg"], "on_message_begin": [], "on_url": ["url"],
+             "on_header": ["name", "value"], "on_headers_complete": [], "on_message_complete": [],
+             "on_response_complete": [], "handle_websocket_upgrade": []}
+PROTOCOL_ATTRIBUTES = ("loop", "transport", "cycle")  # read on the protocol
+CYCLE_ATTRIBUTES = ("response_started", "disconnected", "message_event")  # read or set on its cycle
 
 LIMITS = {"max_header_bytes": 32 << 10, "header_timeout_s": 10.0, "body_timeout_s": 30.0, "keep_alive_s": 5.0}
 
@@ -149,6 +165,35 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
 
+def shape_problems(deep: bool = True) -> list[str]:
+    """What changed in uvicorn's HttpToolsProtocol that LimitedHttpProtocol relies on: a
+    method gone or taking other parameters; with ``deep``, an attribute its methods (or its
+    RequestResponseCycle's) no longer assign (read from the module's source). [] when none."""
+    from uvicorn.protocols.http import httptools_impl
+
+    problems = []
+    for name, parameters in RELIED_ON.items():
+        method = getattr(HttpToolsProtocol, name, None)
+        if not callable(method):
+            problems.append(f"{PROTOCOL}.{name}() is gone")
+            continue
+        if not deep:
+            continue
+        have = [p for p in inspect.signature(method).parameters if p != "self"]
+        if have != parameters:
+            problems.append(f"{PROTOCOL}.{name}() takes {have}, not {parameters}")
+    if deep:
+        for cls, names in ((HttpToolsProtocol, PROTOCOL_ATTRIBUTES),
+                           (getattr(httptools_impl, "RequestResponseCycle", None), CYCLE_ATTRIBUTES)):
+            if cls is None:
+                problems.append(f"{httptools_impl.__name__}.RequestResponseCycle is gone")
+                continue
+            assigned = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=[^=]", inspect.getsource(cls)))
+            problems += [f"{httptools_impl.__name__}.{cls.__name__} no longer sets self.{name}"
+                         for name in names if name not in assigned]
+    return problems
+
+
 def uvicorn_config(app: Any, max_header_bytes: int = LIMITS["max_header_bytes"],
                    header_timeout_s: float = LIMITS["header_timeout_s"],
                    body_timeout_s: float = LIMITS["body_timeout_s"],
@@ -160,6 +205,10 @@ def uvicorn_config(app: Any, max_header_bytes: int = LIMITS["max_header_bytes"],
 
     if max_header_bytes < 1 or header_timeout_s <= 0 or body_timeout_s <= 0 or keep_alive_s <= 0:
         raise ValueError("max_header_bytes and the timeouts must be > 0")
+    gone = shape_problems(deep=False)
+    if gone:  # the limits would silently not apply: refuse rather than serve without them
+        raise RuntimeError(f"uvicorn {uvicorn.__version__} changed {PROTOCOL}, which fastloop's connection "
+                           f"limits subclass: {'; '.join(gone)}. Install the uvicorn the serve extra pins.")
     protocol = type("LimitedHttpProtocol", (LimitedHttpProtocol,),
                     {"max_header_bytes": max_header_bytes, "header_timeout_s": header_timeout_s,
                      "body_timeout_s": body_timeout_s,

@@ -88,10 +88,16 @@ class ModelFront:
 
     # ------------------------------------------------------------ submitting
     def submit(self, body: bytes, admission: Admission | None = None, on_end: OnEnd | None = None,
-               timeout_s: float | None = None) -> tuple[str, bool]:
-        """A JSON body's job: its id, and whether `on_end` will be called (service.watch)."""
+               timeout_s: float | None = None, query: dict[str, Any] | None = None) -> tuple[str, bool]:
+        """A JSON body's job: its id, and whether `on_end` will be called (service.watch).
+        ``query``: the options the request's query gives (id, timeout_s, priority); one the
+        body gives too is refused (400), not silently chosen between."""
         try:
             data = parse_body(body, self.service._spec.dtype)
+            for name, value in (query or {}).items():
+                if name in data:
+                    raise BadInput(f"{name!r} is given both in the body and in the query (?{name}=): give it once")
+                data[name] = value
             if "path" in data:
                 inputs: Any = self.as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:

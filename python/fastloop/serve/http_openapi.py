@@ -19,7 +19,7 @@ import numpy as np
 from .._version import __version__
 from .http_model import ModelFront, describe_inputs
 
-__all__ = ["openapi_schema"]
+__all__ = ["openapi_schema", "with_root_path"]
 
 
 def _number(dtype: Optional[str]) -> Any:
@@ -135,3 +135,12 @@ def openapi_schema(fronts: dict[str, ModelFront], default: str) -> dict[str, Any
                         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                         "description": "the body the model's preprocess reads"}
     return schema
+
+
+def with_root_path(schema: dict[str, Any], root_path: str) -> dict[str, Any]:
+    """`schema` as a request under `root_path` sees it (the front mounted at a prefix, or a
+    proxy's root_path): a ``servers`` entry naming the prefix, as FastAPI adds, so a client
+    generated from it calls the URLs the server answers. The paths stay as routed."""
+    if not root_path:
+        return schema
+    return {**schema, "servers": [{"url": root_path}]}

@@ -106,6 +106,8 @@ class _Collector:
         yield GaugeMetricFamily("fastloop_ws_connections", "Open WebSocket event streams.", value=http.get("ws_open", 0))
         yield CounterMetricFamily("fastloop_ws_dropped", "WebSocket clients dropped for falling behind.",
                                   value=http.get("ws_dropped", 0))
+        yield CounterMetricFamily("fastloop_ws_refused", "WebSocket clients refused (1013): max_websockets were open.",
+                                  value=http.get("ws_refused", 0))
         # the queue in Redis: depth and waits per priority, reclaims
         yield from shared_families([(dict(zip(extra, label)), stats) for label, stats, _ in snaps])
 

@@ -35,6 +35,7 @@ from .jobs import (DONE, EXPIRED, FAILED, FINISHED, QUEUED, RUNNING, JobCancelle
                    JobRecord, RowsFailed, StoreError, check_job_id, new_job_id)
 from .priority import apply_to_this_thread, check_priority
 from .rows import Row, assemble, row_errors_of
+from .redisqueue import check_level
 from .redisstore import StoreUnavailable
 from .stats import ServiceStats
 from .stores import Store
@@ -134,7 +135,8 @@ class InferenceService:
     (fastloop.serve.priority says more). ``timeout_s``: the default deadline of a job,
     from submit (None: none): a job still queued then fails without running; one still in
     a model call fails, and its worker, stuck, is replaced by a new thread (at most
-    ``workers`` stuck at once; beyond that health() reports "degraded"). ``queue``: None (the in-memory queue of this
+    ``workers`` stuck at once; beyond that health() reports "degraded" until a stuck call
+    returns: a worker back from one serves again while fewer than ``workers`` do). ``queue``: None (the in-memory queue of this
     process), or a RedisQueue: the queue then lives in Redis beside a RedisStore, shared by
     every process and machine serving it, with priorities (shared.py says more).
     ``new_id``: how submit() names a job given no id (a fresh 32-hex id by default; the
@@ -208,7 +210,9 @@ class InferenceService:
         self._in_doubt: dict[str, float] = {}  # ids whose create raised: maybe stored -> when
         self._doubt_lock = threading.Lock()  # one decision at a time on an in-doubt id
         self._busy: dict[threading.Thread, list[Any]] = {}  # a worker -> the group in its model call (_Jobs here)
-        self._stuck: set[threading.Thread] = set()  # workers replaced while past a job's deadline
+        self._stuck: set[threading.Thread] = set()  # workers in a model call past a job's deadline
+        self._pool_lock = threading.Lock()  # orders a model call's end against the janitor marking it stuck
+        self._worker_numbers = itertools.count(workers)  # names of replacement workers
         self._threads = [self._worker(i) for i in range(workers)]
         self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
         for thread in self._threads + [self._janitor]:
@@ -244,6 +248,7 @@ class InferenceService:
     def _submit(self, inputs: Any, job_id: str | None, timeout_s: float | None, priority: str,
                 admission: Admission | None) -> str:
         if priority != "normal":
+            check_level(priority)  # one that is no priority at all: its own message, naming them
             raise ValueError(f"priority={priority!r} needs a queue with priorities: InferenceService(..., queue=RedisQueue())")
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
         timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
@@ -806,7 +811,7 @@ class InferenceService:
             finally:
                 with self._lock:
                     self._held -= len(items)
-            if threading.current_thread() in self._stuck:
+            if self._leave_if_stuck():
                 return
 
     def _handle(self, items: list[Any]) -> None:
@@ -840,7 +845,7 @@ class InferenceService:
         except BaseException as error:  # np.stack and the like; the model's own are caught in run_group
             outcomes = [(None, f"{type(error).__name__}: {error}")] * len(group)
         finally:
-            self._busy.pop(me, None)
+            self._call_ended(me)
         self._stats.batch(len(group))
         self._end_all(group, outcomes)
 
@@ -886,16 +891,45 @@ class InferenceService:
 
     def _replace_stuck(self, thread: threading.Thread) -> None:
         """Counts `thread` stuck in a model call past a deadline and starts a worker in its
-        place, unless `workers` stuck ones are alive already (health() says "degraded")."""
-        self._stuck.add(thread)
-        self._stats.count("workers_stuck")
-        alive_stuck = sum(t.is_alive() for t in list(self._stuck))
-        if alive_stuck <= self.workers and not self._closed:
-            replacement = self._worker(len(self._threads))
-            self._threads.append(replacement)
+        place, unless `workers` stuck ones are in their calls already (health() says
+        "degraded" until one returns: _leave_if_stuck). Nothing if its call returned meanwhile."""
+        with self._pool_lock:
+            if thread not in self._busy or thread in self._stuck:
+                return
+            self._stuck.add(thread)
+            self._stats.count("workers_stuck")
+            self._threads = [t for t in self._threads if t.is_alive()]  # replacements come and go
+            if len(self._stuck) > self.workers or self._closed or self._serving() >= self.workers:
+                return
+            replacement = self._worker(next(self._worker_numbers))
+            self._threads = self._threads + [replacement]
             replacement.start()
-            warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
-                          f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"InferenceService: {thread.name} is stuck in a model call past a job's deadline; "
+                      f"{replacement.name} replaces it", RuntimeWarning, stacklevel=2)
+
+    def _serving(self) -> int:
+        """Workers serving the queue: alive and not stuck in a model call."""
+        return sum(t.is_alive() for t in self._threads if t not in self._stuck)
+
+    def _call_ended(self, me: threading.Thread) -> None:
+        """A worker's model call returned: from now on the janitor does not count it stuck."""
+        with self._pool_lock:
+            self._busy.pop(me, None)
+
+    def _leave_if_stuck(self) -> bool:
+        """A worker back from model calls: True when it must end. One that was stuck ends if
+        its replacement serves; it serves again when fewer than ``workers`` do (more were
+        stuck at once than could be replaced), so the count always comes back to ``workers``
+        once the stuck calls return: a client's deadline costs no capacity past its call."""
+        me = threading.current_thread()
+        if me not in self._stuck:
+            return False
+        with self._pool_lock:
+            self._stuck.discard(me)
+            if self._serving() <= self.workers:  # itself counted: it rejoins
+                return False
+            self._threads = [t for t in self._threads if t is not me]
+            return True
 
     def _fail_queued_late(self, job: _Job, now: float) -> bool:
         """A queued job past its deadline fails; False (nothing done) if it is not queued."""

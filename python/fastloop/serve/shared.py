@@ -217,7 +217,7 @@ class SharedInferenceService(InferenceService):
                 continue
             if started:
                 self._run_started(started)
-            if threading.current_thread() in self._stuck:
+            if self._leave_if_stuck():
                 return  # replaced while stuck past a deadline: its replacement serves
 
     def _collect(self) -> list[Started]:
@@ -289,7 +289,7 @@ class SharedInferenceService(InferenceService):
                 except BaseException as error:  # not an Exception from the model
                     outcomes = [(None, f"{type(error).__name__}: {error}")] * len(chunk)
                 finally:
-                    self._busy.pop(me, None)
+                    self._call_ended(me)
                 self._stats.batch(len(chunk))
                 for (k, i, _), outcome in zip(chunk, outcomes):
                     if i is None:
