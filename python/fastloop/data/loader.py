@@ -827,9 +827,6 @@ class _Epoch:
             self.abandon(wait=False)
 
 
-_RANKS = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}  # kinds a slot field's dtype takes without loss, as the workers'
-
-
 class _InProcess:
     """workers=0 with Python code: samples fetched and collated in the calling thread (as
     torch's num_workers=0), in the same order and with the same augmentations as workers."""
@@ -919,13 +916,17 @@ class _InProcess:
             if odd is not None:
                 return self._whole(samples, indices, odd, f"has {describe(layout.fixed[k])} of shape "
                                                           f"{column[odd].shape}, the first sample's is {shape}")
-            try:
-                stacked = np.stack(column)
-                if _RANKS.get(stacked.dtype.kind, -1) > _RANKS.get(dtype.kind, -1):
-                    raise TypeError("a cast would drop a fraction or an imaginary part")
-                fixed.append(stacked.astype(dtype, copy=False))
-            except (TypeError, ValueError, OverflowError):
-                return self._whole(samples, indices, 0, f"has {describe(layout.fixed[k])} of another kind")
+            odd = next((i for i, c in enumerate(column) if c.dtype != dtype), None)
+            if odd is not None and self.pipeline is None:  # collated from its samples, promoted as torch does
+                return self._whole(samples, indices, odd, "")
+            if odd is not None and not all(np.can_cast(c.dtype, dtype, "safe") for c in column):
+                odd = next(i for i, c in enumerate(column) if not np.can_cast(c.dtype, dtype, "safe"))
+                raise TypeError(f"sample {indices[odd]}: {describe(layout.fixed[k])} is {column[odd].dtype}, but "
+                                f"the batch slots hold {dtype} (the first sample's dtype), which it does not cast "
+                                f"to without changing values: with a Pipeline transform every sample needs the "
+                                f"first sample's dtype (or one that casts to it safely); cast it in the dataset or "
+                                f"a transform")
+            fixed.append(np.stack(column).astype(dtype, copy=False))  # the same dtype, or a safe cast
         if self.pipeline is not None:
             fixed[0] = self.pipeline(fixed[0], seed=self.seed, ids=ids)
         columns = [list(c) for c in zip(*objects)] if layout.objects else None
