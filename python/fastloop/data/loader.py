@@ -29,6 +29,7 @@ import numpy as np
 from .._args import INT_MAX, SSIZE_MAX, int_arg, one_of
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
+from . import _dataloader_args as torch_args
 from .. import _lifecycle
 from .._core import (Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader,
                      _ThreadLoader, load_npy)
@@ -255,7 +256,12 @@ class Loader:
     prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices, of any sizes; the first epoch's largest
-    sizes the batch slots).
+    sizes the batch slots; with batch_size or drop_last it raises, as DataLoader does),
+    timeout (seconds; 0 or None: no limit), generator (a torch.Generator: the seed is drawn
+    from it once), multiprocessing_context (None or "fork": workers are always forked),
+    pin_memory_device ("" or "cuda[:N]"), in_order (batches always come in order).
+    persistent_workers: None (the default) keeps the workers between epochs when there are
+    any (DataLoader's default is False); True with workers=0 raises, as does prefetch_factor.
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
     device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU ("cuda": the
@@ -295,7 +301,7 @@ class Loader:
         transform: Pipeline | Callable[[Any], Any] | None = None,
         drop_last: bool = False,
         prefetch: int = 2,
-        persistent_workers: bool = True,
+        persistent_workers: bool | None = None,
         pin_memory: bool | None = None,
         device: str | int | None = None,
         rank: int | None = None,
@@ -314,9 +320,20 @@ class Loader:
         dtype: Any = None,
         memory_format: Any = None,
         decode: str | None = None,
+        generator: Any = None,
+        multiprocessing_context: Any = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
     ) -> None:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
+        persistent_workers = torch_args.check_worker_options(workers, prefetch_factor, persistent_workers)
+        torch_args.check_batch_sampler(batch_sampler, batch_size, drop_last)
+        timeout = torch_args.check_timeout(timeout)
+        seed = torch_args.seed_of(seed, generator)
+        torch_args.check_multiprocessing_context(multiprocessing_context)
+        self.pin_memory_device = torch_args.check_pin_memory_device(pin_memory_device)
+        self.in_order = torch_args.check_in_order(in_order)
         order = _sampler_order(sampler, batch_sampler, shuffle)
         batch_size, drop_last = self._init_batching(batch_size, drop_last, order, batch_sampler)
         self._init_output(output, collate_fn, target_transform, order)
