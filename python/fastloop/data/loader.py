@@ -253,7 +253,8 @@ class Loader:
     collate_fn if there is one), as DataLoader's batch_size=None.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
-    prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold),
+    collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices, of any sizes; the first epoch's largest
     sizes the batch slots; with batch_size or drop_last it raises, as DataLoader does),
