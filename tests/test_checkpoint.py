@@ -256,6 +256,24 @@ def test_a_period_without_maybe_save_calls_warns_at_close(tmp_path):
         ckpt.close()
 
 
+def test_a_checkpointer_with_a_period_opened_only_to_load_does_not_warn_at_close(tmp_path):
+    import warnings
+
+    with fastloop.Checkpointer(tmp_path) as writer:
+        writer.save({"w": np.arange(3)}, 10)
+    reader = fastloop.Checkpointer(tmp_path, every_steps=5)
+    assert reader.load()["w"].tolist() == [0, 1, 2]
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        reader.close()
+    assert [str(w.message) for w in recorded] == []
+    trainer = fastloop.Checkpointer(tmp_path, every_steps=5)  # loaded, then saved without maybe_save
+    trainer.load()
+    trainer.save({"w": np.zeros(1)}, 11)
+    with pytest.warns(RuntimeWarning, match="never called"):
+        trainer.close()
+
+
 def test_maybe_save_by_time_from_a_loop_trained_in_another_thread_is_never_torn(tmp_path):
     params = [np.zeros(20_000) for _ in range(8)]
     done = threading.Event()

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
 import threading
 import time
+import warnings
 
+import numpy as np
 import pytest
 
 import fastloop
@@ -261,21 +264,37 @@ def test_gpu_metrics_through_nvml_loaded_at_run_time(tmp_path, monkeypatch):
     assert rows["gpu1/memory_total_bytes"] == 80 * 2**30 and rows["gpu0/utilization_percent"] == 41
 
 
-def test_no_gpu_gives_one_clear_notice(monkeypatch, tmp_path):
+def test_no_gpu_gives_one_info_notice_and_no_warning(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(monitor_module, "_gpu_notice_given", False)
     monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(tmp_path / "none.so"))
     monkeypatch.setenv("FASTLOOP_NVIDIA_SMI", "false")
-    with pytest.warns(RuntimeWarning, match="no GPU metrics.*host metrics only"):
-        fastloop.Monitor(interval=1).close()
+    caplog.set_level(logging.INFO, logger="fastloop")
     with warnings_recorded() as recorded:
+        warnings.simplefilter("always")
+        mon = fastloop.Monitor(interval=1)
+        mon.close()
         fastloop.Monitor(interval=1).close()
-    assert not [w for w in recorded if "GPU" in str(w.message)]
+    assert [str(w.message) for w in recorded] == []
+    notices = [r for r in caplog.records if "no GPU metrics" in r.getMessage()]
+    assert len(notices) == 1 and notices[0].levelno == logging.INFO
+    assert "host metrics only" in notices[0].getMessage() and "no GPU metrics" in mon.gpu_reason
 
 
 def warnings_recorded():
-    import warnings
-
     return warnings.catch_warnings(record=True)
+
+
+def test_a_scalar_of_several_elements_raises_a_type_error_naming_value():
+    torch = pytest.importorskip("torch")
+    with fastloop.Monitor(interval=0) as mon:
+        for value in (torch.tensor([1.0, 2.0]), np.array([1.0, 2.0])):
+            with pytest.raises(TypeError, match="'value' must be a real number"):
+                mon.scalar("loss", value)
+        with pytest.raises(TypeError, match="'values'\\['loss'\\] must be a real number"):
+            mon.scalars({"loss": torch.tensor([1.0, 2.0])})
+        mon.scalar("loss", torch.tensor(1.5))  # a 0-d tensor is a number
+        with pytest.raises(OverflowError):
+            mon.scalar("loss", 10**400)
 
 
 def test_bad_records_and_closed_monitor():

@@ -198,3 +198,12 @@ def test_nan_inf_and_1e300_scalars_reach_every_sink(tmp_path):
     assert h.num == 5 and sum(h.bucket) == 5  # NaN left out; the infinities in the end buckets
     assert (h.min, h.max) == (float("-inf"), float("inf"))
     assert h.bucket == [3.0, 0.0, 2.0]  # -inf, 1, 2 | nothing | 1e300, inf: buckets span 1..1e300
+
+
+@pytest.mark.parametrize("values, why", [([], "is empty"), (np.zeros((0, 3)), "is empty"),
+                                         ([float("nan")] * 3, "are all NaN")])
+def test_an_empty_or_all_nan_histogram_raises_as_summarywriter_does(tmp_path, values, why):
+    with fastloop.Monitor(interval=0, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
+        with pytest.raises(ValueError, match=f"'values' of histogram 'w' {why}"):
+            mon.histogram("w", values, step=1)
+        mon.histogram("w", [float("nan"), 2.0], step=2)  # one number is enough

@@ -92,8 +92,10 @@ static int to_double(PyObject *obj, void *out) {
     }
     double value = PyFloat_AsDouble(obj);
     if (value == -1.0 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError))
-            return -1; /* an int too big for a double: OverflowError */
+        if (PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1; /* an int too big for a double */
+        /* TypeError, or what a __float__ raises for a value of several elements (torch: a
+         * ValueError): the argument is named as of the wrong type */
         PyErr_Clear();
         return FL_ARG_WRONG_TYPE;
     }

@@ -29,44 +29,62 @@ static int unconvertible(const fl_sample_writer *self) {
     return -1;
 }
 
-/* Where a dtype kind stands among bool < int < float < complex; -1 for the others. */
-static int kind_rank(char kind) {
-    switch (kind) {
-    case 'b': return 0;
-    case 'i': case 'u': return 1;
-    case 'f': return 2;
-    case 'c': return 3;
-    default: return -1;
+/* The dtype NumPy gives the value on its own (a new reference: an array's or a NumPy
+ * scalar's; bool, int, float and complex as np.asarray makes them), or NULL for a value of
+ * no dtype (a list, a string), with no error set. */
+static PyArray_Descr *value_descr(PyObject *value) {
+    if (PyArray_Check(value)) {
+        PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)value);
+        Py_INCREF(descr);
+        return descr;
     }
-}
-
-/* The dtype kind of a value NumPy would make an array of ('\0': another object). */
-static char value_kind(PyObject *value) {
-    if (PyArray_Check(value))
-        return PyArray_DESCR((PyArrayObject *)value)->kind;
     if (PyArray_IsScalar(value, Generic)) {
         PyArray_Descr *descr = PyArray_DescrFromScalar(value);
-        char kind = descr != NULL ? descr->kind : '\0';
-        Py_XDECREF(descr);
-        return kind;
+        if (descr == NULL)
+            PyErr_Clear();
+        return descr;
     }
-    if (PyBool_Check(value))
-        return 'b';
-    if (PyLong_Check(value))
-        return 'i';
-    return PyFloat_Check(value) ? 'f' : PyComplex_Check(value) ? 'c' : '\0';
+    int type = PyBool_Check(value) ? NPY_BOOL : PyLong_Check(value) ? NPY_INT64 : PyFloat_Check(value) ? NPY_DOUBLE
+             : PyComplex_Check(value) ? NPY_CDOUBLE : -1;
+    return type >= 0 ? PyArray_DescrFromType(type) : NULL;
 }
 
-/* Copies field f of one sample into dst, checking dtype (cast if needed) and shape. Returns
- * 0, 1 when the value does not fit the field and the batch can go raw (another shape, a
- * value NumPy cannot cast, or one whose cast would drop a fraction or an imaginary part), or
- * -1 with an error. */
+/* A value of another dtype than field f's slot: 1 when the batch can go raw (collated from
+ * its samples, promoted as default_collate does), 0 when it casts safely (the slot then
+ * holds the same values: a Pipeline or device batch keeps the first sample's dtypes), else
+ * -1 with a TypeError naming the field and both dtypes (next() adds the sample). */
+static int other_dtype(const fl_sample_writer *self, size_t f, PyObject *value, PyArray_Descr *have,
+                       PyArray_Descr *want) {
+    if (self->raw_allowed)
+        return 1;
+    if (have != NULL && PyArray_CanCastTypeTo(have, want, NPY_SAFE_CASTING))
+        return 0;
+    PyObject *got = have != NULL ? (PyObject *)have : (PyObject *)Py_TYPE(value);
+    fl_raisef(NULL, FL_EXC_TYPE, "field %zu is %S, but the batch slots hold %S (the first sample's dtype), "
+                                 "which it does not cast to without changing values: with a Pipeline transform "
+                                 "or a device every sample needs the first sample's dtype (or one that casts "
+                                 "to it safely); cast it in the dataset or a transform", f, got, (PyObject *)want);
+    return -1;
+}
+
+/* Copies field f of one sample into dst, checking dtype and shape. Returns 0, 1 when the
+ * value does not fit the field and the batch can go raw (another dtype or shape, a value
+ * NumPy cannot make an array of), or -1 with an error. Nothing is ever wrapped or rounded:
+ * a value of the slot's dtype is copied as it is (a dtype comparison per value), any other
+ * makes its batch raw, or (no raw batches) is cast only where NumPy's "safe" rule allows. */
 static int store_field(const fl_sample_writer *self, size_t f, PyObject *value, unsigned char *dst) {
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(self->in_descrs, (Py_ssize_t)f);
-    if (self->raw_allowed && kind_rank(value_kind(value)) > kind_rank(descr->kind))
-        return 1; /* a float where the first sample had an int: collated, as default_collate would */
+    PyArray_Descr *have = value_descr(value);
+    if (have != descr && (have == NULL || !PyArray_EquivTypes(have, descr))) {
+        int rc = other_dtype(self, f, value, have, descr);
+        Py_XDECREF(have);
+        if (rc != 0)
+            return rc;
+    } else {
+        Py_DECREF(have);
+    }
     Py_INCREF(descr);
-    PyObject *array = PyArray_FromAny(value, descr, 0, 0, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST, NULL);
+    PyObject *array = PyArray_FromAny(value, descr, 0, 0, NPY_ARRAY_CARRAY, NULL);
     if (array == NULL)
         return unconvertible(self);
     PyObject *want = PyTuple_GET_ITEM(self->in_shapes, (Py_ssize_t)f);

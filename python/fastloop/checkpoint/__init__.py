@@ -201,6 +201,7 @@ class Checkpointer:
         self._every_steps, self._every_s, self._state_fn = every_steps, every_s, state_fn
         self._last_step: int | None = None
         self._maybe_called = False
+        self._only_read = None  # True once load() ran before any save: a reader, which the close() warning spares
         self._last_time = time.monotonic()
         self._pinned = _PinnedCopies()
         self._snapshot = threading.Lock()  # one snapshot at a time: the pinned buffers are shared
@@ -214,6 +215,7 @@ class Checkpointer:
 
         >>> ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, step=1200)
         """
+        self._only_read = False
         with self._snapshot:
             entries, metadata = _snapshot(state, self._pinned)
             self._core.save(entries, metadata, int(step), timeout, self._copy_threads)
@@ -309,6 +311,8 @@ class Checkpointer:
 
         >>> state = ckpt.load(map_location="cpu"); model.load_state_dict(state["model"])
         """
+        if self._only_read is None:
+            self._only_read = True
         self.wait()
         if step is not None:
             for checkpoint in self.checkpoints():
@@ -344,7 +348,10 @@ class Checkpointer:
 
         >>> ckpt.close()
         """
-        if not self._closed and not self._maybe_called and (self._every_s or self._every_steps):
+        # a period but no maybe_save() call: a training loop that forgot it (one only opened
+        # to load() saved nothing and is spared)
+        forgotten = not self._maybe_called and not self._only_read and (self._every_s or self._every_steps)
+        if not self._closed and forgotten:
             warnings.warn("Checkpointer(every_s=/every_steps=) saves only when the training loop "
                           "calls ckpt.maybe_save(step); it was never called (periodic saves no "
                           "longer run from a thread of their own)", RuntimeWarning, stacklevel=2)

@@ -118,5 +118,6 @@ def check_same_shapes(batch: Batch) -> None:
     collate(batch.samples, (), batch.indices)  # raises on shapes or structures that differ
     first = batch.indices[0] if batch.indices is not None and len(batch.indices) else "?"
     raise ValueError(f"the samples of the batch starting at sample {first} differ from the first sample's "
-                     f"shapes or structure: device='cuda' needs the first sample's shapes in every batch")
+                     f"shapes, dtypes or structure: device='cuda' needs the first sample's shapes and dtypes in every "
+                     f"batch (cast in the dataset or a transform)")
 

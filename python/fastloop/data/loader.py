@@ -29,6 +29,7 @@ import numpy as np
 from .._args import INT_MAX, SSIZE_MAX, int_arg, one_of
 from ._batches import Assembler, Batch, check_same_shapes
 from ._collate import as_arrays
+from . import _dataloader_args as torch_args
 from .. import _lifecycle
 from .._core import (Metrics, _epoch_batches, _epoch_order, _epoch_seed, _Loader, _npy_header, _ProcLoader,
                      _ThreadLoader, load_npy)
@@ -252,10 +253,16 @@ class Loader:
     collate_fn if there is one), as DataLoader's batch_size=None.
 
     DataLoader's names work where the meaning is the same: num_workers (= workers),
-    prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
+    prefetch_factor (= prefetch: batches in flight per worker besides the ones you hold),
+    collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
     set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
     batch_sampler (an iterable of lists of indices, of any sizes; the first epoch's largest
-    sizes the batch slots).
+    sizes the batch slots; with batch_size or drop_last it raises, as DataLoader does),
+    timeout (seconds; 0 or None: no limit), generator (a torch.Generator: the seed is drawn
+    from it once), multiprocessing_context (None or "fork": workers are always forked),
+    pin_memory_device ("" or "cuda[:N]"), in_order (batches always come in order).
+    persistent_workers: None (the default) keeps the workers between epochs when there are
+    any (DataLoader's default is False); True with workers=0 raises, as does prefetch_factor.
     state_dict() / load_state_dict() resume mid-epoch with the same remaining batches.
 
     device: None/"cpu" (host batches) or "cuda"/"cuda:N": batches on that GPU ("cuda": the
@@ -295,7 +302,7 @@ class Loader:
         transform: Pipeline | Callable[[Any], Any] | None = None,
         drop_last: bool = False,
         prefetch: int = 2,
-        persistent_workers: bool = True,
+        persistent_workers: bool | None = None,
         pin_memory: bool | None = None,
         device: str | int | None = None,
         rank: int | None = None,
@@ -314,9 +321,20 @@ class Loader:
         dtype: Any = None,
         memory_format: Any = None,
         decode: str | None = None,
+        generator: Any = None,
+        multiprocessing_context: Any = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
     ) -> None:
         workers = _alias("workers", workers, 0, "num_workers", num_workers)
         prefetch = _alias("prefetch", prefetch, 2, "prefetch_factor", prefetch_factor)
+        persistent_workers = torch_args.check_worker_options(workers, prefetch_factor, persistent_workers)
+        torch_args.check_batch_sampler(batch_sampler, batch_size, drop_last)
+        timeout = torch_args.check_timeout(timeout)
+        seed = torch_args.seed_of(seed, generator)
+        torch_args.check_multiprocessing_context(multiprocessing_context)
+        self.pin_memory_device = torch_args.check_pin_memory_device(pin_memory_device)
+        self.in_order = torch_args.check_in_order(in_order)
         order = _sampler_order(sampler, batch_sampler, shuffle)
         batch_size, drop_last = self._init_batching(batch_size, drop_last, order, batch_sampler)
         self._init_output(output, collate_fn, target_transform, order)
@@ -827,9 +845,6 @@ class _Epoch:
             self.abandon(wait=False)
 
 
-_RANKS = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}  # kinds a slot field's dtype takes without loss, as the workers'
-
-
 class _InProcess:
     """workers=0 with Python code: samples fetched and collated in the calling thread (as
     torch's num_workers=0), in the same order and with the same augmentations as workers."""
@@ -919,13 +934,17 @@ class _InProcess:
             if odd is not None:
                 return self._whole(samples, indices, odd, f"has {describe(layout.fixed[k])} of shape "
                                                           f"{column[odd].shape}, the first sample's is {shape}")
-            try:
-                stacked = np.stack(column)
-                if _RANKS.get(stacked.dtype.kind, -1) > _RANKS.get(dtype.kind, -1):
-                    raise TypeError("a cast would drop a fraction or an imaginary part")
-                fixed.append(stacked.astype(dtype, copy=False))
-            except (TypeError, ValueError, OverflowError):
-                return self._whole(samples, indices, 0, f"has {describe(layout.fixed[k])} of another kind")
+            odd = next((i for i, c in enumerate(column) if c.dtype != dtype), None)
+            if odd is not None and self.pipeline is None:  # collated from its samples, promoted as torch does
+                return self._whole(samples, indices, odd, "")
+            if odd is not None and not all(np.can_cast(c.dtype, dtype, "safe") for c in column):
+                odd = next(i for i, c in enumerate(column) if not np.can_cast(c.dtype, dtype, "safe"))
+                raise TypeError(f"sample {indices[odd]}: {describe(layout.fixed[k])} is {column[odd].dtype}, but "
+                                f"the batch slots hold {dtype} (the first sample's dtype), which it does not cast "
+                                f"to without changing values: with a Pipeline transform every sample needs the "
+                                f"first sample's dtype (or one that casts to it safely); cast it in the dataset or "
+                                f"a transform")
+            fixed.append(np.stack(column).astype(dtype, copy=False))  # the same dtype, or a safe cast
         if self.pipeline is not None:
             fixed[0] = self.pipeline(fixed[0], seed=self.seed, ids=ids)
         columns = [list(c) for c in zip(*objects)] if layout.objects else None

@@ -10,10 +10,10 @@ Python callbacks by a C writer thread -- so the training step never waits on I/O
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Union
 
@@ -22,6 +22,8 @@ import numpy as np
 from .. import _lifecycle
 from .._core import Event, Metrics, Queue, _Monitor
 from ..errors import SinkError
+
+_log = logging.getLogger("fastloop")
 
 __all__ = ["Monitor", "CSVSink", "JSONLSink", "TensorBoardSink", "CallbackSink"]
 
@@ -132,11 +134,13 @@ def _image_hwc(image: Any, layout: str | None) -> np.ndarray:
 
 
 def _gpu_notice(reason: str) -> None:
-    """One notice per process that GPU metrics are unavailable, with the reason."""
+    """One notice per process that GPU metrics are unavailable, with the reason: logged at
+    INFO level on the "fastloop" logger (information, not a warning: a host without a GPU
+    is a normal place to run; mon.gpu_reason says it too)."""
     global _gpu_notice_given
     if not _gpu_notice_given:
         _gpu_notice_given = True
-        warnings.warn(f"fastloop.Monitor: {reason}", RuntimeWarning, stacklevel=3)
+        _log.info("fastloop.Monitor: %s", reason)
 
 
 class _CallbackThread:
@@ -280,6 +284,12 @@ class Monitor:
             raise ValueError(f"'bins' must be >= 1 and <= {_MAX_BINS}, not {bins}")
         array = _numbers(values, "values")
         data = np.ascontiguousarray(array, dtype=np.float64).reshape(-1)
+        if data.size == 0:
+            raise ValueError(f"'values' of histogram {tag!r} is empty: a histogram needs at least one number "
+                             f"(SummaryWriter.add_histogram raises too)")
+        if np.isnan(data[0]) and np.isnan(data).all():  # the first value decides, but for a NaN
+            raise ValueError(f"'values' of histogram {tag!r} are all NaN: a histogram needs at least one number "
+                             f"(SummaryWriter.add_histogram raises too)")
         self._core.summary(_HISTOGRAM, tag, data, step, bins, 0, 0, 0)
 
     def image(self, tag: str, image: Any, step: int | None = None, layout: str | None = None) -> None:
