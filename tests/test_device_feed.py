@@ -521,7 +521,7 @@ def test_cuda_means_torchs_current_device_when_torch_started_cuda(monkeypatch):
     from fastloop._device import parse_device
 
     _stand_in_torch(monkeypatch, StandInTorchCuda(3))  # a torchrun rank after torch.cuda.set_device(3)
-    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(1), "stand-in"))
+    monkeypatch.setattr(fastloop._device, "_cuda_extension", lambda: StandInCudaExtension(1))
     assert parse_device("cuda") == ("cuda", 3)
     assert parse_device("cuda:1") == ("cuda", 1) and parse_device(2) == ("cuda", 2) and parse_device(None) == ("cpu", 0)
 
@@ -529,13 +529,13 @@ def test_cuda_means_torchs_current_device_when_torch_started_cuda(monkeypatch):
 def test_cuda_means_the_runtimes_current_device_without_torchs_cuda(monkeypatch):
     from fastloop._device import parse_device
 
-    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (StandInCudaExtension(2), "stand-in"))
+    monkeypatch.setattr(fastloop._device, "_cuda_extension", lambda: StandInCudaExtension(2))
     cold = StandInTorchCuda(3, started=False)
     _stand_in_torch(monkeypatch, cold)  # imported, CUDA not started: not started here either
     assert parse_device("cuda") == ("cuda", 2) and cold.asked == 0
     monkeypatch.setitem(sys.modules, "torch", None)  # torch not imported
     assert parse_device("cuda") == ("cuda", 2)
-    monkeypatch.setattr(fastloop.cuda, "_load", lambda: (None, "built without nvcc"))
+    monkeypatch.setattr(fastloop._device, "_cuda_extension", lambda: None)
     assert parse_device("cuda") == ("cuda", 0)  # no extension: nothing runs on a GPU anyway
 
 

@@ -4,6 +4,7 @@ fastloop.nn and fastloop.Loader."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def parse_device(device: str | int | None, arg: str = "device") -> tuple[str, int]:
@@ -38,12 +39,24 @@ def current_cuda_device() -> int:
                 return int(cuda.current_device())
         except Exception:  # torch without CUDA, or a broken install: ask the runtime instead
             pass
-    from .cuda import _load
-
-    module, _ = _load()
+    module = _cuda_extension()
     if module is None or not hasattr(module, "current_device"):
         return 0
     try:
         return int(module.current_device())
     except Exception:  # no driver or no device: CudaError; device 0 is then as good as any
         return 0
+
+
+def _cuda_extension() -> Any:
+    """fastloop._cuda, or None where it was not built or does not load (fastloop.cuda, a
+    layer above this module, says why: tests/test_layers.py)."""
+    try:
+        from . import _build_info
+
+        if not _build_info.CUDA_BUILT:
+            return None
+        from . import _cuda
+    except ImportError:
+        return None
+    return _cuda
