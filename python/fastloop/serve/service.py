@@ -681,9 +681,10 @@ class InferenceService:
             record = JobRecord(**vars(job.record))
             record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
             record.row_errors = row_errors
+            self._count_end(job, record)
             stored = self._store_final(record, result)
             self._keep(job, record, stored, result)
-        self._ended(job, stored is not None, cancelled, result)
+        self._ended(job, stored is not None, result)
         return True
 
     def _end_all(self, items: list[Any], outcomes: list[tuple[np.ndarray | None, str | None]]) -> None:
@@ -705,6 +706,7 @@ class InferenceService:
                     record = _changed(job.record, DONE if error is None else FAILED, finished=now, error=error,
                                       row_errors=row_errors)
                     ending.append((job, record, row if error is None else None))
+                    self._count_end(job, record)
             items = [(record, row) for _, record, row in ending]
             errors = _each_outcome(self.store.finish_many, items)
             # A refused job is written again alone: a pipeline cut by an outage may take it now
@@ -715,7 +717,7 @@ class InferenceService:
         finally:
             _release_all(jobs)
         for (job, _, row), stored in zip(ending, saved):
-            self._ended(job, stored is not None, cancelled=False, row=row)
+            self._ended(job, stored is not None, row=row)
 
     @staticmethod
     def _rows_ended(items: list[Any], outcomes: list[tuple[Any, str | None]]) -> tuple[list[_Job], list[Any]]:
@@ -748,10 +750,20 @@ class InferenceService:
         if stored is None:
             job.result = result
 
-    def _ended(self, job: _Job, saved: bool, cancelled: bool, row: np.ndarray | None = None) -> None:
-        """After a job's final record is kept: drop it from memory (or hand it to the
-        janitor), count it, wake result(), the watchers (with the result `row`) and the
-        listeners."""
+    def _count_end(self, job: _Job, record: JobRecord) -> None:
+        """Counts a job's end in stats() before its final record is stored: a caller that
+        sees the job done (result(), status(), another process reading the store) finds it
+        counted too."""
+        if record.status == DONE:
+            self._stats.count("done")
+            self._stats.latency(time.monotonic() - job.t0)
+        else:
+            self._stats.count("cancelled" if record.cancelled else "failed")
+
+    def _ended(self, job: _Job, saved: bool, row: np.ndarray | None = None) -> None:
+        """After a job's final record is kept (and counted: _count_end): drop it from memory
+        (or hand it to the janitor), wake result(), the watchers (with the result `row`) and
+        the listeners."""
         record = job.record
         with self._lock:
             if saved:
@@ -759,11 +771,6 @@ class InferenceService:
             else:
                 self._unsaved[record.id] = job
                 self._wake.set()
-        if record.status == DONE:
-            self._stats.count("done")
-            self._stats.latency(time.monotonic() - job.t0)
-        else:
-            self._stats.count("cancelled" if cancelled else "failed")
         job.finished.set()
         for watcher in job.watchers:  # set before the status turned final, under job.lock
             try:
