@@ -63,8 +63,6 @@ static int parse_step(PyObject *step_obj, int64_t *step) {
 static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, double value,
                         PyObject *step_obj) {
     MonitorObject *mon = (MonitorObject *)self;
-    if (raise_pending_error(self) < 0)
-        return NULL;
     if (!PyUnicode_Check(name_obj)) {
         fl_raisef(NULL, FL_EXC_TYPE, "'name' must be str, not %.100s", Py_TYPE(name_obj)->tp_name);
         return NULL;
@@ -93,6 +91,9 @@ static PyObject *record(PyObject *self, fl_event_kind kind, PyObject *name_obj, 
     }
     if (rc != FL_OK)
         fl_monitor_count_dropped(mon->monitor);
+    /* an earlier record's sink error, reported after this record is queued: it is not lost */
+    if (raise_pending_error(self) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
