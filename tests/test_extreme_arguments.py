@@ -58,7 +58,7 @@ def works_or_names(call: Callable[[], Any], names: tuple[str, ...]) -> Any:
 
 
 LOADER_ARGS = ("batch_size", "workers", "prefetch", "world_size", "rank", "shape", "sample", "source",
-               "len(source)", "size")
+               "len(source)", "size", "seed")
 
 
 def check_epoch(loader: fastloop.Loader, n: int, sample_shape: tuple, batch_size: int) -> None:
