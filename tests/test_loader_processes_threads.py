@@ -131,6 +131,8 @@ def test_close_from_8_threads_while_2_threads_iterate():
     """The Loader is one iterator at a time (a new one abandons the last), so an iteration may
     end early (StopIteration, fastloop.Closed); never with a hang, a crash or a wrong batch."""
     loader = fastloop.Loader(Numbered(), batch_size=BATCH, workers=2, mode="processes", timeout=30)
+    first = [int(batch[0]) for batch in loader]  # before the races: a whole epoch, in order
+    assert first == list(range(0, Numbered().n, BATCH))
     iterators_done = threading.Event()
     left = [ITERATORS]
     left_lock = threading.Lock()
@@ -182,7 +184,9 @@ def test_close_from_8_threads_while_2_threads_iterate():
         thread.join(120)
     assert not any(thread.is_alive() for thread in threads), "a thread hung"
     assert problems == []
-    assert batches[0] > 0  # some epochs got somewhere between the closes
+    # batches[0] may be 0: 8 closers close about every 1-2 ms, and where forking the workers
+    # takes longer (3.13t, a loaded machine) no epoch reaches its first batch. That is allowed;
+    # the epoch before the races proved the batches.
     loader.close()
     assert loader.worker_pids == []
     assert [int(i) for batch in loader for i in batch] == list(range(48))  # and it works after
