@@ -308,6 +308,52 @@ def tar_seeds() -> tuple[list[bytes], list[bytes]]:
     return seeds.well_formed(), seeds.malformed()
 
 
+def tar_index_of(data: bytes, tmp_path: Path) -> list[tuple[str, int, int]]:
+    from fastloop.data import _tar_index
+
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return list(_tar_index.members(fd, len(data)))
+    finally:
+        os.close(fd)
+
+
+def test_global_pax_records_give_path_to_every_later_member_and_nothing_else(tmp_path: Path) -> None:
+    """A global ('g') pax path names every later member until the next global path, an 'x'
+    path wins for its own member, a global size is refused (tarfile reads it two ways), and
+    every other global key (mtime, uname, linkpath, 80,000 unknown ones) changes nothing: as
+    tarfile lists the same files. The index keeps path and size only, never every key."""
+    from fastloop.data import _tar_index
+
+    sys.path.insert(0, str(FUZZ))
+    from fuzz_tar import tarfile_members
+    from make_tar_seeds import END, hostile, many_keys, member, pax, record
+
+    image = b"\xff\xd8\xff" + bytes(700)
+    data = (pax(record("path", "g1") + record("mtime", "7") + record("uname", "u") + record("linkpath", "l"), b"g")
+            + member(b"a.jpg", image) + pax(record("path", "x")) + member(b"b.jpg", image)
+            + pax(record("path", "g2"), b"g") + member(b"c.jpg", image) + END)
+    found = tar_index_of(data, tmp_path)
+    assert [name for name, _, _ in found] == ["g1", "x", "g2"]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert [(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isreg()] == found
+
+    (big,) = hostile()
+    found = tar_index_of(big, tmp_path)
+    assert [name for name, _, _ in found] == ["a.jpg", "p.jpg", "p.jpg"]
+    assert [(offset, size) for _, offset, size in found] == tarfile_members(big)
+
+    keys = many_keys(80_000) + record("path", "n.jpg") + record("size", "3")
+    assert len(keys) < _tar_index.MAX_EXTENDED
+    assert _tar_index._pax_records(keys, 0) == {"path": "n.jpg", "size": "3"}  # one pass, two keys kept
+    assert [name for name, _, _ in tar_index_of(pax(many_keys(80_000), b"g") + member(b"a.jpg", image) + END,
+                                                 tmp_path)] == ["a.jpg"]
+    with pytest.raises(_tar_index.TarError, match=r"global pax header at byte 0 sets a size"):
+        tar_index_of(pax(many_keys(1_000) + record("size", "10"), b"g") + member(b"a.jpg", bytes(10)) + END, tmp_path)
+
+
 def test_each_malformed_shard_is_refused_naming_the_shard_and_the_byte(tmp_path: Path) -> None:
     """Negative and overflowing sizes, pax records of any length ("0 x=y" looped forever), pax
     size=-512, headers describing no member, members cut short: a ValueError naming the shard

@@ -2,7 +2,8 @@
 writes them; a V7 directory; a GNU sparse member with an extension block) and malformed in
 each way a shard can be (negative, overflowing and non-numeric sizes; pax records of length 0,
 too short, too long, unframed, keyless; pax size=-512; extended headers that describe no
-member; members and headers cut short; bad checksums and fields), each named by its SHA-1.
+member; members and headers cut short; bad checksums and fields) and hostile (a global pax
+header of 80,000 keys), each named by its SHA-1.
 
     python3 tests/fuzz/make_tar_seeds.py tests/fuzz/corpus/tar
 """
@@ -47,6 +48,20 @@ def pax(records: bytes, kind: bytes = b"x") -> bytes:
     return header(b"PaxHeader/a", len(records), kind) + padded(records)
 
 
+def record(key: str, value: str) -> bytes:
+    """One pax record, "length key=value\\n", its length counting its own digits."""
+    body = f" {key}={value}\n".encode()
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+def many_keys(count: int) -> bytes:
+    """`count` pax records of keys no reader knows ("1f=1"): 9 or 10 bytes each."""
+    return b"".join(record(f"{i:x}", "1") for i in range(count))
+
+
 def written(fmt: int, entries: list[tuple[str, bytes | None]]) -> bytes:
     """A tar as tarfile writes it: (name, data) files, (name, None) directories."""
     out = io.BytesIO()
@@ -76,7 +91,23 @@ def well_formed() -> list[bytes]:
         pax(b"9 path=s\n", b"X") + member(b"a.jpg", image) + END,  # Solaris' pax header
         pax(b"9 path=a\n") * 6 + member(b"a.jpg", image) + END,  # a run of extended headers: the first wins
         END,  # an archive of no member
+        # global records: path names every later member until the next global path; an 'x' path
+        # wins for its member; other global keys (even tarfile's own) change nothing listed
+        pax(record("path", "g1") + record("mtime", "7") + record("uname", "u") + record("linkpath", "l"), b"g")
+        + member(b"a.jpg", image) + pax(record("path", "x")) + member(b"b.jpg", image)
+        + pax(record("path", "g2"), b"g") + member(b"c.jpg", image) + END,
     ]
+
+
+def hostile() -> list[bytes]:
+    """Shards made to be slow: a global pax header of 80,000 keys (under the index's 1 MiB cap)
+    before 60 members, the last two renamed by a second global header's path (tarfile, which
+    the replay compares with, applies every global key to every member: more would be slow). Indexing it once per member
+    cost seconds (every key was copied for every header); it must cost one pass."""
+    keys = many_keys(80_000)
+    members = b"".join(header(f"d{i}".encode(), kind=b"5") for i in range(57))
+    return [pax(keys, b"g") + member(b"a.jpg", b"1") + members
+            + pax(record("path", "p.jpg") + many_keys(5_000), b"g") + member(b"b.jpg", b"2") + member(b"c.jpg", b"3") + END]
 
 
 def malformed() -> list[bytes]:
@@ -118,7 +149,7 @@ def malformed() -> list[bytes]:
 
 def main(out: pathlib.Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for data in well_formed() + malformed():
+    for data in well_formed() + malformed() + hostile():
         (out / hashlib.sha1(data).hexdigest()).write_bytes(data)
 
 

@@ -29,6 +29,7 @@ EXTENDED = (b"x", b"X", b"g", b"L", b"K")  # describe the next member ('X': Sola
 NUMERIC_FIELDS = (("mode", 100, 108), ("uid", 108, 116), ("gid", 116, 124), ("mtime", 136, 148),
                   ("devmajor", 329, 337), ("devminor", 337, 345))  # those tarfile parses besides size
 _RECORD = re.compile(rb"([0-9]{1,20}) ")  # a pax record's length, as tarfile frames it
+_KEPT = (b"path", b"size")  # the pax keys the index reads; every other key is framed and dropped
 
 
 class TarError(ValueError):
@@ -62,8 +63,10 @@ def _checked(header: bytes, offset: int) -> int:
 
 
 def _pax_records(data: bytes, offset: int) -> dict[str, str]:
-    """The "length key=value\\n" records of a pax header, framed as tarfile frames them: a
-    length of 5 or more that ends inside the data on a newline, a key, an '='."""
+    """The `path` and `size` of a pax header's "length key=value\\n" records (the last of each
+    wins), every record framed as tarfile frames them: a length of 5 or more that ends inside
+    the data on a newline, a key, an '='. Other keys are checked and dropped: a header of 100k
+    keys must cost one pass, not a dict that every later member copies."""
     records, pos = {}, 0
     while pos < len(data) and data[pos] != 0:
         match = _RECORD.match(data, pos)
@@ -74,7 +77,8 @@ def _pax_records(data: bytes, offset: int) -> dict[str, str]:
         key, equals, value = data[match.end():end].partition(b"=")
         if not key or not equals:
             raise TarError(f"bad pax record at byte {pos} of the pax header at byte {offset}")
-        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        if key in _KEPT:
+            records[key.decode()] = value.decode("utf-8", "surrogateescape")
         pos += length
     return records
 
@@ -111,8 +115,8 @@ def _sparse_blocks(fd: int, header: bytes, offset: int, file_size: int) -> int:
 def members(fd: int, file_size: int) -> Iterator[tuple[str, int, int]]:
     """(name, data offset, size) of each regular file in the tar open as `fd`, in order.
     Raises TarError naming the byte offset of a bad header, or a member cut short."""
-    offset, global_pax = 0, {}
-    pending: dict[str, str] | None = None  # what extended headers say of the next member; None: none came
+    offset, global_path = 0, None  # a global pax path names every later member (tarfile applies it so)
+    pending: dict[str, str] | None = None  # path/size extended headers give the next member; None: none came
     while offset < file_size:
         header = os.pread(fd, BLOCK, offset)
         if offset > 0 and not any(header):  # the end-of-archive marker (or zeros up to the end)
@@ -125,13 +129,13 @@ def members(fd: int, file_size: int) -> Iterator[tuple[str, int, int]]:
         raw_name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         if kind == b"\0" and raw_name.endswith("/"):  # a V7 directory (as tarfile reads it)
             kind = b"5"
-        said = {**global_pax, **(pending or {})}  # tarfile applies global pax records to every later member
-        if kind not in EXTENDED and "size" in said:
-            size = _pax_size(said["size"], offset)
+        said_path, said_size = (pending.get("path"), pending.get("size")) if pending is not None else (global_path, None)
+        if kind not in EXTENDED and said_size is not None:
+            size = _pax_size(said_size, offset)
         if size < 0:
             raise TarError(f"a negative size ({size}) in the header at byte {offset}")
         data = offset + BLOCK * (1 + (_sparse_blocks(fd, header, offset, file_size) if kind == b"S" else 0))
-        name = said.get("path", raw_name)
+        name = raw_name if said_path is None else said_path
         end = data if kind in NO_DATA else data + (size + BLOCK - 1) // BLOCK * BLOCK  # with its padding
         if end > file_size:
             raise TarError(f"truncated: member {name!r} at byte {offset} needs {end} bytes, the file has {file_size}")
@@ -140,13 +144,16 @@ def members(fd: int, file_size: int) -> Iterator[tuple[str, int, int]]:
                 raise TarError(f"the '{kind.decode()}' header at byte {offset} holds {size} bytes, more than "
                                f"{MAX_EXTENDED}")
             payload = os.pread(fd, size, data)
+            # what this header says of the next member, the global path as it stands now included
+            described = {} if global_path is None else {"path": global_path}
             if kind == b"g":
-                global_pax.update(_pax_records(payload, offset))
-                if "size" in global_pax:  # every later member's size: tarfile itself reads such a file two ways
+                records = _pax_records(payload, offset)
+                if "size" in records:  # every later member's size: tarfile itself reads such a file two ways
                     raise TarError(f"the global pax header at byte {offset} sets a size")
-                described = dict(global_pax)
+                if "path" in records:
+                    global_path = described["path"] = records["path"]
             elif kind in (b"x", b"X"):
-                described = {**global_pax, **_pax_records(payload, offset)}
+                described.update(_pax_records(payload, offset))
             elif kind == b"L":
                 described = {"path": payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")}
             else:  # 'K': the next member's link target
@@ -154,7 +161,7 @@ def members(fd: int, file_size: int) -> Iterator[tuple[str, int, int]]:
             pending = {**described, **(pending or {})}  # the first extended header wins, as tarfile nests them
         else:
             if kind in REGULAR:
-                if "path" not in said and header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX prefix
+                if said_path is None and header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX prefix
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                     name = f"{prefix}/{name}"
                 yield name, data, size
