@@ -4,6 +4,7 @@ The C core dlopens a CBLAS at run time (csrc/nn/fl_blas.c). This module picks th
 an explicit ``FASTLOOP_BLAS``, the ``scipy-openblas32`` wheel when installed (the build of
 OpenBLAS made for other packages to use), the OpenBLAS that NumPy's own wheel bundles, or
 a system CBLAS. The first that loads wins; every failure is kept for the error message.
+``blas_info()`` and ``set_blas_threads()`` (public as fastloop.nn's) live here with it.
 """
 
 from __future__ import annotations
@@ -70,3 +71,23 @@ def path() -> str:
     """The file of the BLAS in use (loading one first); `make ctest` hands it to the C tests."""
     ensure_loaded()
     return _loaded_from[1] if _loaded_from else ""
+
+
+def blas_info() -> str:
+    """Which BLAS the CPU backend uses (loading one if none is yet).
+
+    >>> fl.nn.blas_info()
+    'libscipy_openblas64_-....so (scipy_cblas_sgemm64_, 64-bit integers) from ...'
+    """
+    return ensure_loaded()
+
+
+def set_blas_threads(num_threads: int) -> None:
+    """Sets the CPU BLAS's thread count, for the whole process (NumPy's matmul shares it when
+    it is the same library). A server running several models at once, each on its own
+    thread, wants 1: BLAS threads that spin beside busy workers slow every call.
+
+    >>> fl.nn.set_blas_threads(1)
+    """
+    ensure_loaded()
+    _core._blas_set_threads(int(num_threads))
