@@ -13,6 +13,7 @@
 #include <stdio.h> /* jpeglib.h needs FILE and size_t declared first */
 
 #include "base/fl_error.h"
+#include "data/fl_image_common.h" /* the buffer and pixel cap this codec calls */
 #include "data/image_codec.h"
 
 #if __has_include(<jpeglib.h>) && !defined(FL_WITHOUT_CODEC_HEADERS) /* that define: a check of the #else */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/fl_error.h"
+#include "data/fl_image_common.h" /* the buffer and pixel cap this codec calls */
 #include "data/image_codec.h"
 
 static uint32_t be32(const unsigned char *b) {

@@ -1,25 +1,9 @@
-/* image_codec.h - internal to fl_image.c, fl_image_jpeg.c and fl_image_png.c: the decoder's
- * state and the entry points of each codec. */
+/* image_codec.h - internal to fl_image.c, fl_image_jpeg.c and fl_image_png.c: the entry points
+ * of each codec, which fl_image.c calls (what the codecs call back: fl_image_common.h). */
 #ifndef FL_IMAGE_CODEC_H
 #define FL_IMAGE_CODEC_H
 
-#include "data/fl_image.h"
-
-typedef struct jpeg_state jpeg_state;
-
-struct fl_decoder {
-    jpeg_state *jpeg; /* created on the first JPEG */
-    uint8_t *buffer;  /* the decoded rows, grown as needed */
-    size_t capacity;
-    uint8_t *scratch; /* fl_decoder_scratch's, grown as needed */
-    size_t scratch_capacity;
-};
-
-/* A buffer of at least `bytes` in d->buffer. Returns 0 or FL_ENOMEM. */
-int image_buffer(fl_decoder *d, size_t bytes);
-
-/* The pixel cap's check, with the message every codec gives. */
-int image_check_size(size_t width, size_t height);
+#include "data/fl_image_common.h"
 
 int jpeg_codec_load(const char *path);
 const char *jpeg_codec_describe(void);
