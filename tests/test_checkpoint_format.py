@@ -240,3 +240,38 @@ def test_a_safetensors_file_fastloop_did_not_write_loads_as_a_dict_of_its_tensor
     assert sorted(state) == ["a.b", "c"]
     values = {k: np.asarray(v) for k, v in state.items()}
     assert values["a.b"].tolist() == [0, 1, 2] and values["c"].dtype == np.float16
+
+
+def test_the_c_writer_and_the_python_reader_share_one_dtype_table(tmp_path):
+    """checkpoint/_dtypes.py is the Python side's one table; the C writer keeps its own
+    (fl_safetensors.c builds without Python). They agree: the same codes with the same item
+    sizes in the C source, every code written through the C path reads back as itself, a code
+    with the wrong item size and an unknown code are refused by the C writer."""
+    from pathlib import Path
+
+    from fastloop.checkpoint import _dtypes, _safetensors
+
+    source = (Path(__file__).resolve().parents[1] / "csrc" / "checkpoint" / "fl_safetensors.c").read_text()
+    table = source[source.index("DTYPES[] = {"):]
+    table = table[:table.index("};")]
+    c_sizes = {code: int(size) for code, size in re.findall(r'\{"([A-Z0-9_]+)", (\d+)\}', table)}
+    assert c_sizes == {code: dtype.itemsize for code, dtype in _dtypes.NUMPY_OF.items()}
+
+    entries = sorted(((f"t.{code}", np.arange(3).astype(dtype), code) for code, dtype in _dtypes.NUMPY_OF.items()),
+                     key=lambda entry: -entry[1].dtype.itemsize)
+    with fastloop.Checkpointer(tmp_path) as ckpt:
+        ckpt._core.save(entries, [("format", "np")], 1, None, 1)  # what save() hands the C writer
+        ckpt.wait()
+        contents = _safetensors.read(ckpt.latest().path)
+        assert contents.codes == {name: code for name, _, code in entries}
+        for name, array, _ in entries:
+            assert contents.arrays[name].dtype == array.dtype
+            assert contents.arrays[name].tobytes() == array.tobytes()
+        with pytest.raises(ValueError, match="tensor 'x': 6 bytes, its shape and dtype make 12"):
+            ckpt._core.save([("x", np.zeros(3, np.uint16), "F32")], [("format", "np")], 2, None, 1)
+        with pytest.raises(ValueError, match="tensor 'x': unknown safetensors dtype"):
+            ckpt._core.save([("x", np.zeros(3, np.uint16), "F128")], [("format", "np")], 3, None, 1)
+    assert {code for code, (_, raw, _) in _dtypes.TABLE.items() if not raw} == set(_dtypes.CODE_OF_NUMPY.values())
+    for code, dtype in _dtypes.NUMPY_OF.items():
+        if code in _dtypes.CODE_OF_NUMPY.values():
+            assert fastloop.checkpoint._state.st_code(dtype) == code

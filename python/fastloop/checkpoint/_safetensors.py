@@ -17,18 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._dtypes import NUMPY_OF, TORCH_NAME_OF
+
 HEADER_LIMIT = 100_000_000
-# code -> the NumPy dtype its bytes are read as; those NumPy lacks come as raw unsigned bits
-DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "F8_E5M2": np.uint8, "F8_E4M3": np.uint8,
-          "F8_E4M3FNUZ": np.uint8, "F8_E5M2FNUZ": np.uint8, "I16": np.int16, "U16": np.uint16,
-          "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "U32": np.uint32, "F32": np.float32,
-          "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64}
-# code -> torch dtype name, for files without fastloop's manifest
-TORCH_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2",
-               "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-               "F8_E5M2FNUZ": "float8_e5m2fnuz", "I16": "int16", "U16": "uint16", "F16": "float16",
-               "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
-               "U64": "uint64", "F64": "float64", "C64": "complex64"}
 _INTP_MAX = 2**63 - 1
 CRC_KEY = "fastloop.crc32"  # the data buffer's CRC-32 (zlib's), 8 hex digits, when fastloop wrote it
 
@@ -60,14 +51,14 @@ def _entry(name: str, info: Any) -> tuple[str, np.dtype, list[int], int, int]:
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise FormatError(f"tensor {name!r} is not a {{dtype, shape, data_offsets}} object")
     code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(code, str) or code not in DTYPES:
+    if not isinstance(code, str) or code not in NUMPY_OF:
         raise FormatError(f"tensor {name!r} has the unknown dtype {code!r}")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise FormatError(f"tensor {name!r} has the shape {shape!r}, not a list of ints >= 0")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
         raise FormatError(f"tensor {name!r} has the data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end")
-    dtype = np.dtype(DTYPES[code])
+    dtype = NUMPY_OF[code]
     count = 1
     for d in shape:  # as a checked multiply in the order given, like the package's
         count *= d
@@ -168,6 +159,6 @@ def read(path: str | os.PathLike[str]) -> Contents:
 def flat_manifest(contents: Contents) -> str:
     """A manifest for a file fastloop did not write: a dict of CPU tensors by name (torch
     tensors when torch is importable, else NumPy arrays; see _state.unflatten)."""
-    items = [[{"t": "const", "v": name}, {"t": "tensor", "dtype": TORCH_NAMES[code], "device": "cpu", "k": name}]
+    items = [[{"t": "const", "v": name}, {"t": "tensor", "dtype": TORCH_NAME_OF[code], "device": "cpu", "k": name}]
              for name, code in contents.codes.items()]
     return json.dumps({"version": 1, "root": {"t": "dict", "v": items}})

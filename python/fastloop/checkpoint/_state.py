@@ -21,19 +21,15 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ._dtypes import CODE_OF_NUMPY, CODE_OF_TORCH_RAW
+
 MANIFEST = "__fastloop_state__"  # the .npz member holding the manifest (older checkpoints)
 _NAME_MAX = 200  # member names longer than this are replaced by a short one
 _RAW_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-# safetensors dtype codes of the NumPy dtypes it has, and of the torch dtypes NumPy lacks
-ST_CODES = {"b1": "BOOL", "u1": "U8", "i1": "I8", "i2": "I16", "u2": "U16", "f2": "F16", "i4": "I32",
-            "u4": "U32", "f4": "F32", "i8": "I64", "u8": "U64", "f8": "F64", "c8": "C64"}
-TORCH_ST_CODES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-                  "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ"}
-
 
 def st_code(dtype: np.dtype) -> str | None:
     """The safetensors code of a native-order NumPy dtype, or None when it has none."""
-    return ST_CODES.get(dtype.kind + str(dtype.itemsize)) if dtype.isnative and dtype.fields is None else None
+    return CODE_OF_NUMPY.get(dtype.kind + str(dtype.itemsize)) if dtype.isnative and dtype.fields is None else None
 
 
 def _torch() -> Any:
@@ -149,7 +145,7 @@ class _Flattener:
         tensor = tensor.resolve_conj().resolve_neg()
         self.has_tensors = True
         array = tensor_to_numpy(tensor)
-        code = TORCH_ST_CODES.get(node["dtype"])
+        code = CODE_OF_TORCH_RAW.get(node["dtype"])
         if code is None and array.dtype.kind == "u" and node["dtype"] not in ("uint8", "uint16", "uint32", "uint64"):
             array = array.reshape(-1).view(np.uint8)  # raw bits of a dtype safetensors lacks: bytes
             node["raw"] = [None, list(tensor.shape)]
