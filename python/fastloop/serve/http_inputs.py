@@ -205,13 +205,9 @@ def load_npy_under(root: str | None, path: str, max_bytes: int) -> np.ndarray:
             raise TooLarge(f"{path!r} has {info.st_size} bytes, over the limit of {max_bytes}")
         os.set_blocking(fd, True)
         with os.fdopen(os.dup(fd), "rb") as f:
-            check_npy_header(f, info.st_size)
-            try:
-                array = np.load(f, allow_pickle=False)
-            except (ValueError, OSError, EOFError) as error:  # pickled data, object arrays, not a .npy
-                raise BadInput(f"{path!r} is not a .npy file of numbers: {error}") from None
+            try:  # as a .npy body is read: no pickle, no .npz, nothing past the array
+                return npy_codec.read_checked(f, info.st_size, repr(path))
+            except ValueError as error:
+                raise BadInput(str(error)) from None
     finally:
         os.close(fd)
-    if not isinstance(array, np.ndarray):  # np.load of an .npz returns an NpzFile
-        raise BadInput(f"{path!r} is not a single .npy array")
-    return array

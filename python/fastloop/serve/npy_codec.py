@@ -1,7 +1,8 @@
 """Arrays as ``.npy`` bytes: the serving side's one home for the format (the C core's is
 fl_npy.c). encode/decode carry a Redis store's inputs and results and the HTTP front's
-``application/x-npy`` bodies; check_header/decode_checked read bytes from outside (a request
-body, a file named by a client), refusing pickles and headers that claim more than is there.
+``application/x-npy`` bodies; read_checked (decode_checked for bytes) is the one reader of
+.npy data from outside (a request body, a file named by a client), refusing pickles, headers
+that claim more than is there and bytes after the array.
 
 encode/decode build or parse the header of each (dtype, shape) once: a job's input and result cross Redis as .npy, and
 np.save/np.load on a BytesIO cost 30-90 us per small array, mostly in the header (np.load
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode", "decode", "check_header", "decode_checked"]
+__all__ = ["encode", "decode", "check_header", "read_checked", "decode_checked"]
 
 _MAGIC = b"\x93NUMPY"
 _CACHE_MAX = 1024  # distinct (dtype, shape) pairs remembered; a service sees a handful
@@ -86,18 +87,29 @@ def check_header(stream: Any, available: int) -> None:
                          f"({need} bytes) but only {max(left, 0)} bytes follow it")
 
 
-def decode_checked(body: bytes) -> np.ndarray:
-    """The array of .npy bytes from outside; ValueError for anything else: another format, a
-    pickled or object array, a truncated one, or bytes after the array."""
-    stream = io.BytesIO(body)
-    check_header(stream, len(body))
+def read_checked(stream: Any, available: int, what: str = "the body") -> np.ndarray:
+    """The one reader of .npy bytes from outside (a request body, a file a client names): the
+    array at `stream`, which holds `available` bytes from where it stands; ValueError naming
+    `what` for anything else: another format, a pickled or object array, a header claiming
+    more than is there, a truncated array, or bytes after it."""
+    start = stream.tell()
+    try:
+        check_header(stream, available)
+    except ValueError as error:
+        raise ValueError(f"{what} is {error}") from None
     try:
         array = np.lib.format.read_array(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
-        raise ValueError(f"the body is not a .npy array of numbers: {error}") from None
-    if stream.tell() != len(body):
-        raise ValueError(f"the body has {len(body) - stream.tell()} bytes after its .npy array")
+        raise ValueError(f"{what} is not a .npy array of numbers: {error}") from None
+    extra = available - (stream.tell() - start)
+    if extra:
+        raise ValueError(f"{what} has {extra} bytes after its .npy array")
     return array
+
+
+def decode_checked(body: bytes) -> np.ndarray:
+    """The array of .npy bytes from outside (read_checked over the bytes)."""
+    return read_checked(io.BytesIO(body), len(body))
 
 
 def _save(array: np.ndarray) -> bytes:
