@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = fastloop.Loader((x, y), batch_size=args.batch_size, shuffle=True, seed=args.seed,
                              workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
-    mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
+    mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # loader samples/per_s every interval
 
     print(f"linear regression: {args.samples} samples, batch {args.batch_size}, SGD lr {args.lr}, "

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = fastloop.Loader((x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
                              workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
-    mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
+    mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # loader samples/per_s every interval
 
     print(f"MLP classifier: {args.samples} train / {args.val_samples} validation samples, {FEATURES} features, "
