@@ -20,7 +20,7 @@ class Closable(Protocol):
 
 
 _live: "weakref.WeakSet[Closable]" = weakref.WeakSet()
-_draining: set = set()  # closed with wait=False but maybe still writing: kept alive until exit
+_draining: set = set()  # closed with a timeout that ran out, maybe still writing: kept alive until exit
 _lock = threading.Lock()
 
 EXIT_DEADLINE_S = 30.0  # upper bound for a wedged disk; normal exits take milliseconds
