@@ -435,7 +435,8 @@ class Monitor:
     def _stop_stats(self, timeout: float | None) -> None:
         """Ends the stats() sampling thread, waiting up to `timeout` for a round in progress."""
         self._stop_sampling.set()
-        thread = self._stats_thread
+        with self._stats_lock:  # a thread that attach() starts after this sees the stop at once
+            thread = self._stats_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
