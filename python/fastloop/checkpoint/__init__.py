@@ -155,18 +155,18 @@ class Checkpointer:
     (created if missing), keeping the newest `keep`, as safetensors files.
 
     save() blocks only to copy the state into a staging area (kept between saves, so the
-    copy goes to warm memory) on `num_workers` threads (None, the default: min(8, CPUs), as a
-    few cores already reach a machine's memory bandwidth). Every save is written, in order:
-    up to `max_pending`
-    snapshots may wait for the writer (each costs a staging area the size of the state);
-    a save() when that many wait blocks until the oldest is written (back-pressure:
-    nothing is skipped or coalesced). A background write error is raised by the next
-    save(), wait(), latest(), load() or close().
+    copy goes to warm memory) on `num_workers` threads (None, the default: min(8, CPUs), as
+    a few cores already reach a machine's memory bandwidth). Every save is written, in
+    order: up to `max_pending` snapshots may wait for the writer (each costs a staging area
+    the size of the state); a save() when that many wait blocks until the oldest is written
+    (back-pressure: nothing is skipped or coalesced). A background write error is raised by
+    the next save(), wait(), latest(), load() or close().
     Periodic saves: with `every_steps` and/or `every_s`, call ``maybe_save(state, step)``
-    (or ``maybe_save(step=step)`` with a `state_fn`) from the training loop at a point where the state is consistent (between optimizer
-    steps); it saves at every step that is a multiple of `every_steps` (10, 20, ... for 10),
-    and when `every_s` seconds have passed since the last save. `state_fn` (a function
-    returning the state) is used when maybe_save gets no state.
+    (or ``maybe_save(step=step)`` with a `state_fn`) from the training loop at a point where
+    the state is consistent (between optimizer steps); it saves at every step that is a
+    multiple of `every_steps` (10, 20, ... for 10), and when `every_s` seconds have passed
+    since the last save. `state_fn` (a function returning the state) is used when
+    maybe_save gets no state.
 
         with fastloop.Checkpointer("ckpts", keep=3, every_steps=1000) as ckpt:
             ckpt.maybe_save(lambda: {"model": model.state_dict(), "step": step}, step)
