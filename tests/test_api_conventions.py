@@ -27,8 +27,11 @@ ALLOWED: dict[str, str] = {
 BAD_WORKER_NAMES = {"tag", "workers", "threads", "copy_threads", "num_procs", "processes"}
 DURATION_WORDS = ("timeout", "interval", "delay", "ttl", "wait", "every", "drain", "poll", "keep_alive",
                   "visibility", "age", "period", "deadline", "sleep", "linger", "grace", "backoff", "duration")
-# Names that contain a duration word but hold no duration (a count, a flag, a step count).
-NOT_DURATIONS = {"every_steps", "max_pending", "record_wait_s", "wait"}
+# Names that contain a duration word but hold no duration.
+NOT_DURATIONS = {
+    "every_steps",  # a count of steps (Checkpointer), beside every_s
+    "wait",  # a flag, never a duration (a close(wait=) is caught by the closing rule)
+}
 TORCH_LOADER_NAMES = {"workers": "num_workers", "prefetch": "prefetch_factor", "prefetch_batches": "prefetch_factor",
                       "prefetch_depth": "prefetch_factor", "persistent": "persistent_workers",
                       "pin": "pin_memory", "collate": "collate_fn", "drop_last_batch": "drop_last"}
