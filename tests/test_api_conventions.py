@@ -119,8 +119,11 @@ def test_the_public_api_is_found():
 def worker_and_tag_names(where: str, fn: Callable[..., Any]) -> list[str]:
     problems = []
     for p in params(fn):
-        if p.name in BAD_WORKER_NAMES:
-            problems.append(f"{where}({p.name}): use 'name' for a series/metric, 'num_workers' for a worker count")
+        if p.name == "tag":
+            problems.append(f"{where}(tag): a series, metric or event is a 'name'")
+        elif p.name in BAD_WORKER_NAMES:
+            problems.append(f"{where}({p.name}): threads or processes beside the caller are 'num_workers'; "
+                            f"threads inside one call are 'num_threads'")
         elif re.search(r"_(threads|workers)$", p.name) and p.name not in ("num_workers", "num_threads",
                                                                            "persistent_workers"):
             problems.append(f"{where}({p.name}): worker counts are 'num_workers' (beside the caller) "
