@@ -42,7 +42,7 @@ def loop_next(calls: int) -> None:
 def loop_scalar(calls: int) -> None:
     # nothing sampled or flushed during the loop: the writer thread stays asleep, so the main
     # thread never meets it on the queue's lock (a meeting costs a varying number of spins)
-    with fastloop.Monitor(sinks=[], interval=3600, flush_interval=3600, host=False, gpu=False,
+    with fastloop.Monitor(sinks=[], interval_s=3600, flush_interval_s=3600, host=False, gpu=False,
                           queue_size=calls + 1) as mon:
         scalar = mon.scalar
         for step in range(calls):

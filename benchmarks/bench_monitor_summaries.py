@@ -47,7 +47,7 @@ def measure(quick: bool) -> list[Result]:
     rounds, calls = (3, 5) if quick else (5, 20)
     with tempfile.TemporaryDirectory() as tmp:
         writer = SummaryWriter(f"{tmp}/torch")
-        mon = fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(f"{tmp}/fl")])
+        mon = fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.TensorBoardSink(f"{tmp}/fl")])
         drain = lambda: mon.flush()  # noqa: E731  untimed: the writer catches up between rounds
         cases = {
             "histogram": (lambda i: mon.histogram("w", weights, i, bins=30),

@@ -214,7 +214,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: str, com
 
     mon = ckpt = None
     if rank == 0:  # one writer of logs and checkpoints
-        mon = fastloop.Monitor(interval=5.0, gpu=device != "cpu", sinks=[
+        mon = fastloop.Monitor(interval_s=5.0, gpu=device != "cpu", sinks=[
             fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))])
         mon.attach(loader)
         ckpt = fastloop.Checkpointer(os.path.join(args.out, "checkpoints"), keep=3)

@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = fastloop.Loader((x, y), batch_size=args.batch_size, shuffle=True, seed=args.seed,
                              workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
-    mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
-    mon.attach(loader)  # loader samples/per_s every interval
+    mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
+    mon.attach(loader)  # its stats() every interval: loader/samples, loader/samples/per_s, ...
 
     print(f"linear regression: {args.samples} samples, batch {args.batch_size}, SGD lr {args.lr}, "
           f"epochs {start_epoch + 1}..{args.epochs} on {args.device} ({nn.blas_info()})")

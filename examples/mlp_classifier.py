@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = fastloop.Loader((x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
                              workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
-    mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
-    mon.attach(loader)  # loader samples/per_s every interval
+    mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
+    mon.attach(loader)  # its stats() every interval: loader/samples, loader/samples/per_s, ...
 
     print(f"MLP classifier: {args.samples} train / {args.val_samples} validation samples, {FEATURES} features, "
           f"{CLASSES} classes, {model.num_parameters():,} parameters, {args.optimizer} lr {args.lr}, "

@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(), "loader": loader.state_dict(),
                    "step": step}, step)
 
-    mon = fastloop.Monitor(interval=10.0, start_step=step, gpu=torch.cuda.is_available(), sinks=[
+    mon = fastloop.Monitor(interval_s=10.0, start_step=step, gpu=torch.cuda.is_available(), sinks=[
         fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))])
     mon.text("settings", json.dumps(vars(args)), step)
     started, loss, stopped, val_accuracy = time.perf_counter(), float("nan"), False, float("nan")

@@ -73,7 +73,7 @@ def test_bool_argument_takes_any_truth_value_and_its_error(queue):
 @pytest.fixture
 def monitor(tmp_path):
     path = tmp_path / "m.csv"
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(path)], gpu=False, host=False)
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(path)], gpu=False, host=False)
     yield mon, path
     mon.close()
 
@@ -84,12 +84,13 @@ def test_scalar_and_event_parse_floats_ints_and_keywords(monitor):
     mon.scalar("b", 2, step=2)  # an int value converts
     mon.scalar(name="c", value=np.float32(1.5), step=3)  # an object with __float__
     mon.event("e", value=4.0)  # step defaults to the latest seen
-    mon.event("f", 5)  # value defaults to 0.0
+    mon.event("f", step=5)  # value defaults to 0.0
+    mon.event("g", 6.0, 6)  # name, value, step: scalar()'s order
     mon.close()
     with open(path) as f:
         rows = {r["name"]: r for r in csv.DictReader(f)}
-    assert [(rows[n]["step"], float(rows[n]["value"])) for n in "abcef"] == [
-        ("1", 0.5), ("2", 2.0), ("3", 1.5), ("3", 4.0), ("5", 0.0)]
+    assert [(rows[n]["step"], float(rows[n]["value"])) for n in "abcefg"] == [
+        ("1", 0.5), ("2", 2.0), ("3", 1.5), ("3", 4.0), ("5", 0.0), ("6", 6.0)]
 
 
 def test_scalar_value_of_the_wrong_type_is_named(monitor):
@@ -99,7 +100,7 @@ def test_scalar_value_of_the_wrong_type_is_named(monitor):
     with pytest.raises(TypeError, match=r"^scalar\(\) missing required argument 'value' \(pos 2\)$"):
         mon.scalar("loss")
     with pytest.raises(TypeError, match=r"^event\(\) argument 'value' must be a real number, not list$"):
-        mon.event("x", None, [])
+        mon.event("x", [])
     with pytest.raises(TypeError, match=r"^scalar\(\) takes at most 3 positional arguments \(4 given\)$"):
         mon.scalar("loss", 1.0, 1, 2)
 
@@ -108,12 +109,14 @@ def test_close_keyword(monitor):
     mon, _ = monitor
     with pytest.raises(TypeError, match=r"^close\(\) got an unexpected keyword argument 'block'$"):
         mon._core.close(block=True)
-    mon._core.close(wait=True)
+    with pytest.raises(TypeError, match=r"^close\(\) got an unexpected keyword argument 'wait'$"):
+        mon._core.close(wait=True)
+    assert mon._core.close(timeout=None) is True
 
 
 def test_constructor_keywords_and_types_are_named():
-    with pytest.raises(TypeError, match=r"^_Monitor\(\) argument 'interval' must be a real number, not str$"):
-        _core._Monitor([], interval="1")
+    with pytest.raises(TypeError, match=r"^_Monitor\(\) argument 'interval_s' must be a real number, not str$"):
+        _core._Monitor([], interval_s="1")
     with pytest.raises(TypeError, match=r"^_Monitor\(\) got an unexpected keyword argument 'intervals'$"):
         _core._Monitor([], intervals=1.0)
     with pytest.raises(TypeError, match=r"^_Monitor\(\) argument 'nvml_library' must be str or None, not int$"):

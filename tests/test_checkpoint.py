@@ -81,7 +81,7 @@ def test_bad_state_is_refused_with_the_key_named(tmp_path):
     with pytest.raises(fastloop.CheckpointError, match="no checkpoint in"):
         ckpt.load()
     with pytest.raises(ValueError, match="need a period"):
-        ckpt.maybe_save(1, {})
+        ckpt.maybe_save({}, 1)
     with pytest.raises(ValueError, match="'every_steps' must be an int >= 1"):
         fastloop.Checkpointer(tmp_path, every_steps=0)
     with pytest.raises(ValueError, match="'every_s' must be > 0"):
@@ -89,9 +89,15 @@ def test_bad_state_is_refused_with_the_key_named(tmp_path):
     with pytest.raises(TypeError, match="'state_fn' must be callable"):
         fastloop.Checkpointer(tmp_path, every_s=1, state_fn={"a": 1})
     stateless = fastloop.Checkpointer(tmp_path / "n", every_steps=2)
-    assert not stateless.maybe_save(5) and not stateless.maybe_save(0)  # multiples of 2, 0 excluded
+    assert not stateless.maybe_save(step=5) and not stateless.maybe_save(step=0)  # multiples of 2, 0 excluded
     with pytest.raises(TypeError, match="no state and the Checkpointer has no state_fn"):
-        stateless.maybe_save(6)
+        stateless.maybe_save(step=6)
+    with pytest.raises(TypeError, match="missing required argument 'step'"):
+        stateless.maybe_save({"a": np.zeros(2)})  # the step is never guessed
+    with pytest.raises(TypeError, match="missing required argument 'step'"):
+        stateless.maybe_save()
+    with pytest.raises(ValueError, match="'num_workers' must be an int >= 1 or None"):
+        fastloop.Checkpointer(tmp_path, num_workers=0)
     ckpt.save({"a": np.zeros(2)}, 1)
     with pytest.raises(fastloop.CheckpointError, match="no checkpoint for step 2"):
         ckpt.load(2)
@@ -116,7 +122,7 @@ def test_a_background_write_error_is_raised_by_wait_or_the_next_save(tmp_path):
     ckpt.save({"a": np.zeros(10)}, 4)  # nobody waits: the next save waits for it, then reports it
     with pytest.raises(fastloop.CheckpointError, match="checkpoint 4 not written"):
         ckpt.save({"a": np.zeros(10)}, 5)
-    ckpt.close(wait=False)
+    ckpt.close(timeout=0)
 
 
 
@@ -208,6 +214,23 @@ def test_nested_numpy_state_round_trips_with_its_types_and_numpy_reads_the_array
     assert fastloop.read_checkpoint(ckpt.latest().path)["name"] == "run-a"
 
 
+def test_close_with_a_timeout_leaves_the_writer_finishing_and_a_later_close_waits_for_it(tmp_path):
+    ckpt = fastloop.Checkpointer(tmp_path, keep=10, max_pending=3)
+    for step in (1, 2, 3):
+        ckpt.save({"w": np.full(1 << 20, step, np.float64)}, step)  # 8 MB each
+    with pytest.raises(ValueError, match="'timeout' must be >= 0"):
+        ckpt.close(timeout=-1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wait'"):
+        ckpt.close(wait=False)
+    ckpt.close(timeout=0)  # returns at once; what was saved is still written
+    with pytest.raises(fastloop.Closed):
+        ckpt.save({"w": np.zeros(1)}, 4)
+    ckpt.close(timeout=None)  # waits for the writer
+    assert ckpt._core.wait_closed(0) and ckpt.stats()["written"] == 3 and ckpt.stats()["pending"] == 0
+    assert [c.step for c in ckpt.checkpoints()] == [1, 2, 3]
+    assert float(ckpt.load(3)["w"][0]) == 3.0
+
+
 def test_maybe_save_saves_every_steps_and_only_calls_state_fn_when_due(tmp_path):
     calls = []
 
@@ -216,12 +239,12 @@ def test_maybe_save_saves_every_steps_and_only_calls_state_fn_when_due(tmp_path)
         return {"w": np.full(4, len(calls))}
 
     with fastloop.Checkpointer(tmp_path, keep=100, every_steps=10, state_fn=state_fn) as ckpt:
-        saved = [step for step in range(0, 41) if ckpt.maybe_save(step)]
+        saved = [step for step in range(0, 41) if ckpt.maybe_save(step=step)]
         assert saved == [10, 20, 30, 40] and len(calls) == 4  # state_fn only runs when due
         assert [c.step for c in ckpt.checkpoints()] == [10, 20, 30, 40]
-        assert not ckpt.maybe_save(40)  # already saved
-        assert ckpt.maybe_save(50, {"w": np.zeros(1)}) and ckpt.load(50)["w"].shape == (1,)
-        assert ckpt.maybe_save(60, lambda: {"w": np.ones(3)}) and ckpt.load(60)["w"].shape == (3,)
+        assert not ckpt.maybe_save(step=40)  # already saved
+        assert ckpt.maybe_save({"w": np.zeros(1)}, 50) and ckpt.load(50)["w"].shape == (1,)
+        assert ckpt.maybe_save(lambda: {"w": np.ones(3)}, step=60) and ckpt.load(60)["w"].shape == (3,)
 
 
 @pytest.mark.parametrize("max_pending", [1, 3])
@@ -231,7 +254,7 @@ def test_saving_every_10_steps_for_300_steps_gives_exactly_10_to_300_in_order(tm
     saved = []
     for step in range(1, 301):
         weights[:] = step  # one training step
-        if ckpt.maybe_save(step, lambda: {"w": weights, "step": step}):
+        if ckpt.maybe_save(lambda: {"w": weights, "step": step}, step):
             saved.append(step)
     ckpt.close()
     assert saved == list(range(10, 301, 10))
@@ -286,7 +309,7 @@ def test_maybe_save_by_time_from_a_loop_trained_in_another_thread_is_never_torn(
             step += 1
             for p in params:
                 p[:] = step
-            if ckpt.maybe_save(step, lambda: {"params": params, "step": step}):
+            if ckpt.maybe_save(lambda: {"params": params, "step": step}, step):
                 saved.append(step)
         ckpt.close()
         done.set()

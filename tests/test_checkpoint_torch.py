@@ -120,8 +120,8 @@ def test_periodic_saves_of_a_model_trained_in_another_thread_each_hold_one_step(
                 step += 1
                 train(model, optimizer, range(step, step + 1))
                 sums[step] = [float(p.detach().sum()) for p in model.parameters()]
-                ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                                               "step": step})
+                ckpt.maybe_save(lambda: {"model": model.state_dict(), "optim": optimizer.state_dict(),
+                                         "step": step}, step)
                 ckpt.wait()
 
     thread = threading.Thread(target=loop)

@@ -1,6 +1,6 @@
 """Closing a Monitor or a Checkpointer from many threads at once, while other threads log or
 save, and from a __del__ run on whichever thread the garbage collector picks: every
-close(wait=True) returns only once the writer has finished, close(wait=False) returns at once,
+close() returns only once the writer has finished, close(timeout=0) returns at once,
 the loggers and savers either succeed or get fastloop.Closed, and nothing crashes or hangs.
 
 FASTLOOP_STRESS_ROUNDS sets the number of rounds of each race (default 40, about 10 s here;
@@ -82,7 +82,7 @@ def once_busy(close: Callable[[], None], busy: threading.Event) -> Callable[[], 
 
 
 def new_monitor(tmp_path) -> fastloop.Monitor:
-    return fastloop.Monitor(interval=0.001, flush_interval=0.01, gpu=False, sinks=[
+    return fastloop.Monitor(interval_s=0.001, flush_interval_s=0.01, gpu=False, sinks=[
         fastloop.CSVSink(tmp_path / "m.csv"), fastloop.CallbackSink(lambda event: None, maxsize=64)])
 
 
@@ -110,7 +110,7 @@ def test_8_threads_close_a_monitor_while_2_log(tmp_path):
 
         def closer(wait):
             def close():
-                mon.close(wait=wait)
+                mon.close(timeout=None if wait else 0)
                 if wait and not monitor_finished(mon):
                     returned_early.append(round)
             return once_busy(close, busy)
@@ -118,7 +118,7 @@ def test_8_threads_close_a_monitor_while_2_log(tmp_path):
         closers = [closer((i + round) % 2 == 0) for i in range(CLOSERS)]
         problems = run_threads(closers + monitor_loggers(mon, busy))
         assert not problems, f"round {round}: {problems}"
-        assert not returned_early, "close(wait=True) returned before the writer finished"
+        assert not returned_early, "close() returned before the writer finished"
         assert monitor_finished(mon)
 
 
@@ -146,7 +146,7 @@ def checkpointer_savers(ckpt: fastloop.Checkpointer, saved: list[int], busy: thr
         saved.append(1)
 
     def maybe_save():
-        ckpt.maybe_save(next_step(), lambda: {"w": np.zeros(1000, np.float32), "note": "maybe"})
+        ckpt.maybe_save(lambda: {"w": np.zeros(1000, np.float32), "note": "maybe"}, next_step())
         saved.append(1)
 
     return [until_closed(save, busy), until_closed(maybe_save, busy)]
@@ -159,7 +159,7 @@ def test_8_threads_close_a_checkpointer_while_2_save(tmp_path):
 
         def closer(wait):
             def close():
-                ckpt.close(wait=wait)
+                ckpt.close(timeout=None if wait else 0)
                 if wait:  # what a waiting close left: every save that will ever return is written
                     seen_at_return.append((ckpt._core.wait_closed(0), ckpt.stats()["written"]))
             return once_busy(close, busy)
@@ -170,7 +170,7 @@ def test_8_threads_close_a_checkpointer_while_2_save(tmp_path):
         written = 1 + len(saved)
         assert ckpt.stats()["written"] == written
         assert seen_at_return == [(True, written)] * len(seen_at_return), \
-            f"round {round}: close(wait=True) returned before the writer finished ({written} saves)"
+            f"round {round}: close() returned before the writer finished ({written} saves)"
 
 
 # ---- close() from __del__, on the thread the garbage collector picks ----
@@ -202,7 +202,7 @@ def test_close_from_del_on_the_collecting_thread_races_the_others(tmp_path, kind
             closable = new_checkpointer(tmp_path)
             workers = checkpointer_savers(closable, [], busy)
         owner = weakref.ref(Owner(closable))  # garbage at once: a cycle only a collection frees
-        closers = [once_busy(lambda: closable.close(wait=True), busy) for _ in range(CLOSERS - 2)]
+        closers = [once_busy(lambda: closable.close(), busy) for _ in range(CLOSERS - 2)]
         collectors = [once_busy(gc.collect, busy) for _ in range(2)]
         problems = run_threads(closers + workers + collectors)
         assert not problems, f"round {round}: {problems}"
@@ -221,7 +221,7 @@ def test_a_callback_that_closes_its_monitor_returns(tmp_path):
             mon_box[0].close()  # on the callback's own thread: it must not wait for itself
             closed.set()
 
-    mon = fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.CallbackSink(close_on_first)])
+    mon = fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.CallbackSink(close_on_first)])
     mon_box.append(mon)
     mon.scalar("x", 1.0, 1)
     assert closed.wait(30), "the callback's close() never returned"

@@ -106,7 +106,7 @@ def test_one_queue_get_many_and_put_from_many_threads_with_close_during_traffic(
 def test_one_monitor_takes_scalars_from_many_threads_and_writes_every_one(tmp_path):
     path = tmp_path / "m.csv"
     per_thread = 500
-    with fl.Monitor(interval=0, sinks=[fl.CSVSink(str(path))], record_wait=5.0) as mon:
+    with fl.Monitor(interval_s=0, sinks=[fl.CSVSink(str(path))], record_wait_s=5.0) as mon:
         run_at_once(lambda i: [mon.scalar(f"t{i}", float(k), k) for k in range(per_thread)])
     rows = path.read_text().splitlines()[1:]
     counts = Counter(row.split(",")[2] for row in rows)

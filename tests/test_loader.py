@@ -438,7 +438,7 @@ def test_a_monitor_attached_to_a_loader_logs_its_samples_per_second(tmp_path):
     import json
 
     loader = fastloop.Loader((IMAGES, LABELS), batch_size=50, workers=1, transform=AUG)
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.JSONLSink(tmp_path / "m.jsonl")]) as mon:
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.JSONLSink(tmp_path / "m.jsonl")]) as mon:
         mon.attach(loader)
         deadline = time.monotonic() + 0.3
         while time.monotonic() < deadline:

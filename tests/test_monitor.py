@@ -44,7 +44,7 @@ def wait_for_rounds(mon, rounds: int, timeout: float = 10.0) -> None:
 
 def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
     path = tmp_path / "m.csv"
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)], gpu=False) as mon:
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.CSVSink(path)], gpu=False) as mon:
         for step in range(5):
             mon.scalar("train/loss", 1.0 / (step + 1), step)
         mon.event("epoch_end", step=4)
@@ -58,7 +58,7 @@ def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
     assert {"host/rss_bytes", "host/mem_available_bytes", "monitor/dropped"} <= sampled
     rss_steps = [int(r["step"]) for r in rows if r["name"] == "host/rss_bytes"]
     assert rss_steps[-1] == 4  # samples carry the latest step given (0 before any)
-    with fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(path)]) as mon:  # appending
+    with fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(path)]) as mon:  # appending
         mon.scalar("train/loss", 0.1, 5)
     with open(path) as f:
         assert f.read().count("wall_time,step,name") == 1
@@ -66,7 +66,7 @@ def test_csv_rows_for_scalars_markers_and_samples(tmp_path):
 
 def test_jsonl_lines_parse_including_nan(tmp_path):
     path = tmp_path / "m.jsonl"
-    with fastloop.Monitor(interval=0, sinks=[fastloop.JSONLSink(path)]) as mon:
+    with fastloop.Monitor(interval_s=0, sinks=[fastloop.JSONLSink(path)]) as mon:
         mon.scalar("acc", 0.5, 1)
         mon.scalar("weird \"name\"", float("nan"), 2)
     lines = [json.loads(line) for line in open(path)]
@@ -79,7 +79,7 @@ def test_jsonl_lines_parse_including_nan(tmp_path):
 def test_tensorboard_reads_the_event_file(tmp_path):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     logdir = tmp_path / "runs" / "a"
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.TensorBoardSink(logdir)], gpu=False) as mon:
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.TensorBoardSink(logdir)], gpu=False) as mon:
         for step in range(100):
             mon.scalar("train/loss", 1.0 / (step + 1), step)
             mon.scalar("lr", 0.01, step)
@@ -107,7 +107,7 @@ def test_callback_runs_on_its_own_thread_and_a_slow_one_blocks_nothing(tmp_path)
         seen.append(event)
 
     path = tmp_path / "m.csv"
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CallbackSink(slow), fastloop.CSVSink(path)])
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CallbackSink(slow), fastloop.CSVSink(path)])
     for step in range(1000):
         mon.scalar("x", step, step)
     assert mon.flush(timeout=30)  # the CSV is written although the callback is stuck
@@ -122,7 +122,7 @@ def test_a_failing_callback_is_reported_once_and_others_keep_going(tmp_path):
     def boom(event):
         raise RuntimeError(f"webhook down at step {event.step}")
 
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CallbackSink(boom), fastloop.CSVSink(tmp_path / "m.csv")])
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CallbackSink(boom), fastloop.CSVSink(tmp_path / "m.csv")])
     mon.scalar("x", 1, 1)
     deadline, calls = time.monotonic() + 5, 1
     with pytest.raises(fastloop.SinkError, match="webhook down at step 1"):
@@ -136,7 +136,7 @@ def test_a_failing_callback_is_reported_once_and_others_keep_going(tmp_path):
 
 
 def test_a_full_disk_raises_sink_error_naming_the_file():
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.JSONLSink("/dev/full")])
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.JSONLSink("/dev/full")])
     mon.scalar("x", 1.0, 0)
     with pytest.raises(fastloop.SinkError, match="/dev/full") as raised:
         mon.flush()
@@ -146,7 +146,7 @@ def test_a_full_disk_raises_sink_error_naming_the_file():
 
 
 def test_errors_past_the_room_are_counted_in_the_next_sink_error():
-    mon = fastloop.Monitor(interval=0, gpu=False)
+    mon = fastloop.Monitor(interval_s=0, gpu=False)
     for i in range(40):  # as 40 failing callbacks would: 32 wait to be raised, 8 are counted
         mon._report(f"callback {i} raised")
     with pytest.raises(fastloop.SinkError, match=r"callback 0 raised.*8 more errors were dropped"):
@@ -164,7 +164,7 @@ def test_errors_past_the_room_are_counted_in_the_next_sink_error():
 
 
 def test_sinks_create_their_directory_and_unopenable_ones_fail_at_construction(tmp_path):
-    fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(tmp_path / "new" / "dir" / "m.csv")]).close()
+    fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(tmp_path / "new" / "dir" / "m.csv")]).close()
     assert (tmp_path / "new" / "dir" / "m.csv").exists()
     (tmp_path / "file").write_text("")
     with pytest.raises(fastloop.SinkError, match="file"):
@@ -177,7 +177,7 @@ def test_sinks_create_their_directory_and_unopenable_ones_fail_at_construction(t
 
 def test_scalars_from_many_threads_are_all_written(tmp_path):
     path = tmp_path / "m.csv"
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(path)], queue_size=1 << 16)
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(path)], queue_size=1 << 16)
 
     def log(worker):
         for i in range(5000):
@@ -197,7 +197,7 @@ def test_scalars_from_many_threads_are_all_written(tmp_path):
 
 def test_a_full_queue_drops_records_and_counts_every_one(tmp_path):
     # a one-slot queue and a writer that cannot keep up with a tight loop
-    mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(tmp_path / "m.csv")], queue_size=1, record_wait=0)
+    mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(tmp_path / "m.csv")], queue_size=1, record_wait_s=0)
     for i in range(20000):
         mon.scalar("x", i, i)
     mon.close()
@@ -209,7 +209,7 @@ def test_a_full_queue_drops_records_and_counts_every_one(tmp_path):
 def test_watched_metrics_are_reported_as_rates_and_means(tmp_path):
     path = tmp_path / "m.csv"
     metrics = fastloop.Metrics()
-    with fastloop.Monitor(interval=0.05, sinks=[fastloop.CSVSink(path)], gpu=False, metrics=metrics) as mon:
+    with fastloop.Monitor(interval_s=0.05, sinks=[fastloop.CSVSink(path)], gpu=False, metrics=metrics) as mon:
         for _ in range(6):
             metrics.add("loader/samples", 256)
             metrics.add("loss", 0.5)
@@ -219,7 +219,7 @@ def test_watched_metrics_are_reported_as_rates_and_means(tmp_path):
     assert rates and max(rates) > 0
     assert {float(r["value"]) for r in rows if r["name"] == "loss/mean"} == {0.5}
     with pytest.raises(TypeError, match="Metrics"):
-        fastloop.Monitor(interval=0).attach(object())
+        fastloop.Monitor(interval_s=0).attach(object())
 
 
 def test_gpu_metrics_through_nvidia_smi(tmp_path, monkeypatch):
@@ -228,7 +228,7 @@ def test_gpu_metrics_through_nvidia_smi(tmp_path, monkeypatch):
     path = tmp_path / "m.csv"
     sampled = threading.Event()  # a whole sample written: both GPUs' rows
     watch = fastloop.CallbackSink(lambda e: e.name == "gpu1/utilization_percent" and sampled.set())
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path), watch]) as mon:
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.CSVSink(path), watch]) as mon:
         assert mon.gpu_source == "nvidia-smi" and "missing-libnvidia-ml.so" in mon.gpu_reason
         wait_for_rounds(mon, 2)  # a whole round, GPUs included
         assert sampled.wait(10), "no GPU sample within 10 s"
@@ -257,7 +257,7 @@ def test_gpu_metrics_through_nvml_loaded_at_run_time(tmp_path, monkeypatch):
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     monkeypatch.setenv("FASTLOOP_NVML_LIBRARY", str(library))
     path = tmp_path / "m.csv"
-    with fastloop.Monitor(interval=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.CSVSink(path)]) as mon:
         assert mon.gpu_source == "nvml"
         wait_for_rounds(mon, 2)  # a whole round, GPUs included
     rows = {r["name"]: float(r["value"]) for r in read_csv(path)}
@@ -272,9 +272,9 @@ def test_no_gpu_gives_one_info_notice_and_no_warning(monkeypatch, tmp_path, capl
     caplog.set_level(logging.INFO, logger="fastloop")
     with warnings_recorded() as recorded:
         warnings.simplefilter("always")
-        mon = fastloop.Monitor(interval=1)
+        mon = fastloop.Monitor(interval_s=1)
         mon.close()
-        fastloop.Monitor(interval=1).close()
+        fastloop.Monitor(interval_s=1).close()
     assert [str(w.message) for w in recorded] == []
     notices = [r for r in caplog.records if "no GPU metrics" in r.getMessage()]
     assert len(notices) == 1 and notices[0].levelno == logging.INFO
@@ -287,7 +287,7 @@ def warnings_recorded():
 
 def test_a_scalar_of_several_elements_raises_a_type_error_naming_value():
     torch = pytest.importorskip("torch")
-    with fastloop.Monitor(interval=0) as mon:
+    with fastloop.Monitor(interval_s=0) as mon:
         for value in (torch.tensor([1.0, 2.0]), np.array([1.0, 2.0])):
             with pytest.raises(TypeError, match="'value' must be a real number"):
                 mon.scalar("loss", value)
@@ -299,7 +299,7 @@ def test_a_scalar_of_several_elements_raises_a_type_error_naming_value():
 
 
 def test_bad_records_and_closed_monitor():
-    mon = fastloop.Monitor(interval=0)
+    mon = fastloop.Monitor(interval_s=0)
     assert_checks_name_and_value(mon.scalar)
     with pytest.raises(ValueError, match="'step' must be >= 0"):
         mon.scalar("x", 1.0, -3)
@@ -311,7 +311,7 @@ def test_bad_records_and_closed_monitor():
     with pytest.raises(fastloop.Closed):
         mon.scalar("x", 1.0)
     with pytest.raises(ValueError, match="interval"):
-        fastloop.Monitor(interval=-1)
+        fastloop.Monitor(interval_s=-1)
 
 
 def test_close_without_waiting_returns_at_once_and_still_writes(tmp_path):
@@ -321,19 +321,117 @@ def test_close_without_waiting_returns_at_once_and_still_writes(tmp_path):
         release.wait(60)  # until the test lets go
         seen.append(event)
 
-    mon = fastloop.Monitor(interval=0.01, sinks=[fastloop.CallbackSink(stuck), fastloop.CSVSink(path)], gpu=False)
+    mon = fastloop.Monitor(interval_s=0.01, sinks=[fastloop.CallbackSink(stuck), fastloop.CSVSink(path)], gpu=False)
     for i in range(10000):
         mon.scalar("x", i, i)
-    mon.close(wait=False)
+    mon.close(timeout=0)
     assert not seen  # it returned while a sink was stuck on its first record: it waited for nothing
     release.set()
     assert mon._core.wait_closed(30)
     assert len([r for r in read_csv(path) if r["name"] == "x"]) == 10000
 
 
+def test_close_with_a_timeout_returns_while_the_writer_is_stuck_and_a_later_close_finishes(tmp_path):
+    """The JSONL sink writes into a pipe nobody reads: once its buffer is full the C writer
+    blocks in write(), so close(timeout=0.2) must come back with the writer still running;
+    once the pipe is drained, close() (no timeout) waits for every record."""
+    path = tmp_path / "pipe.jsonl"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # lets the sink open it for writing
+    mon = fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.JSONLSink(path)], record_wait_s=5.0)
+    for i in range(20000):  # far over a pipe's 64 KiB
+        mon.scalar("x", i, i)
+    mon.close(timeout=0.2)
+    assert not mon._core.wait_closed(0)  # returned with the writer still blocked on the pipe
+    received = bytearray()
+
+    def drain():
+        os.set_blocking(reader, True)
+        while chunk := os.read(reader, 1 << 16):  # until the sink closes its end
+            received.extend(chunk)
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    mon.close()  # no timeout: waits until everything is written and the sink closed
+    drainer.join(30)
+    os.close(reader)
+    assert len(received.splitlines()) == 20000
+
+
+def test_close_checks_its_timeout(tmp_path):
+    mon = fastloop.Monitor(interval_s=0, gpu=False)
+    with pytest.raises(ValueError, match="'timeout' must be >= 0"):
+        mon.close(timeout=-1)
+    with pytest.raises(TypeError, match="'timeout' must be a number"):
+        mon.close(timeout="1")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wait'"):
+        mon.close(wait=True)
+    mon.close(timeout=5)
+    mon.close()  # idempotent
+
+
+class CountingSource:
+    """An object with stats(), as a Loader or a Checkpointer has: counts, a gauge, a nested
+    distribution and a string that the Monitor leaves out."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def stats(self):
+        self.batches += 10
+        return {"batches": self.batches, "wait_s": 0.25, "latency_s": {"p50": 0.5}, "state": "running"}
+
+
+def test_attach_samples_any_object_with_stats_and_the_rates_of_its_counts(tmp_path):
+    path = tmp_path / "m.csv"
+    source = CountingSource()
+    with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.CSVSink(path)], gpu=False, host=False) as mon:
+        mon.attach(source)
+        mon.attach(CountingSource(), name="val_loader")
+        wait_for(lambda: source.batches >= 40, 10)  # several rounds read it
+    rows = read_csv(path)
+    names = {r["name"] for r in rows}
+    assert {"countingsource/batches", "countingsource/batches/per_s", "countingsource/wait_s",
+            "countingsource/latency_s/p50", "val_loader/batches"} <= names
+    assert not any("state" in name for name in names)  # not a number
+    assert "countingsource/wait_s/per_s" not in names  # a float is not a count: no rate
+    assert {float(r["value"]) for r in rows if r["name"] == "countingsource/wait_s"} == {0.25}
+    rates = [float(r["value"]) for r in rows if r["name"] == "countingsource/batches/per_s"]
+    assert rates and min(rates) > 0
+
+
+def test_attach_refuses_what_has_no_stats_and_reports_a_failing_stats_as_sink_error(tmp_path):
+    mon = fastloop.Monitor(interval_s=0.01, gpu=False, sinks=[fastloop.CSVSink(tmp_path / "m.csv")])
+    with pytest.raises(TypeError, match=r"fastloop.Metrics or an object with a stats\(\) method.*not object"):
+        mon.attach(object())
+
+    class NotADict:
+        def stats(self):
+            return [1, 2]
+
+    with pytest.raises(TypeError, match=r"NotADict.stats\(\) returned list"):
+        mon.attach(NotADict())
+    with pytest.raises(TypeError, match="'name' applies to a stats"):
+        mon.attach(fastloop.Metrics(), name="x")
+
+    class Breaks:
+        calls = 0
+
+        def stats(self):
+            Breaks.calls += 1
+            if Breaks.calls > 1:
+                raise RuntimeError("gone")
+            return {"n": 1}
+
+    mon.attach(Breaks())
+    wait_for(lambda: Breaks.calls >= 3, 10)  # keeps being read after it failed
+    with pytest.raises(fastloop.SinkError, match=r"Breaks.stats\(\) of attached 'breaks' raised RuntimeError: gone"):
+        mon.close()
+
+
 EXIT_SCRIPT = """
 import sys, time, fastloop
-mon = fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(sys.argv[1])], gpu=False)
+mon = fastloop.Monitor(interval_s=0.01, sinks=[fastloop.CSVSink(sys.argv[1])], gpu=False)
 for i in range(50000):
     mon.scalar("x", i, i)
 print(time.monotonic(), flush=True)
@@ -353,7 +451,7 @@ def test_exiting_with_a_live_monitor_writes_everything_quickly(tmp_path):
 
 def test_start_step_stamps_sampled_records_of_a_resumed_run(tmp_path):
     path = tmp_path / "m.csv"
-    with fastloop.Monitor(interval=0.01, sinks=[fastloop.CSVSink(path)], gpu=False, start_step=500) as mon:
+    with fastloop.Monitor(interval_s=0.01, sinks=[fastloop.CSVSink(path)], gpu=False, start_step=500) as mon:
         wait_for_rounds(mon, 2)  # samples before the first scalar
         mon.scalar("loss", 1.0, 501)
     rows = list(csv.DictReader(open(path)))

@@ -54,7 +54,7 @@ def test_histograms_images_text_and_scalars_read_back_by_tensorboard(tmp_path):
     values = rng.standard_normal(10_000)
     rgb = rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)
     chw = rng.random((3, 8, 5))
-    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
         mon.scalars({"train/loss": 0.5, "train/lr": 1e-3}, step=1)
         mon.histogram("weights", values, step=2, bins=20)
         mon.histogram("with_nan", [1.0, float("nan"), 3.0], step=2, bins=2)
@@ -91,7 +91,7 @@ def test_text_is_written_under_the_tag_summary_writer_gives_it(tmp_path):
     tensorboard = pytest.importorskip("torch.utils.tensorboard")
     with tensorboard.SummaryWriter(str(tmp_path / "torch")) as writer:
         writer.add_text("notes", "same", 1)
-    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path / "fastloop")]) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path / "fastloop")]) as mon:
         mon.text("notes", "same", step=1)
     theirs, ours = read_back(tmp_path / "torch"), read_back(tmp_path / "fastloop")
     assert ours.Tags()["tensors"] == theirs.Tags()["tensors"] == ["notes/text_summary"]
@@ -102,7 +102,7 @@ def test_text_is_written_under_the_tag_summary_writer_gives_it(tmp_path):
 def test_torch_tensors_are_accepted_for_histograms_and_images(tmp_path):
     torch = pytest.importorskip("torch")
     weight = torch.nn.Linear(8, 4).weight  # requires grad
-    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
         mon.histogram("w", weight, step=1)
         mon.histogram("bf16", torch.ones(5, dtype=torch.bfloat16), step=1)
         mon.image("img", torch.zeros(3, 4, 6), step=1)
@@ -113,7 +113,7 @@ def test_torch_tensors_are_accepted_for_histograms_and_images(tmp_path):
 
 
 def test_other_sinks_skip_summaries_and_scalars_stay_in_order(tmp_path):
-    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.CSVSink(tmp_path / "m.csv")]) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.CSVSink(tmp_path / "m.csv")]) as mon:
         mon.scalar("a", 1.0, 1)
         mon.text("t", "x", 2)
         mon.scalars({"b": 2.0}, 3)
@@ -122,7 +122,7 @@ def test_other_sinks_skip_summaries_and_scalars_stay_in_order(tmp_path):
 
 
 def test_bad_arguments_raise_type_errors_naming_the_argument(tmp_path):
-    with fastloop.Monitor(interval=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
         with pytest.raises(TypeError, match=r"'name' must be str, not int"):
             mon.scalar(5, 0.5)
         with pytest.raises(TypeError, match=r"'value' must be a real number, not str"):
@@ -130,14 +130,14 @@ def test_bad_arguments_raise_type_errors_naming_the_argument(tmp_path):
         with pytest.raises(TypeError, match=r"'step' must be an int or None, not float"):
             mon.scalar("loss", 0.5, 1.5)
         with pytest.raises(TypeError, match=r"'value' must be a real number, not list"):
-            mon.event("epoch", 1, value=[1])
+            mon.event("epoch", [1], step=1)
         with pytest.raises(TypeError, match=r"'values' must be a mapping"):
             mon.scalars([("a", 1.0)], 1)
         with pytest.raises(TypeError, match=r"'values'\['a'\] must be a real number, not str"):
             mon.scalars({"a": "x"}, 1)
         with pytest.raises(TypeError, match=r"'values' keys must be str, not int"):
             mon.scalars({1: 1.0}, 1)
-        with pytest.raises(TypeError, match=r"'tag' must be str, not int"):
+        with pytest.raises(TypeError, match=r"'name' must be str, not int"):
             mon.histogram(3, [1.0])
         with pytest.raises(TypeError, match=r"'values' must hold real numbers, not dtype <U1"):
             mon.histogram("h", ["a"])
@@ -163,7 +163,7 @@ def test_bad_arguments_raise_type_errors_naming_the_argument(tmp_path):
             mon.image("i", np.zeros((2, 2, 3), np.uint8), layout="NHWC")
         with pytest.raises(TypeError, match=r"'text' must be str, not bytes"):
             mon.text("t", b"x")
-        with pytest.raises(ValueError, match=r"'tag' must be 1 to 255 bytes"):
+        with pytest.raises(ValueError, match=r"'name' must be 1 to 255 bytes"):
             mon.text("", "x")
         with pytest.raises(ValueError, match=r"'step' must be >= 0"):
             mon.text("t", "x", step=-2)
@@ -181,7 +181,7 @@ def test_nan_inf_and_1e300_scalars_reach_every_sink(tmp_path):
     seen = []
     sinks = [fastloop.CSVSink(tmp_path / "m.csv"), fastloop.JSONLSink(tmp_path / "m.jsonl"),
              fastloop.TensorBoardSink(tmp_path / "tb"), fastloop.CallbackSink(seen.append)]
-    with fastloop.Monitor(interval=0, gpu=False, sinks=sinks) as mon:
+    with fastloop.Monitor(interval_s=0, gpu=False, sinks=sinks) as mon:
         for step, value in enumerate(NONFINITE):
             mon.scalar("loss", value, step)
         mon.histogram("weights", [1.0, float("inf"), float("-inf"), float("nan"), 1e300, 2.0], step=9, bins=3)
@@ -203,7 +203,7 @@ def test_nan_inf_and_1e300_scalars_reach_every_sink(tmp_path):
 @pytest.mark.parametrize("values, why", [([], "is empty"), (np.zeros((0, 3)), "is empty"),
                                          ([float("nan")] * 3, "are all NaN")])
 def test_an_empty_or_all_nan_histogram_raises_as_summarywriter_does(tmp_path, values, why):
-    with fastloop.Monitor(interval=0, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
+    with fastloop.Monitor(interval_s=0, sinks=[fastloop.TensorBoardSink(tmp_path)]) as mon:
         with pytest.raises(ValueError, match=f"'values' of histogram 'w' {why}"):
             mon.histogram("w", values, step=1)
         mon.histogram("w", [float("nan"), 2.0], step=2)  # one number is enough

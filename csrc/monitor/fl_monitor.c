@@ -262,6 +262,10 @@ static void sample(fl_monitor *m, const char *name, double value, int source) {
         atomic_fetch_add_explicit(&m->dropped_samples, 1, memory_order_relaxed);
 }
 
+void fl_monitor_put_sample(fl_monitor *m, const char *name, double value) {
+    sample(m, name, value, -1);
+}
+
 static void sample_host(fl_monitor *m, fl_host_sampler *host) {
     fl_host_stats stats;
     if (fl_host_sample(host, &stats) != FL_OK)

@@ -58,6 +58,11 @@ int fl_monitor_put(fl_monitor *monitor, const fl_event *event, double timeout_s)
  * latest step, as for fl_monitor_put(). Any thread. */
 int fl_monitor_put_summary(fl_monitor *monitor, fl_summary *summary, double timeout_s);
 
+/* Queues a sampled scalar made outside the sampler thread (an attached stats() source that
+ * the Python layer reads every interval), stamped with the latest step; never waits: a full
+ * queue drops it, counted as dropped_samples like the sampler's own. Any thread. */
+void fl_monitor_put_sample(fl_monitor *monitor, const char *name, double value);
+
 /* Counts one of the owner's records as dropped (after it gave up retrying). */
 void fl_monitor_count_dropped(fl_monitor *monitor);
 

@@ -178,19 +178,20 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *entries_obj, *metadata_obj, *timeout_obj = Py_None;
     long long step;
     double timeout;
-    int threads = 1;
+    int num_workers = 1;
     if (fl_parse_args_dict(&save_args, args, kwargs, FL_ARG("entries", OBJECT, &entries_obj),
                            FL_ARG("metadata", OBJECT, &metadata_obj), FL_ARG("step", INT64, &step),
                            FL_ARG("|timeout", OBJECT, &timeout_obj),
-                           FL_ARG("threads", INT, &threads)) < 0 ||
+                           FL_ARG("num_workers", INT, &num_workers)) < 0 ||
         fl_parse_timeout(timeout_obj, 1, &timeout) < 0 || raise_write_error(self) < 0)
         return NULL;
     if (step < 0) {
         fl_raisef(NULL, FL_EXC_VALUE, "'step' must be >= 0, not %lld", step);
         return NULL;
     }
-    if (threads < 1 || threads > FL_POOL_MAX_WORKERS) {
-        fl_raisef(NULL, FL_EXC_VALUE, "'threads' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS, threads);
+    if (num_workers < 1 || num_workers > FL_POOL_MAX_WORKERS) {
+        fl_raisef(NULL, FL_EXC_VALUE, "'num_workers' must be 1 to %d, not %d", FL_POOL_MAX_WORKERS,
+                  num_workers);
         return NULL;
     }
     PyObject *entries = PySequence_Tuple(entries_obj); /* ours: nothing can vanish meanwhile */
@@ -209,7 +210,7 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args, PyObject *kwargs) {
         fl_checkpointer_abort(call.checkpointer);
         goto done;
     }
-    result = fill_and_commit(self, &call, entries, pairs, step, threads);
+    result = fill_and_commit(self, &call, entries, pairs, step, num_workers);
 done:
     Py_XDECREF(entries);
     Py_XDECREF(pairs);
@@ -236,21 +237,28 @@ static int attempt_wait_closed(void *ctx, double timeout_s) {
     return fl_checkpointer_wait_closed(ctx, timeout_s);
 }
 
-/* Refuses new saves first, then (wait) waits for the writer to finish what was committed,
- * a save filling its snapshot on another thread included: waiting first and closing after
- * let such a save slip in between, unwritten when close() returned. */
+/* close(timeout=None): refuses new saves first, then waits up to `timeout` (None: no limit)
+ * for the writer to finish what was committed, a save filling its snapshot on another thread
+ * included (waiting first and closing after let such a save slip in between, unwritten when
+ * close() returned). Returns whether it finished; when it did, raises a write error not
+ * reported yet. */
 static PyObject *ckpt_close(PyObject *self, PyObject *args, PyObject *kwargs) {
     static fl_arg_cache close_args = FL_ARG_CACHE("close");
-    int wait = 1;
-    if (fl_parse_args_dict(&close_args, args, kwargs, FL_ARG("|wait", BOOL, &wait)) < 0)
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (fl_parse_args_dict(&close_args, args, kwargs, FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     fl_checkpointer *c = ((CheckpointerObject *)self)->checkpointer;
     fl_checkpointer_close(c, 0); /* never joins with the GIL held; waits below, interruptibly */
-    if (wait && fl_wait_interruptibly(attempt_wait_closed, c, -1) == FL_EINTR)
+    int rc = fl_wait_interruptibly(attempt_wait_closed, c, timeout);
+    if (rc == FL_EINTR)
         return NULL;
-    if (wait && raise_write_error(self) < 0)
+    if (rc != FL_OK)
+        Py_RETURN_FALSE; /* still writing in the background */
+    if (raise_write_error(self) < 0)
         return NULL;
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *ckpt_wait_closed(PyObject *self, PyObject *args) {
@@ -326,13 +334,14 @@ static PyObject *ckpt_get_directory(PyObject *self, void *closure) {
 
 static PyMethodDef ckpt_methods[] = {
     {"save", (PyCFunction)(void (*)(void))ckpt_save, METH_VARARGS | METH_KEYWORDS,
-     "save($self, /, entries, metadata, step, timeout=None, threads=1)\n--\n\nSnapshot (name, "
+     "save($self, /, entries, metadata, step, timeout=None, num_workers=1)\n--\n\nSnapshot (name, "
      "array, safetensors dtype) entries and (key, value) metadata pairs as checkpoint `step`, "
-     "copying on `threads` threads."},
+     "copying on `num_workers` threads."},
     {"wait", (PyCFunction)(void (*)(void))ckpt_wait, METH_VARARGS | METH_KEYWORDS,
      "wait($self, /, timeout=None)\n--\n\nWait until every save is written; False on timeout."},
     {"close", (PyCFunction)(void (*)(void))ckpt_close, METH_VARARGS | METH_KEYWORDS,
-     "close($self, /, wait=True)\n--\n\nRefuse new saves; with wait, until every save is written."},
+     "close($self, /, timeout=None)\n--\n\nRefuse new saves; wait up to timeout until every save "
+     "is written; False when still writing."},
     {"wait_closed", ckpt_wait_closed, METH_VARARGS,
      "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},
     {"stats", ckpt_stats, METH_NOARGS, "stats($self, /)\n--\n\nCounts and the last write's time."},

@@ -114,9 +114,26 @@ static PyObject *monitor_event(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *name_obj, *step_obj = NULL;
     double value = 0.0;
     if (fl_parse_args(&event_args, args, nargs, kwnames, FL_ARG("name", OBJECT, &name_obj),
-                      FL_ARG("|step", OBJECT, &step_obj), FL_ARG("value", DOUBLE, &value)) < 0)
+                      FL_ARG("|value", DOUBLE, &value), FL_ARG("step", OBJECT, &step_obj)) < 0)
         return NULL;
     return record(self, FL_EVENT_MARKER, name_obj, value, step_obj);
+}
+
+/* sample(name, value): a sampled scalar from an attached stats() source (fastloop.Monitor
+ * reads it on its sampling thread); never waits, never raises a sink error (the owner's next
+ * call does), a full queue drops it. */
+static PyObject *monitor_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static fl_arg_cache sample_args = FL_ARG_CACHE("sample");
+    PyObject *name_obj;
+    double value;
+    if (fl_parse_args(&sample_args, args, nargs, NULL, FL_ARG("name", STR_OBJECT, &name_obj),
+                      FL_ARG("value", DOUBLE, &value)) < 0)
+        return NULL;
+    const char *name = PyUnicode_AsUTF8(name_obj);
+    if (name == NULL)
+        return NULL;
+    fl_monitor_put_sample(((MonitorObject *)self)->monitor, name, value);
+    Py_RETURN_NONE;
 }
 
 typedef struct {
@@ -129,17 +146,17 @@ static int attempt_put_summary(void *ctx, double timeout_s) {
     return fl_monitor_put_summary(call->monitor, call->summary, timeout_s);
 }
 
-/* summary(kind, tag, data, step, bins, height, width, channels): data is a C-contiguous
+/* summary(kind, name, data, step, bins, height, width, channels): data is a C-contiguous
  * buffer already in the kind's layout (fastloop.Monitor converts and checks it). */
 static PyObject *monitor_summary(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames) {
     static fl_arg_cache summary_args = FL_ARG_CACHE("summary");
     MonitorObject *mon = (MonitorObject *)self;
     int kind, bins, height, width, channels;
-    PyObject *tag_obj, *data_obj, *step_obj;
+    PyObject *name_obj, *data_obj, *step_obj;
     Py_buffer data;
     if (fl_parse_args(&summary_args, args, nargs, kwnames, FL_ARG("kind", INT, &kind),
-                      FL_ARG("tag", STR_OBJECT, &tag_obj), FL_ARG("data", OBJECT, &data_obj),
+                      FL_ARG("name", STR_OBJECT, &name_obj), FL_ARG("data", OBJECT, &data_obj),
                       FL_ARG("step", OBJECT, &step_obj), FL_ARG("bins", INT, &bins),
                       FL_ARG("height", INT, &height), FL_ARG("width", INT, &width),
                       FL_ARG("channels", INT, &channels)) < 0 ||
@@ -147,13 +164,13 @@ static PyObject *monitor_summary(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     fl_summary *summary = NULL;
     int64_t step;
-    Py_ssize_t tag_len;
-    const char *tag = PyUnicode_AsUTF8AndSize(tag_obj, &tag_len);
-    if (tag == NULL || parse_step(step_obj, &step) < 0 || raise_pending_error(self) < 0)
+    Py_ssize_t name_len;
+    const char *name = PyUnicode_AsUTF8AndSize(name_obj, &name_len);
+    if (name == NULL || parse_step(step_obj, &step) < 0 || raise_pending_error(self) < 0)
         goto fail;
-    if (tag_len == 0 || tag_len >= FL_SUMMARY_TAG_MAX) {
-        fl_raisef(NULL, FL_EXC_VALUE, "'tag' must be 1 to %d bytes of UTF-8, not %zd",
-                  FL_SUMMARY_TAG_MAX - 1, tag_len);
+    if (name_len == 0 || name_len >= FL_SUMMARY_TAG_MAX) {
+        fl_raisef(NULL, FL_EXC_VALUE, "'name' must be 1 to %d bytes of UTF-8, not %zd",
+                  FL_SUMMARY_TAG_MAX - 1, name_len);
         goto fail;
     }
     size_t pixels = 0, image_bytes = 0; /* the dimensions must describe the data: a wrapped product could not */
@@ -172,7 +189,7 @@ static PyObject *monitor_summary(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_NoMemory();
         goto fail;
     }
-    memcpy(summary->tag, tag, (size_t)tag_len);
+    memcpy(summary->tag, name, (size_t)name_len);
     summary->step = step;
     summary->bins = bins;
     summary->height = height;
@@ -245,19 +262,27 @@ static int attempt_wait_closed(void *ctx, double timeout_s) {
     return fl_monitor_wait_closed(ctx, timeout_s);
 }
 
+/* close(timeout=None): stops sampling and closes the queue, then waits up to `timeout` (None:
+ * no limit) for the writer to write everything and close the sinks. Returns whether it
+ * finished; when it did, raises a sink error not reported yet. */
 static PyObject *monitor_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames) {
     static fl_arg_cache close_args = FL_ARG_CACHE("close");
-    int wait = 1;
-    if (fl_parse_args(&close_args, args, nargs, kwnames, FL_ARG("|wait", BOOL, &wait)) < 0)
+    PyObject *timeout_obj = Py_None;
+    double timeout;
+    if (fl_parse_args(&close_args, args, nargs, kwnames, FL_ARG("|timeout", OBJECT, &timeout_obj)) < 0 ||
+        fl_parse_timeout(timeout_obj, 1, &timeout) < 0)
         return NULL;
     fl_monitor *m = ((MonitorObject *)self)->monitor;
     fl_monitor_close(m, 0); /* never join with the GIL held; wait below, interruptibly */
-    if (wait && fl_wait_interruptibly(attempt_wait_closed, m, -1) == FL_EINTR)
+    int rc = fl_wait_interruptibly(attempt_wait_closed, m, timeout);
+    if (rc == FL_EINTR)
         return NULL;
-    if (wait && raise_pending_error(self) < 0)
+    if (rc != FL_OK)
+        Py_RETURN_FALSE; /* still writing in the background */
+    if (raise_pending_error(self) < 0)
         return NULL;
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *monitor_wait_closed(PyObject *self, PyObject *args) {
@@ -362,24 +387,24 @@ static fl_sink *open_sink(fl_module_state *state, PyObject *spec) {
 static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static fl_arg_cache monitor_args = FL_ARG_CACHE("_Monitor");
     PyObject *sinks_obj;
-    double interval = 30.0, flush_interval = 5.0, record_wait = 0.01;
+    double interval_s = 30.0, flush_interval_s = 5.0, record_wait_s = 0.01;
     Py_ssize_t queue_size = 65536;
     long long start_step = 0;
     int host = 1, gpu = 1;
     const char *nvml_library = NULL, *smi_command = NULL;
     if (fl_parse_args_dict(&monitor_args, args, kwargs, FL_ARG("sinks", OBJECT, &sinks_obj),
-                           FL_ARG("|interval", DOUBLE, &interval),
-                           FL_ARG("flush_interval", DOUBLE, &flush_interval),
+                           FL_ARG("|interval_s", DOUBLE, &interval_s),
+                           FL_ARG("flush_interval_s", DOUBLE, &flush_interval_s),
                            FL_ARG("queue_size", SSIZE, &queue_size), FL_ARG("host", BOOL, &host),
                            FL_ARG("gpu", BOOL, &gpu),
                            FL_ARG("nvml_library", STR_OR_NONE, &nvml_library),
                            FL_ARG("smi_command", STR_OR_NONE, &smi_command),
-                           FL_ARG("record_wait", DOUBLE, &record_wait),
+                           FL_ARG("record_wait_s", DOUBLE, &record_wait_s),
                            FL_ARG("start_step", INT64, &start_step)) < 0)
         return NULL;
-    if (queue_size < 1 || record_wait < 0 || flush_interval <= 0 || start_step < 0) {
-        fl_raisef(NULL, FL_EXC_VALUE, "queue_size must be >= 1, record_wait >= 0, "
-                                          "flush_interval > 0 and start_step >= 0");
+    if (queue_size < 1 || record_wait_s < 0 || flush_interval_s <= 0 || start_step < 0) {
+        fl_raisef(NULL, FL_EXC_VALUE, "queue_size must be >= 1, record_wait_s >= 0, "
+                                          "flush_interval_s > 0 and start_step >= 0");
         return NULL;
     }
     fl_module_state *state = fl_state_from_type(type);
@@ -418,14 +443,14 @@ static PyObject *monitor_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         Py_DECREF(sinks);
         return rc == FL_OK ? NULL : PyErr_NoMemory();
     }
-    fl_monitor_config config = {interval, flush_interval, (size_t)queue_size, host, start_step};
+    fl_monitor_config config = {interval_s, flush_interval_s, (size_t)queue_size, host, start_step};
     rc = fl_monitor_new(&config, opened, (size_t)n, gpus, &self->monitor); /* owns them now */
     if (rc != FL_OK) {
         Py_DECREF(self);
         Py_DECREF(sinks);
         return fl_raise(state, rc, "Monitor");
     }
-    self->record_wait_s = record_wait;
+    self->record_wait_s = record_wait_s;
     self->keep_alive = sinks;
     return (PyObject *)self;
 }
@@ -460,15 +485,18 @@ static PyMethodDef monitor_methods[] = {
     {"scalar", (PyCFunction)(void (*)(void))monitor_scalar, METH_FASTCALL | METH_KEYWORDS,
      "scalar($self, name, value, step=None)\n--\n\nQueue a scalar record."},
     {"event", (PyCFunction)(void (*)(void))monitor_event, METH_FASTCALL | METH_KEYWORDS,
-     "event($self, name, step=None, value=0.0)\n--\n\nQueue a marker record."},
+     "event($self, name, value=0.0, step=None)\n--\n\nQueue a marker record."},
+    {"sample", (PyCFunction)(void (*)(void))monitor_sample, METH_FASTCALL,
+     "sample($self, name, value, /)\n--\n\nQueue a sampled scalar (dropped when the queue is full)."},
     {"summary", (PyCFunction)(void (*)(void))monitor_summary, METH_FASTCALL | METH_KEYWORDS,
-     "summary($self, kind, tag, data, step, bins, height, width, channels)\n--\n\n"
+     "summary($self, kind, name, data, step, bins, height, width, channels)\n--\n\n"
      "Queue a histogram (1), image (2) or text (3) record; the writer encodes it."},
     {"flush", (PyCFunction)(void (*)(void))monitor_flush, METH_VARARGS | METH_KEYWORDS,
      "flush($self, /, timeout=None)\n--\n\nWait until everything queued is written; False on "
      "timeout."},
     {"close", (PyCFunction)(void (*)(void))monitor_close, METH_FASTCALL | METH_KEYWORDS,
-     "close($self, /, wait=True)\n--\n\nStop; with wait, until the sinks are written and closed."},
+     "close($self, /, timeout=None)\n--\n\nStop; wait up to timeout for the sinks to be written "
+     "and closed; False when still writing."},
     {"wait_closed", monitor_wait_closed, METH_VARARGS,
      "wait_closed($self, timeout=None, /)\n--\n\nWait for the writer to finish after close."},
     {"take_error", monitor_take_error, METH_NOARGS,

@@ -20,10 +20,27 @@ class Closable(Protocol):
 
 
 _live: "weakref.WeakSet[Closable]" = weakref.WeakSet()
-_draining: set = set()  # closed with wait=False but maybe still writing: kept alive until exit
+_draining: set = set()  # closed with a timeout that ran out, maybe still writing: kept alive until exit
 _lock = threading.Lock()
 
 EXIT_DEADLINE_S = 30.0  # upper bound for a wedged disk; normal exits take milliseconds
+
+
+def close_deadline(timeout: float | None) -> float | None:
+    """The monotonic deadline of a close(timeout=) (None: no limit); ValueError/TypeError
+    naming 'timeout' for one that is not a number >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"'timeout' must be a number of seconds or None, not {type(timeout).__name__}")
+    if not timeout >= 0:  # NaN too
+        raise ValueError(f"'timeout' must be >= 0 seconds or None, not {timeout}")
+    return time.monotonic() + timeout
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until `deadline` (None: no limit), never below 0."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def register(obj: Closable) -> None:

@@ -610,6 +610,39 @@ static void test_closing_from_8_threads_while_2_log(void) {
     }
 }
 
+/* A sample put from outside the sampler (an attached stats() source) is stamped with the
+ * latest step and never waits: a full queue drops it as a sampled record, not the owner's. */
+static void test_put_sample_stamps_the_latest_step_and_a_full_queue_drops_it(void) {
+    fl_queue *forward;
+    fl_sink *sink;
+    CHECK(fl_queue_new(0, sizeof(fl_item), &forward) == FL_OK);
+    CHECK(fl_sink_open_queue(forward, &sink) == FL_OK);
+    fl_monitor_config config = {.interval_s = 0, .flush_interval_s = 0.05, .queue_size = 1};
+    fl_monitor *m;
+    CHECK(fl_monitor_new(&config, &sink, 1, NULL, &m) == FL_OK);
+    fl_event scalar;
+    fl_event_init(&scalar, FL_EVENT_SCALAR, "loss", 0.5, 42, -1);
+    CHECK(fl_monitor_put(m, &scalar, 5.0) == FL_OK);
+    for (int i = 0; i < 2000; i++) /* far more than the one slot holds: some are dropped */
+        fl_monitor_put_sample(m, "loader/batches", i);
+    fl_monitor_close(m, 1);
+    fl_monitor_stats stats;
+    fl_monitor_stats_get(m, &stats);
+    CHECK(stats.dropped_records == 0 && stats.dropped_samples > 0);
+    CHECK(stats.records == 1 + 2000 - stats.dropped_samples);
+    size_t samples = 0;
+    fl_item item;
+    while (fl_queue_get(forward, &item, 0) == FL_OK) {
+        if (strcmp(item.as.event.name, "loader/batches") == 0) {
+            CHECK(item.as.event.step == 42 && item.as.event.kind == FL_EVENT_SCALAR);
+            samples++;
+        }
+    }
+    CHECK(samples == 2000 - stats.dropped_samples);
+    fl_monitor_release(m);
+    fl_queue_free(forward);
+}
+
 int main(void) {
     if (mkdtemp(tmpdir) == NULL)
         return 1;
@@ -627,6 +660,7 @@ int main(void) {
     RUN(test_summaries_are_encoded_by_the_writer_and_freed);
     RUN(test_errors_past_the_room_are_counted_and_the_list_wraps);
     RUN(test_closing_from_8_threads_while_2_log);
+    RUN(test_put_sample_stamps_the_latest_step_and_a_full_queue_drops_it);
     char cleanup[600];
     snprintf(cleanup, sizeof cleanup, "rm -rf %s", tmpdir);
     return system(cleanup) != 0 || check_failures != 0;

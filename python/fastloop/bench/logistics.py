@@ -44,7 +44,7 @@ def _median_call_ns(call: Callable[[int], object], calls: int, batches: int,
 def scalar_results(quick: bool) -> list[Result]:
     calls, batches = (500, 20) if quick else (1000, 60)
     with tempfile.TemporaryDirectory() as tmp:
-        mon = fastloop.Monitor(interval=0, sinks=[fastloop.CSVSink(os.path.join(tmp, "m.csv")),
+        mon = fastloop.Monitor(interval_s=0, sinks=[fastloop.CSVSink(os.path.join(tmp, "m.csv")),
                                                   fastloop.TensorBoardSink(os.path.join(tmp, "tb"))])
         scalar = mon.scalar
         ours = _median_call_ns(lambda i: scalar("train/loss", 0.5, i), calls, batches, mon.flush)
@@ -95,7 +95,7 @@ def loop_overhead_results(quick: bool) -> list[Result]:
     steps = 200 if quick else 1000
     step = training_step_factory()
     with tempfile.TemporaryDirectory() as tmp:
-        mon = fastloop.Monitor(interval=0.1, gpu=True, sinks=[
+        mon = fastloop.Monitor(interval_s=0.1, gpu=True, sinks=[
             fastloop.CSVSink(os.path.join(tmp, "m.csv")), fastloop.JSONLSink(os.path.join(tmp, "m.jsonl")),
             fastloop.TensorBoardSink(os.path.join(tmp, "tb"))])
         scalar = mon.scalar

@@ -38,7 +38,7 @@ __all__ = ["Checkpointer", "Checkpoint", "read_checkpoint"]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.(safetensors|npz)$")
 STATE_KEY = "fastloop.state"  # the __metadata__ entry holding the manifest (JSON)
-_COPY_THREADS = 8  # the default copy_threads' cap: a few cores reach a machine's memory bandwidth
+_MAX_AUTO_WORKERS = 8  # num_workers=None's cap: a few cores reach a machine's memory bandwidth
 
 
 class Checkpoint(NamedTuple):
@@ -155,19 +155,21 @@ class Checkpointer:
     (created if missing), keeping the newest `keep`, as safetensors files.
 
     save() blocks only to copy the state into a staging area (kept between saves, so the
-    copy goes to warm memory; on `copy_threads` threads, default min(8, CPUs)). Every save is written, in order: up to `max_pending`
-    snapshots may wait for the writer (each costs a staging area the size of the state);
-    a save() when that many wait blocks until the oldest is written (back-pressure:
-    nothing is skipped or coalesced). A background write error is raised by the next
-    save(), wait(), latest(), load() or close().
-    Periodic saves: with `every_steps` and/or `every_s`, call ``maybe_save(step, state)``
-    from the training loop at a point where the state is consistent (between optimizer
-    steps); it saves at every step that is a multiple of `every_steps` (10, 20, ... for 10),
-    and when `every_s` seconds have passed since the last save. `state_fn` (a function
-    returning the state) is used when maybe_save gets no state.
+    copy goes to warm memory) on `num_workers` threads (None, the default: min(8, CPUs), as
+    a few cores already reach a machine's memory bandwidth). Every save is written, in
+    order: up to `max_pending` snapshots may wait for the writer (each costs a staging area
+    the size of the state); a save() when that many wait blocks until the oldest is written
+    (back-pressure: nothing is skipped or coalesced). A background write error is raised by
+    the next save(), wait(), latest(), load() or close().
+    Periodic saves: with `every_steps` and/or `every_s`, call ``maybe_save(state, step)``
+    (or ``maybe_save(step=step)`` with a `state_fn`) from the training loop at a point where
+    the state is consistent (between optimizer steps); it saves at every step that is a
+    multiple of `every_steps` (10, 20, ... for 10), and when `every_s` seconds have passed
+    since the last save. `state_fn` (a function returning the state) is used when
+    maybe_save gets no state.
 
         with fastloop.Checkpointer("ckpts", keep=3, every_steps=1000) as ckpt:
-            ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "step": step})
+            ckpt.maybe_save(lambda: {"model": model.state_dict(), "step": step}, step)
     """
 
     def __init__(
@@ -179,7 +181,7 @@ class Checkpointer:
         every_s: float | None = None,
         state_fn: Callable[[], Any] | None = None,
         max_pending: int = 1,
-        copy_threads: int | None = None,
+        num_workers: int | None = None,
     ) -> None:
         if every_s is not None and not every_s > 0:
             raise ValueError(f"'every_s' must be > 0, not {every_s}")
@@ -190,11 +192,11 @@ class Checkpointer:
             raise TypeError(f"'state_fn' must be callable, not {type(state_fn).__name__}")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int):
             raise TypeError(f"'max_pending' must be an int, not {type(max_pending).__name__}")
-        if copy_threads is None:
-            copy_threads = min(_COPY_THREADS, os.cpu_count() or 1)
-        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
-            raise ValueError(f"'copy_threads' must be an int >= 1, not {copy_threads!r}")
-        self._copy_threads = copy_threads
+        if num_workers is None:
+            num_workers = min(_MAX_AUTO_WORKERS, os.cpu_count() or 1)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"'num_workers' must be an int >= 1 or None (auto), not {num_workers!r}")
+        self._num_workers = num_workers
         self.directory = os.fspath(directory)
         self._core = _Checkpointer(self.directory, keep, max_pending)
         self._closed = False
@@ -218,7 +220,7 @@ class Checkpointer:
         self._only_read = False
         with self._snapshot:
             entries, metadata = _snapshot(state, self._pinned)
-            self._core.save(entries, metadata, int(step), timeout, self._copy_threads)
+            self._core.save(entries, metadata, int(step), timeout, self._num_workers)
             self._last_step, self._last_time = int(step), time.monotonic()
 
     def due(self, step: int) -> bool:
@@ -236,16 +238,21 @@ class Checkpointer:
             return True
         return self._every_s is not None and time.monotonic() - self._last_time >= self._every_s
 
-    def maybe_save(self, step: int, state: StateOrFn = None) -> bool:
+    def maybe_save(self, state: StateOrFn = None, step: int | None = None) -> bool:
         """Save `state` (or what a callable `state` or the Checkpointer's `state_fn` returns)
-        as checkpoint `step` when due (see due()). Call it from the training loop between
-        steps: the snapshot is taken here, in this thread, so it never races an optimizer
-        step. A due save is never skipped: while `max_pending` saves still wait for the
-        writer, it waits as save() does. Returns whether it saved.
+        as checkpoint `step` when due (see due()); `step` is required. Call it from the
+        training loop between steps: the snapshot is taken here, in this thread, so it never
+        races an optimizer step. A due save is never skipped: while `max_pending` saves still
+        wait for the writer, it waits as save() does. Returns whether it saved.
 
-        >>> ckpt.maybe_save(step, lambda: {"model": model.state_dict(), "step": step})
+        >>> ckpt.maybe_save(lambda: {"model": model.state_dict(), "step": step}, step)
+        True
+        >>> ckpt.maybe_save(step=step)   # with Checkpointer(state_fn=...)
         True
         """
+        if step is None:
+            raise TypeError("maybe_save() missing required argument 'step' (the training step: "
+                            "ckpt.maybe_save(state, step) or ckpt.maybe_save(step=step))")
         if not self.due(step):
             return False
         if state is None:
@@ -330,38 +337,42 @@ class Checkpointer:
             raise CheckpointError(f"no readable checkpoint in {self.directory!r}: " + "; ".join(skipped))
         raise CheckpointError(f"no checkpoint in {self.directory!r}")
 
-    def stats(self) -> dict[str, float]:
-        """Checkpoints written, bytes, the last write's seconds and step, and the saves still
-        to be written (pending, and the newest one's step: pending_step, -1 when none).
+    def stats(self) -> dict[str, Any]:
+        """Checkpoints written and their bytes (ints), the last write's seconds
+        (last_write_s, a float) and step, and the saves still to be written (pending, and the
+        newest one's step: pending_step, -1 when none).
 
         >>> ckpt.stats()["written"]
         3
         """
         return self._core.stats()
 
-    def close(self, wait: bool = True) -> None:
-        """Refuse new saves (save() and maybe_save() then raise fastloop.Closed). With wait
-        (default), return once every save that returned is written (a save() running on
-        another thread as close() begins included) and raise a write error not yet reported;
-        wait=False returns at once (exit still waits). Any number of threads may call it, at
-        once too.
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new saves (save() and maybe_save() then raise fastloop.Closed), then wait
+        at most `timeout` seconds (None, the default: until done; 0: return at once) until
+        every save that returned is written (a save() running on another thread as close()
+        begins included), and raise a write error not yet reported. When the time runs out
+        first, close() returns and the C writer thread goes on writing the pending
+        checkpoints in the background (interpreter exit waits for it; a later close() waits
+        again; errors are then raised by that close()). Any number of threads may call it,
+        at once too.
 
         >>> ckpt.close()
         """
+        deadline = _lifecycle.close_deadline(timeout)
         # a period but no maybe_save() call: a training loop that forgot it (one only opened
         # to load() saved nothing and is spared)
         forgotten = not self._maybe_called and not self._only_read and (self._every_s or self._every_steps)
         if not self._closed and forgotten:
             warnings.warn("Checkpointer(every_s=/every_steps=) saves only when the training loop "
-                          "calls ckpt.maybe_save(step); it was never called (periodic saves no "
+                          "calls ckpt.maybe_save(state, step); it was never called (periodic saves no "
                           "longer run from a thread of their own)", RuntimeWarning, stacklevel=2)
         self._closed = True
-        self._core.close(wait=wait)
-        if not wait:
+        if not self._core.close(_lifecycle.remaining(deadline)):
             _lifecycle.draining(self)
 
     def _close_at_exit(self, deadline: float) -> None:
-        self._core.close(wait=False)
+        self._core.close(0)
         self._core.wait_closed(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Checkpointer":

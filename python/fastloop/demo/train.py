@@ -180,7 +180,7 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
             ckpt.close()
             return 0
         log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
-    mon = Monitor(interval=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
+    mon = Monitor(interval_s=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
                   metrics=task.loader.metrics, gpu=device != "cpu", start_step=step)
     bar = Progress(task.epochs * steps_per_epoch, done_steps=step)
     loss, started, window = float("nan"), time.perf_counter(), (time.perf_counter(), 0)
