@@ -31,6 +31,7 @@ DURATION_WORDS = ("timeout", "interval", "delay", "ttl", "wait", "every", "drain
 NOT_DURATIONS = {
     "every_steps",  # a count of steps (Checkpointer), beside every_s
     "wait",  # a flag, never a duration (a close(wait=) is caught by the closing rule)
+    "deadline",  # a point in time (time.time()), as JobRecord's submitted and finished ("Time")
 }
 TORCH_LOADER_NAMES = {"workers": "num_workers", "prefetch": "prefetch_factor", "prefetch_batches": "prefetch_factor",
                       "prefetch_depth": "prefetch_factor", "persistent": "persistent_workers",

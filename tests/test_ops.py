@@ -60,7 +60,7 @@ def test_normalize_matches_numpy_on_random_shapes(dtype, layout):
         mean = RNG.uniform(-1, 1, c).astype(np.float32)
         std = RNG.uniform(0.1, 2, c).astype(np.float32)
         want = normalize_reference(x, mean, std, layout)
-        got = ops.normalize(x, mean, std, layout=layout, threads=1 + trial % 3)
+        got = ops.normalize(x, mean, std, layout=layout, num_threads=1 + trial % 3)
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -69,7 +69,7 @@ def test_normalize_is_the_same_for_any_thread_count_and_reuses_out():
     x = random_images((16, 128, 96, 3), "uint8")  # 590K values: several chunks of the pool
     out = np.empty((16, 3, 128, 96), np.float32)
     one = ops.normalize(x, MEAN, STD)
-    result = ops.normalize(x, MEAN, STD, out=out, threads=4)
+    result = ops.normalize(x, MEAN, STD, out=out, num_threads=4)
     assert result is out
     np.testing.assert_array_equal(one, out)
 
@@ -96,7 +96,7 @@ def test_normalize_takes_scalars_and_sequences_for_mean_and_std():
         (lambda x: ops.normalize(x, MEAN, [1, 0, 1]), ValueError, ["std[1]", "0"]),
         (lambda x: ops.normalize(x, MEAN, "abc"), ValueError, ["'std'"]),
         (lambda x: ops.normalize(x, MEAN, STD, layout="NHWC"), ValueError, ["'layout'", "NHWC"]),
-        (lambda x: ops.normalize(x, MEAN, STD, threads=0), ValueError, ["'threads'", ">= 1"]),
+        (lambda x: ops.normalize(x, MEAN, STD, num_threads=0), ValueError, ["'num_threads'", ">= 1"]),
         (lambda x: ops.normalize(x, MEAN, STD, out=np.empty((2, 3, 8, 9), np.float32)), ValueError, ["'out'", "shape"]),
         (lambda x: ops.normalize(x, MEAN, STD, out=np.empty((2, 3, 8, 8), np.float64)), TypeError, ["'out'", "float32"]),
         (lambda x: ops.normalize(x.astype(">f4"), MEAN, STD), TypeError, ["'x'", "byte order"]),
@@ -130,7 +130,7 @@ def test_out_must_be_writable_and_must_not_overlap_the_input():
 def test_cast_matches_astype_for_values_every_type_can_hold(src):
     x = RNG.integers(0, 100, (3, 17, 5)).astype(src)
     for dst in ALL_DTYPES:
-        got = ops.cast(x, dst, threads=2)
+        got = ops.cast(x, dst, num_threads=2)
         assert got.dtype == np.dtype(dst)
         np.testing.assert_array_equal(got, x.astype(dst))
 
@@ -142,7 +142,7 @@ def test_cast_wraps_integers_like_numpy_and_saturates_floats():
     np.testing.assert_array_equal(ops.cast(floats, np.uint8), [0, 255, 0, 12, 0, 255, 255])
     np.testing.assert_array_equal(ops.cast(np.array([1e300, -1e300, -7.9]), "int64"), [2**63 - 1, -(2**63), -7])
     big = RNG.standard_normal(300_000) * 1e3
-    np.testing.assert_array_equal(ops.cast(big, np.float32, threads=3), big.astype(np.float32))
+    np.testing.assert_array_equal(ops.cast(big, np.float32, num_threads=3), big.astype(np.float32))
 
 
 def test_cast_names_the_bad_argument():
@@ -168,7 +168,7 @@ def test_crop_at_given_offsets_equals_slicing(layout):
         n, (h, w) = shape[0], ((shape[1], shape[2]) if layout == "HWC" else (shape[2], shape[3]))
         size = (int(RNG.integers(1, h + 1)), int(RNG.integers(1, w + 1)))
         offsets = np.stack([RNG.integers(0, h - size[0] + 1, n), RNG.integers(0, w - size[1] + 1, n)], axis=1)
-        got = ops.crop(x, size, offsets=offsets, layout=layout, threads=2)
+        got = ops.crop(x, size, offsets=offsets, layout=layout, num_threads=2)
         for i, (top, left) in enumerate(offsets):
             rows, cols = slice(top, top + size[0]), slice(left, left + size[1])
             want = x[i, rows, cols] if layout == "HWC" else x[i, :, rows, cols]
@@ -180,7 +180,7 @@ def test_crop_at_given_offsets_equals_slicing(layout):
 def test_random_crops_are_reproducible_in_bounds_and_thread_independent():
     x = np.arange(32 * 20 * 20, dtype=np.int32).reshape(32, 20, 20, 1)
     a = ops.crop(x, 8, seed=7)
-    b = ops.crop(x, 8, seed=7, threads=3)
+    b = ops.crop(x, 8, seed=7, num_threads=3)
     c = ops.crop(x, 8, seed=8)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
@@ -229,7 +229,7 @@ def test_hflip_all_none_and_explicit(layout):
     np.testing.assert_array_equal(ops.hflip(x, p=1.0, layout=layout), np.flip(x, axis=width_axis))
     np.testing.assert_array_equal(ops.hflip(x, p=0.0, layout=layout), x)
     flags = [i % 2 == 0 for i in range(shape[0])]
-    got = ops.hflip(x, flip=flags, layout=layout, threads=2)
+    got = ops.hflip(x, flip=flags, layout=layout, num_threads=2)
     for i, flag in enumerate(flags):
         np.testing.assert_array_equal(got[i], np.flip(x[i], axis=width_axis) if flag else x[i])
 
@@ -246,7 +246,7 @@ def test_random_flips_are_reproducible_and_about_p():
     x = np.zeros((10_000, 1, 2, 1), np.float32)
     x[:, 0, 1, 0] = 1  # flipped images start with 1
     a = ops.hflip(x, p=0.3, seed=11)
-    np.testing.assert_array_equal(a, ops.hflip(x, p=0.3, seed=11, threads=4))
+    np.testing.assert_array_equal(a, ops.hflip(x, p=0.3, seed=11, num_threads=4))
     flipped = a[:, 0, 0, 0].mean()
     assert 0.27 < flipped < 0.33
 
@@ -268,11 +268,11 @@ def test_hflip_bad_input():
 def test_stack_matches_numpy_stack():
     for dtype in ["uint8", "float32", "int64"]:
         arrays = [random_images((13, 7, 3), dtype) for _ in range(9)]
-        np.testing.assert_array_equal(ops.stack(arrays, threads=3), np.stack(arrays))
+        np.testing.assert_array_equal(ops.stack(arrays, num_threads=3), np.stack(arrays))
         out = np.empty((9, 13, 7, 3), dtype)
         assert ops.stack(tuple(arrays), out=out) is out
     big = [random_images((300, 300, 3), "uint8") for _ in range(3)]  # several blocks per item
-    np.testing.assert_array_equal(ops.stack(big, threads=2), np.stack(big))
+    np.testing.assert_array_equal(ops.stack(big, num_threads=2), np.stack(big))
 
 
 def test_stack_bad_input_names_the_index():
@@ -301,7 +301,7 @@ def test_divide_by_max_is_bit_identical_to_numpy(dtype):
     if np.dtype(dtype).kind == "u":
         x[x == 0] = 1
     want = x / x.max()
-    got = fastloop.ops.divide_by_max(x, threads=3)
+    got = fastloop.ops.divide_by_max(x, num_threads=3)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
 
@@ -369,12 +369,12 @@ def test_a_forked_child_gets_a_working_pool_of_its_own():
     import os
 
     x = random_images((16, 128, 128, 3), "uint8")
-    want = ops.normalize(x, MEAN, STD, threads=2)  # starts the pool's workers here
+    want = ops.normalize(x, MEAN, STD, num_threads=2)  # starts the pool's workers here
     pid = os.fork()
     if pid == 0:  # the child: the parent's workers do not exist here
         code = 1
         try:
-            code = 0 if np.array_equal(ops.normalize(x, MEAN, STD, threads=2), want) else 2
+            code = 0 if np.array_equal(ops.normalize(x, MEAN, STD, num_threads=2), want) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

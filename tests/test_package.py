@@ -26,7 +26,7 @@ def test_public_names_are_exported_and_documented_with_an_example():
 
 
 def test_signatures_are_introspectable():
-    assert list(inspect.signature(fastloop.ops.normalize).parameters) == ["x", "mean", "std", "layout", "out", "threads"]
+    assert list(inspect.signature(fastloop.ops.normalize).parameters) == ["x", "mean", "std", "layout", "out", "num_threads"]
     assert "timeout" in inspect.signature(fastloop.Queue.get).parameters
 
 
@@ -68,9 +68,9 @@ def test_exit_with_a_blocked_daemon_thread_and_a_busy_pool_does_not_hang():
         "q = fastloop.Queue()\n"
         "threading.Thread(target=q.get, daemon=True).start()\n"
         "x = numpy.zeros((64, 224, 224, 3), numpy.uint8)\n"
-        "fastloop.ops.normalize(x, 0.5, 0.25, threads=2)\n"
+        "fastloop.ops.normalize(x, 0.5, 0.25, num_threads=2)\n"
         "def spin():\n"
-        "    while True: fastloop.ops.normalize(x, 0.5, 0.25, threads=2)\n"
+        "    while True: fastloop.ops.normalize(x, 0.5, 0.25, num_threads=2)\n"
         "threading.Thread(target=spin, daemon=True).start()\n"
         "print('exiting')\n"
     )

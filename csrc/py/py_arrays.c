@@ -160,7 +160,7 @@ PyObject *fl_output_array(PyObject *out_obj, int ndim, const Py_ssize_t *shape, 
 int fl_check_threads(int threads) {
     if (threads >= 1)
         return 0;
-    fl_raisef(NULL, FL_EXC_VALUE, "'threads' must be >= 1, not %d", threads);
+    fl_raisef(NULL, FL_EXC_VALUE, "'num_threads' must be >= 1, not %d", threads);
     return -1;
 }
 

@@ -97,7 +97,7 @@ PyObject *fl_py_crop(PyObject *module, PyObject *args, PyObject *kwargs) {
                            FL_ARG("size", OBJECT, &size), FL_ARG("|offsets", OBJECT, &offsets),
                            FL_ARG("seed", OBJECT, &seed_obj), FL_ARG("layout", STR, &layout_text),
                            FL_ARG("out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0)
+                           FL_ARG("num_threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_parse_layout(layout_text, "layout", &layout) < 0 ||
         fl_check_array(x, "x") == NULL || fl_image_dims(x, layout, &dims) < 0 ||
@@ -165,7 +165,7 @@ PyObject *fl_py_hflip(PyObject *module, PyObject *args, PyObject *kwargs) {
                            FL_ARG("|p", DOUBLE, &p), FL_ARG("seed", OBJECT, &seed_obj),
                            FL_ARG("flip", OBJECT, &flip_obj), FL_ARG("layout", STR, &layout_text),
                            FL_ARG("out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0)
+                           FL_ARG("num_threads", INT, &threads)) < 0)
         return NULL;
     if (!(p >= 0.0 && p <= 1.0)) {
         char message[80]; /* PyErr_Format has no %g: 3.12+ raise SystemError for it */
@@ -234,7 +234,7 @@ PyObject *fl_py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     int threads = 1;
     if (fl_parse_args_dict(&stack_args, args, kwargs, FL_ARG("arrays", OBJECT, &arrays_obj),
                            FL_ARG("|out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0 ||
+                           FL_ARG("num_threads", INT, &threads)) < 0 ||
         fl_check_threads(threads) < 0)
         return NULL;
     /* A tuple of our own keeps every array alive while the GIL is released, even if the

@@ -105,7 +105,7 @@ PyObject *fl_py_normalize(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (fl_parse_args_dict(&normalize_args, args, kwargs, FL_ARG("x", OBJECT, &x),
                            FL_ARG("mean", OBJECT, &mean_obj), FL_ARG("std", OBJECT, &std_obj),
                            FL_ARG("|layout", STR, &layout_text), FL_ARG("out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0)
+                           FL_ARG("num_threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 ||
         parse_layout_pair(layout_text, &src_layout, &dst_layout) < 0 ||
@@ -146,7 +146,7 @@ PyObject *fl_py_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
     fl_dtype src_dtype, dst_dtype;
     if (fl_parse_args_dict(&cast_args, args, kwargs, FL_ARG("x", OBJECT, &x),
                            FL_ARG("dtype", OBJECT, &dtype_obj), FL_ARG("|out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0)
+                           FL_ARG("num_threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &src_dtype) < 0)
@@ -175,7 +175,7 @@ PyObject *fl_py_divide_by_max(PyObject *module, PyObject *args, PyObject *kwargs
     fl_dtype dtype;
     if (fl_parse_args_dict(&divide_by_max_args, args, kwargs, FL_ARG("x", OBJECT, &x),
                            FL_ARG("|out", OBJECT, &out_obj),
-                           FL_ARG("threads", INT, &threads)) < 0)
+                           FL_ARG("num_threads", INT, &threads)) < 0)
         return NULL;
     if (fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL ||
         fl_dtype_of(x, "x", &dtype) < 0)

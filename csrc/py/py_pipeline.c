@@ -129,7 +129,7 @@ static PyObject *pipeline_run(PyObject *self_obj, PyObject *args, PyObject *kwar
     fl_dtype dtype;
     if (fl_parse_args_dict(&run_args, args, kwargs, FL_ARG("x", OBJECT, &x),
                            FL_ARG("|seed", OBJECT, &seed_obj), FL_ARG("ids", OBJECT, &ids_obj),
-                           FL_ARG("threads", INT, &threads)) < 0 ||
+                           FL_ARG("num_threads", INT, &threads)) < 0 ||
         fl_check_threads(threads) < 0 || fl_check_array(x, "x") == NULL || fl_dtype_of(x, "x", &dtype) < 0 ||
         fl_image_dims(x, self->layout, &dims) < 0 || fl_parse_seed(seed_obj, &seed) < 0)
         return NULL;
@@ -212,7 +212,7 @@ int fl_pipeline_set_output(fl_images out, fl_dtype dtype, fl_layout layout, PyOb
 
 static PyMethodDef pipeline_methods[] = {
     {"run", (PyCFunction)(void (*)(void))pipeline_run, METH_VARARGS | METH_KEYWORDS,
-     "run($self, /, x, seed=None, ids=None, threads=1)\n--\n\nRun the pipeline on a batch."},
+     "run($self, /, x, seed=None, ids=None, num_threads=1)\n--\n\nRun the pipeline on a batch."},
     {NULL, NULL, 0, NULL},
 };
 

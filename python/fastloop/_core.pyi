@@ -115,7 +115,7 @@ _Output = tuple[tuple[np.dtype[Any], ...], tuple[tuple[int, ...], ...]]
 class _Pipeline:
     def __init__(self, layout: str, steps: Sequence[tuple[Any, ...]]) -> None: ...
     def run(
-        self, x: npt.NDArray[Any], seed: int | None = None, ids: npt.ArrayLike | None = None, threads: int = 1
+        self, x: npt.NDArray[Any], seed: int | None = None, ids: npt.ArrayLike | None = None, num_threads: int = 1
     ) -> npt.NDArray[Any]: ...
 
 class _SlotLease:
@@ -245,9 +245,9 @@ def normalize(
     std: _Channels,
     layout: Literal["HWC->CHW", "CHW", "HWC", "CHW->HWC"] = "HWC->CHW",
     out: npt.NDArray[np.float32] | None = None,
-    threads: int = 1,
+    num_threads: int = 1,
 ) -> npt.NDArray[np.float32]: ...
-def cast(x: npt.NDArray[Any], dtype: npt.DTypeLike, out: npt.NDArray[Any] | None = None, threads: int = 1) -> npt.NDArray[Any]: ...
+def cast(x: npt.NDArray[Any], dtype: npt.DTypeLike, out: npt.NDArray[Any] | None = None, num_threads: int = 1) -> npt.NDArray[Any]: ...
 def crop(
     x: npt.NDArray[Any],
     size: int | tuple[int, int],
@@ -255,7 +255,7 @@ def crop(
     seed: int | None = None,
     layout: _Layout = "HWC",
     out: npt.NDArray[Any] | None = None,
-    threads: int = 1,
+    num_threads: int = 1,
 ) -> npt.NDArray[Any]: ...
 def hflip(
     x: npt.NDArray[Any],
@@ -264,10 +264,10 @@ def hflip(
     flip: npt.ArrayLike | None = None,
     layout: _Layout = "HWC",
     out: npt.NDArray[Any] | None = None,
-    threads: int = 1,
+    num_threads: int = 1,
 ) -> npt.NDArray[Any]: ...
-def stack(arrays: Sequence[npt.NDArray[Any]], out: npt.NDArray[Any] | None = None, threads: int = 1) -> npt.NDArray[Any]: ...
-def divide_by_max(x: npt.NDArray[Any], out: npt.NDArray[Any] | None = None, threads: int = 1) -> npt.NDArray[np.floating[Any]]: ...
+def stack(arrays: Sequence[npt.NDArray[Any]], out: npt.NDArray[Any] | None = None, num_threads: int = 1) -> npt.NDArray[Any]: ...
+def divide_by_max(x: npt.NDArray[Any], out: npt.NDArray[Any] | None = None, num_threads: int = 1) -> npt.NDArray[np.floating[Any]]: ...
 
 # Private hooks for tests and benchmarks.
 def _emit_events(queue: Queue[Any], count: int, producers: int = 1, name: str = "event") -> int: ...

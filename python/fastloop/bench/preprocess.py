@@ -48,7 +48,7 @@ def normalize_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def normalize_fastloop(x: np.ndarray, threads: int = 1) -> np.ndarray:
-    return fastloop.ops.normalize(x, MEAN, STD, layout="HWC->CHW", threads=threads)
+    return fastloop.ops.normalize(x, MEAN, STD, layout="HWC->CHW", num_threads=threads)
 
 
 def divide_by_max_numpy(x: np.ndarray) -> np.ndarray:
@@ -56,7 +56,7 @@ def divide_by_max_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def divide_by_max_fastloop(x: np.ndarray, threads: int = 1) -> np.ndarray:
-    return fastloop.ops.divide_by_max(x, threads=threads)
+    return fastloop.ops.divide_by_max(x, num_threads=threads)
 
 
 @dataclass

@@ -4,8 +4,8 @@ Every function takes NumPy arrays or CPU torch tensors (read and written through
 views; results are arrays), checks dtype, shape and contiguity at the call (a TypeError or ValueError
 naming the argument), reads its input once and writes its output once, accepts ``out=``
 to reuse a buffer, releases the GIL while it runs (inputs of 2 KiB and more), and takes
-``threads=`` to split the work over fastloop's C thread pool. Random choices (``crop``,
-``hflip``) are drawn per image from ``seed``, so results never depend on ``threads``.
+``num_threads=`` to split the work over fastloop's C thread pool. Random choices (``crop``,
+``hflip``) are drawn per image from ``seed``, so results never depend on ``num_threads``.
 
     >>> x = numpy.zeros((8, 224, 224, 3), numpy.uint8)
     >>> fastloop.ops.normalize(x, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]).shape
@@ -330,7 +330,7 @@ class Pipeline:
         """Channel count of images (or batches) of this shape in the pipeline's layout."""
         return int(x_shape[-1] if self.layout == "HWC" else x_shape[-3])
 
-    def __call__(self, x: np.ndarray, seed: int | None = None, ids: Any = None, threads: int = 1) -> np.ndarray:
+    def __call__(self, x: np.ndarray, seed: int | None = None, ids: Any = None, num_threads: int = 1) -> np.ndarray:
         """Run on one image or a batch. ids: the images' dataset indices for the random
         draws (default 0..n-1)."""
         x = as_array_if_tensor(x, "x")
@@ -339,7 +339,7 @@ class Pipeline:
             raise ValueError(f"'x' must be an image or a batch of images (3 or 4 dimensions), not {shape}")
         if self.geometry is not None:
             x = self._apply_geometry(x, seed, ids)
-        return self._core(self.channels_of(x.shape)).run(x, seed, ids, threads)
+        return self._core(self.channels_of(x.shape)).run(x, seed, ids, num_threads)
 
     def _apply_geometry(self, x: np.ndarray, seed: int | None, ids: Any) -> np.ndarray:
         """The fused first step on each image of an array (the Loader runs it on encoded files)."""
