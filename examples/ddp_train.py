@@ -198,7 +198,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: str, com
 
     # rank and world_size come from RANK / WORLD_SIZE; drop_last so that no rank's last batch is short.
     loader = fastloop.Loader((x_train, y_train, id_train), batch_size=args.batch_size, shuffle=True,
-                             seed=args.seed, workers=args.workers, drop_last=True)
+                             seed=args.seed, num_workers=args.workers, drop_last=True)
     # The shards are equal in size (trimmed, with drop_last), so every rank runs the same
     # number of steps: none waits in an all-reduce the others never join.
     steps_per_epoch = len(loader)

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resumed from {latest.path}: epoch {start_epoch}, step {step}")
 
     loader = fastloop.Loader((x, y), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                             workers=args.workers)
+                             num_workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
     mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # loader samples/per_s every interval

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"best validation accuracy {best_acc:.2%} (epoch {best_epoch})")
 
     loader = fastloop.Loader((x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                             workers=args.workers)
+                             num_workers=args.workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
     mon = fastloop.Monitor(interval=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # loader samples/per_s every interval

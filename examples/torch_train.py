@@ -53,10 +53,10 @@ def loaders(folder: str, batch_size: int, workers: int) -> tuple[fastloop.Loader
     augment = Pipeline([RandomResizedCrop(CROP, scale=(0.5, 1.0)), RandomHFlip(),
                         Normalize(MEAN, STD, layout="HWC->CHW")])
     train = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "train")), batch_size=batch_size,
-                            shuffle=True, seed=0, drop_last=True, workers=workers, transform=augment,
+                            shuffle=True, seed=0, drop_last=True, num_workers=workers, transform=augment,
                             output="torch")
     center = Pipeline([Resize(IMAGE_SHAPE[1]), CenterCrop(CROP), Normalize(MEAN, STD, layout="HWC->CHW")])
-    val = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "val")), batch_size=256, workers=workers,
+    val = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "val")), batch_size=256, num_workers=workers,
                           transform=center, output="torch")
     return train, val
 

@@ -57,7 +57,7 @@ def _staged(source, pipeline: Pipeline, seed: int = 3, workers: int = 2) -> tupl
 
 def _cpu(source, pipeline: Pipeline, seed: int = 3) -> np.ndarray:
     """The CPU path's uint8 images, every one in dataset order."""
-    loader = fastloop.Loader(source, batch_size=len(source), transform=pipeline, seed=seed, workers=2)
+    loader = fastloop.Loader(source, batch_size=len(source), transform=pipeline, seed=seed, num_workers=2)
     images, _ = next(iter(loader))
     return np.array(images)
 

@@ -330,6 +330,8 @@ class Monitor:
         >>> mon.attach(metrics)   # metrics.add("samples", 256) -> samples/per_s
         """
         metrics = source if isinstance(source, Metrics) else getattr(source, "metrics", None)
+        if metrics is None:  # a Loader: its live counters (stats() is their snapshot)
+            metrics = getattr(source, "_metrics", None)
         if not isinstance(metrics, Metrics):
             raise TypeError(f"attach() takes a fastloop.Metrics or an object with one in .metrics, "
                             f"not {type(source).__name__}")
