@@ -105,7 +105,8 @@ def test_the_split_draws_the_same_crops_and_flips_as_the_cpu_pipeline(workers):
     full = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
     host, finish = split_for_device(full, np.uint8, None)
     cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=full, num_workers=workers)
-    split = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=host, num_workers=workers)
+    split = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=host,
+                            num_workers=workers)
     for epoch in range(2):
         for (x, y), (u8, y2) in zip(cpu, split):
             assert u8.dtype == np.uint8 and u8.shape == (8, 16, 12, 3)

@@ -76,8 +76,8 @@ def check_epoch(loader: fastloop.Loader, n: int, sample_shape: tuple, batch_size
                                                           st.integers(60, 63).map(lambda d: [1] * d)),
                   batch_size=small_or_extreme(1, 50),
                   num_workers=mostly(st.integers(0, 3), st.sampled_from([1024, 1025] + HUGE + BAD)),
-                  prefetch_factor=small_or_extreme(1, 3), world_size=small_or_extreme(1, 4), rank=small_or_extreme(0, 4),
-                  drop_last=st.booleans(),
+                  prefetch_factor=small_or_extreme(1, 3), world_size=small_or_extreme(1, 4),
+                  rank=small_or_extreme(0, 4), drop_last=st.booleans(),
                   seed=st.sampled_from([0, -1, 2**64 - 1, 2**100]), shuffle=st.booleans())
 def test_loader_in_threads_works_or_names_the_argument(n: int, sample: list, batch_size: int, num_workers: int,
                                                         prefetch_factor: int, world_size: int, rank: int,
@@ -112,8 +112,8 @@ class Samples:
                   prefetch_factor=small_or_extreme(1, 3),
                   world_size=small_or_extreme(1, 3), rank=small_or_extreme(0, 3))
 def test_loader_in_worker_processes_works_or_names_the_argument(n: int, sample: list, batch_size: int,
-                                                                 num_workers: int, prefetch_factor: int, world_size: int,
-                                                                 rank: int) -> None:
+                                                                 num_workers: int, prefetch_factor: int,
+                                                                 world_size: int, rank: int) -> None:
     loader = works_or_names(lambda: fastloop.Loader(Samples(n, tuple(sample)), batch_size=batch_size,
                                                     num_workers=num_workers, mode="processes",
                                                     prefetch_factor=prefetch_factor, world_size=world_size,

@@ -123,8 +123,8 @@ def _nvjpeg(batches: int, aug: Any) -> None:
             pixels = np.random.default_rng(i).integers(0, 256, (48 + i, 64 - i, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(os.path.join(root, f"c{i % 2}", f"{i}.jpg"), quality=90)
         decode = Pipeline([RandomResizedCrop(32), *aug.steps[1:]])
-        loader = fastloop.Loader(fastloop.ImageFolder(root), batch_size=8, shuffle=True, transform=decode, num_workers=2,
-                                 device="cuda", decode="gpu")
+        loader = fastloop.Loader(fastloop.ImageFolder(root), batch_size=8, shuffle=True, transform=decode,
+                                 num_workers=2, device="cuda", decode="gpu")
         _use(loader, batches, lambda batch: batch[0].to_numpy())
         loader.close()
 

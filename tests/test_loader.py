@@ -216,7 +216,8 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
         # the loader reads that as a program freezing objects itself and leaves gc alone (a
         # known gap there: its workers then copy the heap pages a collection touches)
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1, mode="processes")))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1,
+                                                        mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
         return
     loader = fastloop.Loader(FreezeCount(64), batch_size=8, num_workers=2, mode="processes")
@@ -227,7 +228,8 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
     gc.freeze()  # a program that freezes objects itself keeps its regime
     try:
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1, mode="processes")))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1,
+                                                        mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()

@@ -347,7 +347,8 @@ class Holder:
 def test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly():
     workers = WorkerThreads()
     data = Holder()
-    loader = fastloop.Loader(data, batch_size=2, num_workers=3, mode="threads", prefetch_factor=4, worker_init_fn=workers)
+    loader = fastloop.Loader(data, batch_size=2, num_workers=3, mode="threads", prefetch_factor=4,
+                             worker_init_fn=workers)
     epoch = iter(loader)
     next(epoch)
     gone = weakref.ref(loader)

@@ -7,7 +7,7 @@ import numbers
 import os
 from typing import Any
 
-from .._args import INT_MAX, SSIZE_MAX, int_arg, one_of
+from .._args import INT_MAX, int_arg, one_of
 from ._backend import ArraysDataset
 from ._backend_arrays import is_encoded
 from ._folder import Folder
@@ -88,9 +88,8 @@ def check_pipeline_field(layout: SampleLayout) -> None:
                         f"{describe(layout.leaves[0])} is neither an array, a tensor nor a number")
 
 
-
 def init_batching(loader: Any, batch_size: Any, drop_last: bool, order: SharedOrder | None,
-                   batch_sampler: Any) -> tuple[Any, bool]:
+                  batch_sampler: Any) -> tuple[Any, bool]:
     """batch_size and drop_last as the sampler arguments leave them (checked for type)."""
     loader._unbatched = batch_size is None and batch_sampler is None  # samples one by one
     if loader._unbatched:
@@ -105,7 +104,8 @@ def init_batching(loader: Any, batch_size: Any, drop_last: bool, order: SharedOr
     return int(batch_size), drop_last
 
 
-def init_output(loader: Any, output: str, collate_fn: Any, target_transform: Any, order: SharedOrder | None) -> None:
+def init_output(loader: Any, output: str, collate_fn: Any, target_transform: Any,
+                order: SharedOrder | None) -> None:
     """What a batch is handed out as: output, collate_fn, target_transform."""
     one_of("output", output, ("numpy", "torch"))
     if target_transform is not None and not callable(target_transform):
@@ -120,11 +120,11 @@ def init_output(loader: Any, output: str, collate_fn: Any, target_transform: Any
 
 
 def init_sharding(loader: Any, source: Any, rank: int | None, world_size: int | None, split_by: str,
-                   order: SharedOrder | None, drop_last: bool) -> Any:
+                  order: SharedOrder | None, drop_last: bool) -> Any:
     """rank, world_size (torchrun's environment by default) and split_by; the source this
     rank reads (its own shards with split_by="shard")."""
     loader.world_size = int_arg("world_size", env_int("WORLD_SIZE", 1) if world_size is None else world_size,
-                              1, INT_MAX)
+                                1, INT_MAX)
     loader.rank = int_arg("rank", env_int("RANK", 0) if rank is None else rank, 0, loader.world_size - 1)
     if order is not None:  # the sampler decides which indices, and shards if it is distributed
         loader.rank, loader.world_size = 0, 1

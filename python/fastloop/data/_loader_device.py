@@ -14,8 +14,8 @@ from ._torch_interop import pins_tensors
 from .ops import Pipeline
 
 
-def init_device(loader: Any, device: Any, dtype: Any, memory_format: Any, decode: str | None, pin_memory: bool | None,
-                 batch_size: int) -> None:
+def init_device(loader: Any, device: Any, dtype: Any, memory_format: Any, decode: str | None,
+                pin_memory: bool | None, batch_size: int) -> None:
     """Where batches go: device, dtype, memory_format, decode, pin_memory."""
     kind, index = parse_device(device)
     loader.device = index if kind == "cuda" else None

@@ -74,14 +74,14 @@ class Loader:
     Sampling: shuffle with `seed` (a new order each epoch, reproducible), sharded by
     rank/world_size (default: the RANK and WORLD_SIZE environment variables torchrun sets;
     shards are disjoint and together cover the data), drop_last, in-order delivery,
-    `prefetch_factor` batches in flight per worker (None: 2). Random augmentations are drawn per sample from
-    (seed, epoch, sample index), so they do not depend on the worker count; worker processes
-    get numpy and random seeded from (seed, worker id), torch (if the program imported it)
-    set to one intra-op thread as DataLoader's workers are, and `worker_init_fn(worker_id)`;
-    then before each batch, random, numpy's global generator and torch's are seeded from
-    (seed, epoch, the batch's first sample index), so Python augmentations too are
-    reproducible run to run whatever worker draws them (this overrides seeds set in
-    worker_init_fn).
+    `prefetch_factor` batches in flight per worker (None: 2). Random augmentations are drawn
+    per sample from (seed, epoch, sample index), so they do not depend on the worker count;
+    worker processes get numpy and random seeded from (seed, worker id), torch (if the
+    program imported it) set to one intra-op thread as DataLoader's workers are, and
+    `worker_init_fn(worker_id)`; then before each batch, random, numpy's global generator
+    and torch's are seeded from (seed, epoch, the batch's first sample index), so Python
+    augmentations too are reproducible run to run whatever worker draws them (this
+    overrides seeds set in worker_init_fn).
 
     on_error: "raise" (a sample that cannot be read or decoded raises at the batch that needs
       it, naming the file, the sample index and the decoder's message; earlier batches are
@@ -97,8 +97,9 @@ class Loader:
     ...; padded by wrapping, or trimmed with drop_last, to the same step count on every rank).
 
     Batches are zero-copy views of loader-owned slots, recycled when you drop them. While you
-    hold up to two (the one in use and the next), num_workers * prefetch_factor more are made meanwhile;
-    a third batch you keep comes as a copy, so kept batches never reduce the prefetch.
+    hold up to two (the one in use and the next), num_workers * prefetch_factor more are made
+    meanwhile; a third batch you keep comes as a copy, so kept batches never reduce the
+    prefetch.
     output: "numpy" (arrays) or "torch" (tensors sharing the slot memory, via
     torch.from_numpy). collate_fn: called with the batch's list of samples (as the dataset
     gives them, arrays or tensors as `output` says, shapes free) in this process; what it
@@ -107,8 +108,9 @@ class Loader:
 
     DataLoader's names work where the meaning is the same: num_workers, prefetch_factor
     (batches in flight per worker besides the ones you hold; with num_workers=0 it raises, as
-    in DataLoader), collate_fn, sampler (an iterable of dataset indices, drawn anew each epoch, with
-    set_epoch(epoch) called if it has one; it replaces shuffle and rank/world_size sharding),
+    in DataLoader), collate_fn, sampler (an iterable of dataset indices, drawn anew each
+    epoch, with set_epoch(epoch) called if it has one; it replaces shuffle and
+    rank/world_size sharding),
     batch_sampler (an iterable of lists of indices, of any sizes; the first epoch's largest
     sizes the batch slots; with batch_size or drop_last it raises, as DataLoader does),
     timeout (seconds; 0 or None: no limit), generator (a torch.Generator: the seed is drawn
@@ -142,7 +144,8 @@ class Loader:
     held to one thread so its thread pool is not started before the workers fork; code
     calling get_worker_info() must accept None there, as with torch's num_workers=0.
 
-    stats(): a snapshot of the counters: samples and batches made, samples skipped.
+    stats(): a snapshot of the loader's counters (samples and batches made, samples skipped);
+    Monitor.attach(loader) logs them per second.
     """
 
     def __init__(
@@ -219,7 +222,8 @@ class Loader:
 
     # ---- the backend: one BatchSource (_backend.py) ----
 
-    def _start_threads(self, fields: list, pipeline: Pipeline | None, num_workers: int, prefetch_factor: int) -> None:
+    def _start_threads(self, fields: list, pipeline: Pipeline | None, num_workers: int,
+                       prefetch_factor: int) -> None:
         """C threads read the fields (arrays, Folders, image sources) into the slots."""
         self._layout = SampleLayout.of_fields(len(fields), self._single)
         pipeline = start_feed(self, pipeline, field_dtype(fields[0]), is_encoded(fields[0]))
