@@ -449,3 +449,45 @@ def test_a_monitor_attached_to_a_loader_logs_its_samples_per_second(tmp_path):
     tags = {json.loads(line)["name"] for line in open(tmp_path / "m.jsonl")}
     assert {"loader/samples/per_s", "loader/batches/per_s"} <= tags
     assert loader.stats()["samples"] > 0 and loader.stats()["batches"] > 0
+
+
+class Squares:
+    """A map-style dataset: what the Python-fed backends read."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([i * i], np.int64)
+
+
+@pytest.mark.parametrize("make", [lambda: fastloop.Loader(np.arange(10), batch_size=4, num_workers=2),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=0),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=2, mode="threads"),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=2, mode="processes")],
+                         ids=["C threads", "inline", "Python threads", "processes"])
+def test_stats_is_a_fresh_snapshot_of_the_counters_in_every_backend(make):
+    with make() as loader:
+        before = loader.stats()
+        assert before == {"samples": 0, "batches": 0, "skipped": 0}
+        assert len(np.concatenate(list(loader))) == 10
+        assert loader.stats() == {"samples": 10, "batches": 3, "skipped": 0}
+        assert before["samples"] == 0  # a snapshot: it does not move with the loader
+        list(loader)
+        assert loader.stats()["samples"] == 20  # every epoch counts
+        assert not hasattr(loader, "metrics") and not hasattr(loader, "workers")
+        assert loader.num_workers in (0, 2)
+
+
+def test_worker_counts_are_named_as_torch_names_them():
+    with pytest.raises(ValueError, match="'num_workers'"):
+        fastloop.Loader(LABELS, num_workers=-1)
+    with pytest.raises(ValueError, match="'num_workers'"):
+        fastloop.Loader(LABELS, num_workers=2000)
+    with pytest.raises(ValueError, match="'prefetch_factor'"):
+        fastloop.Loader(LABELS, num_workers=1, prefetch_factor=0)
+    with pytest.raises(ValueError, match=r"'num_workers' x 'prefetch_factor' is too large"):
+        fastloop.Loader(LABELS, num_workers=1000, prefetch_factor=2**31 - 1)
+    for old in ({"workers": 2}, {"prefetch": 2}):
+        with pytest.raises(TypeError, match=f"'{next(iter(old))}'"):  # one name each, no alias
+            fastloop.Loader(LABELS, **old)
