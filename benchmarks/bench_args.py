@@ -25,7 +25,7 @@ import fastloop
 
 def ended_loader():
     """A loader whose epoch has ended: next() then parses and returns None at once."""
-    loader = fastloop.Loader(np.zeros((4, 2), np.float32), batch_size=2, workers=1)
+    loader = fastloop.Loader(np.zeros((4, 2), np.float32), batch_size=2, num_workers=1)
     for _ in loader:
         pass
     return loader

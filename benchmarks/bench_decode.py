@@ -4,7 +4,7 @@ Target (issue 13): the fused ImageNet train pipeline (RandomResizedCrop 224 + fl
 float32 CHW) runs at >= 0.8x the full-decode rate of libjpeg-turbo on one core, and faster
 where decoding only the crop's rows/columns or at a DCT-reduced scale saves work. Everything
 runs on one thread: the full decode through fastloop.images.decode (the same libjpeg-turbo the
-Loader uses), the pipelines through a Loader with workers=0 (the calling thread fills every
+Loader uses), the pipelines through a Loader with num_workers=0 (the calling thread fills every
 batch), Pillow for reference.
 
 Files: 400 (64 with --quick) JPEGs from fastloop.bench.image_data, the generator
@@ -72,7 +72,7 @@ def best_rate(run: Callable[[], int], rounds: int) -> float:
 
 
 def loader_run(paths: list[str], pipeline: ops.Pipeline) -> Callable[[], int]:
-    loader = fastloop.Loader(Files(paths), batch_size=64, workers=0, transform=pipeline, shuffle=True)
+    loader = fastloop.Loader(Files(paths), batch_size=64, num_workers=0, transform=pipeline, shuffle=True)
 
     def run() -> int:
         return sum(len(y) for _, y in loader)
@@ -130,7 +130,7 @@ def startup_and_memory(paths: list[str], epochs: int = 10) -> dict[str, float]:
     pipeline = ops.Pipeline([ops.RandomResizedCrop(224), ops.RandomHFlip(),
                              ops.Normalize(MEAN, STD, layout="HWC->CHW")])
     start = time.perf_counter()
-    with fastloop.Loader(Files(paths), batch_size=32, workers=2, transform=pipeline, shuffle=True) as loader:
+    with fastloop.Loader(Files(paths), batch_size=32, num_workers=2, transform=pipeline, shuffle=True) as loader:
         batches = iter(loader)
         next(batches)
         first = time.perf_counter() - start

@@ -136,7 +136,7 @@ def own_python(samples: int = 64000, rounds: int = 5) -> dict:
             if finish is not None:
                 finish(0)
         best = min(best, time.perf_counter() - start)
-    loader = fastloop.Loader(dataset, batch_size=BATCH, workers=1, output="torch")
+    loader = fastloop.Loader(dataset, batch_size=BATCH, num_workers=1, output="torch")
     made = (np.zeros((BATCH, 3, 64, 64), np.float32), np.zeros(BATCH, np.int64))
     made = made + (None,) if finish is not None else made  # processes mode's batches end with their object bytes
     deliver = float("inf")

@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--lr", type=float, default=3e-3, help="Adam learning rate (default %(default)s)")
     add("--seed", type=int, default=0,
         help="seeds the data, the initialization and the shuffling (default %(default)s)")
-    add("--workers", type=int, default=1, help="Loader worker threads per rank (default %(default)s)")
+    add("--num-workers", type=int, default=1, help="Loader worker threads per rank (default %(default)s)")
     add("--out", default=os.path.join("runs", "ddp_train"),
         help="logs, checkpoints/, sample ids and final parameters go here (default %(default)s)")
     add("--device", default="auto",
@@ -198,7 +198,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: str, com
 
     # rank and world_size come from RANK / WORLD_SIZE; drop_last so that no rank's last batch is short.
     loader = fastloop.Loader((x_train, y_train, id_train), batch_size=args.batch_size, shuffle=True,
-                             seed=args.seed, workers=args.workers, drop_last=True)
+                             seed=args.seed, num_workers=args.num_workers, drop_last=True)
     # The shards are equal in size (trimmed, with drop_last), so every rank runs the same
     # number of steps: none waits in an all-reduce the others never join.
     steps_per_epoch = len(loader)

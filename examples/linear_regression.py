@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--noise", type=float, default=0.1, help="standard deviation of the noise on y (default %(default)s)")
     add("--seed", type=int, default=0,
         help="seeds the data, the initialization and the shuffling (default %(default)s)")
-    add("--workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
+    add("--num-workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
     add("--checkpoint-every", type=int, default=10, help="epochs between checkpoints (default %(default)s)")
     add("--out", default=os.path.join("runs", "linear_regression"),
         help="TensorBoard events, metrics.csv and checkpoints/ go here (default %(default)s)")
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resumed from {latest.path}: epoch {start_epoch}, step {step}")
 
     loader = fastloop.Loader((x, y), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                             workers=args.workers)
+                             num_workers=args.num_workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
     mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # its stats() every interval: loader/samples, loader/samples/per_s, ...

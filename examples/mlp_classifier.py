@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--lr", type=float, default=None, help="peak learning rate (default 3e-3 Adam, 0.1 SGD)")
     add("--seed", type=int, default=0,
         help="seeds the data, the initialization and the shuffling (default %(default)s)")
-    add("--workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
+    add("--num-workers", type=int, default=2, help="Loader worker threads (default %(default)s)")
     add("--out", default=os.path.join("runs", "mlp_classifier"),
         help="TensorBoard events, metrics.csv, checkpoints/ and best/ go here (default %(default)s)")
     add("--resume", action="store_true", help="continue from the latest checkpoint in <out>/checkpoints")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"best validation accuracy {best_acc:.2%} (epoch {best_epoch})")
 
     loader = fastloop.Loader((x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                             workers=args.workers)
+                             num_workers=args.num_workers)
     sinks = [fastloop.TensorBoardSink(args.out), fastloop.CSVSink(os.path.join(args.out, "metrics.csv"))]
     mon = fastloop.Monitor(interval_s=5.0, sinks=sinks, gpu=args.device != "cpu")
     mon.attach(loader)  # its stats() every interval: loader/samples, loader/samples/per_s, ...

@@ -53,10 +53,10 @@ def loaders(folder: str, batch_size: int, workers: int) -> tuple[fastloop.Loader
     augment = Pipeline([RandomResizedCrop(CROP, scale=(0.5, 1.0)), RandomHFlip(),
                         Normalize(MEAN, STD, layout="HWC->CHW")])
     train = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "train")), batch_size=batch_size,
-                            shuffle=True, seed=0, drop_last=True, workers=workers, transform=augment,
+                            shuffle=True, seed=0, drop_last=True, num_workers=workers, transform=augment,
                             output="torch")
     center = Pipeline([Resize(IMAGE_SHAPE[1]), CenterCrop(CROP), Normalize(MEAN, STD, layout="HWC->CHW")])
-    val = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "val")), batch_size=256, workers=workers,
+    val = fastloop.Loader(fastloop.ImageFolder(os.path.join(folder, "val")), batch_size=256, num_workers=workers,
                           transform=center, output="torch")
     return train, val
 
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2, help="the Loader's C threads")
+    parser.add_argument("--num-workers", type=int, default=2, help="the Loader's C threads")
     parser.add_argument("--quick", action="store_true", help="a small run of a few seconds (tests)")
     parser.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this many steps")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in <out>")
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # deterministic float sums, so a resumed run matches exactly
     folder, _ = image_folder(n_train, n_val)
-    loader, val_loader = loaders(folder, args.batch_size, args.workers)
+    loader, val_loader = loaders(folder, args.batch_size, args.num_workers)
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 

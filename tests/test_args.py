@@ -134,7 +134,7 @@ def test_constructor_keywords_and_types_are_named():
 
 
 def test_loader_next_and_start_epoch():
-    loader = fastloop.Loader(np.arange(8, dtype=np.float32).reshape(4, 2), batch_size=2, workers=1)
+    loader = fastloop.Loader(np.arange(8, dtype=np.float32).reshape(4, 2), batch_size=2, num_workers=1)
     try:
         core = loader._core
         with pytest.raises(TypeError, match=r"^start_epoch\(\) argument 'epoch' must be int, not str$"):

@@ -38,7 +38,7 @@ def test_demo_help_gives_each_default_once():
     shown = options(demo_parser().format_help())
     assert {o: h.count("default") for o, h in shown.items() if h.count("default") > 1} == {}
     assert "(default: the task; -2, -3... when taken)" in shown["--name"] and "None" not in shown["--name"]
-    assert "(default: 0)" in shown["--seed"] and "(default: 2)" in shown["--workers"]
+    assert "(default: 0)" in shown["--seed"] and "(default: 2)" in shown["--num-workers"]
     assert "default" not in shown["--resume"]  # a flag: no "(default: False)"
 
 

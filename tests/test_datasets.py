@@ -143,9 +143,9 @@ def test_loader_over_image_folder_matches_pillow(tmp_path: Path, mode: str) -> N
     root = tmp_path / "train"
     written = make_folder(root)
     if mode == "threads":  # fused decode + resize in C threads
-        x, y = loader_batches(fastloop.ImageFolder(root), workers=2, transform=FUSED)
+        x, y = loader_batches(fastloop.ImageFolder(root), num_workers=2, transform=FUSED)
     else:  # __getitem__ in worker processes, a Python transform
-        x, y = loader_batches(fastloop.ImageFolder(root, transform=resized), workers=2, mode="processes")
+        x, y = loader_batches(fastloop.ImageFolder(root, transform=resized), num_workers=2, mode="processes")
     folder = fastloop.ImageFolder(root)
     assert y.tolist() == folder.targets and x.shape == (13,) + SIZE + (3,)
     for i, (path, _) in enumerate(folder.samples):
@@ -159,7 +159,7 @@ def test_images_take_paths_and_labels(tmp_path: Path) -> None:
     for i in range(5):
         paths.append(tmp_path / f"{i}.jpg")
         paths[-1].write_bytes(jpeg_bytes(i))
-    x, y = loader_batches(fastloop.Images(paths, labels=[4, 3, 2, 1, 0]), workers=2, transform=FUSED)
+    x, y = loader_batches(fastloop.Images(paths, labels=[4, 3, 2, 1, 0]), num_workers=2, transform=FUSED)
     assert y.tolist() == [4, 3, 2, 1, 0]
     for i, path in enumerate(paths):
         assert np.abs(x[i].astype(int) - pillow_resized(path.read_bytes())).max() <= 1
@@ -252,9 +252,9 @@ def test_the_header_index_agrees_with_pythons_tarfile(tmp_path: Path) -> None:
 def test_loader_over_tar_shards_matches_pillow(tmp_path: Path, mode: str) -> None:
     expected = make_shards(tmp_path, [5, 3, 6])
     if mode == "threads":
-        x, y = loader_batches(fastloop.TarShards(str(tmp_path / "*.tar")), workers=2, transform=FUSED)
+        x, y = loader_batches(fastloop.TarShards(str(tmp_path / "*.tar")), num_workers=2, transform=FUSED)
     else:
-        x, y = loader_batches(fastloop.TarShards(str(tmp_path / "*.tar"), transform=resized), workers=2,
+        x, y = loader_batches(fastloop.TarShards(str(tmp_path / "*.tar"), transform=resized), num_workers=2,
                               mode="processes")
     assert y.tolist() == [label for _, label in expected]
     for i, (jpeg, _) in enumerate(expected):
@@ -266,7 +266,7 @@ def test_a_bad_image_in_a_shard_names_shard_member_and_index(tmp_path: Path) -> 
     samples[4] = ("k4", jpeg_bytes(4)[:300], 4)  # truncated JPEG
     write_shard(tmp_path / "bad.tar", samples)
     shards = fastloop.TarShards(tmp_path / "bad.tar")
-    with fastloop.Loader(shards, batch_size=2, workers=2, transform=FUSED) as loader:
+    with fastloop.Loader(shards, batch_size=2, num_workers=2, transform=FUSED) as loader:
         it = iter(loader)
         next(it), next(it)  # earlier batches delivered
         with pytest.raises(fastloop.DecodeError, match=r"sample 4: .*bad\.tar.*libjpeg.*member 'k4\.jpg'"):
@@ -550,7 +550,7 @@ def test_split_by_shard_reads_rank_and_world_size_from_torchrun_variables(tmp_pa
 def test_split_by_shard_in_processes_mode_reads_the_ranks_shards(tmp_path: Path) -> None:
     expected = make_shards(tmp_path, [2, 3, 2])
     shards = fastloop.TarShards(str(tmp_path / "*.tar"), transform=resized)
-    with fastloop.Loader(shards, batch_size=2, workers=1, mode="processes", rank=1, world_size=2,
+    with fastloop.Loader(shards, batch_size=2, num_workers=1, mode="processes", rank=1, world_size=2,
                          split_by="shard") as loader:
         labels = [int(v) for _, y in loader for v in np.array(y)]
     assert labels == [label for _, label in expected[2:5]] + [expected[2][1]]  # shard 1, padded to 4

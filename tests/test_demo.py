@@ -137,7 +137,7 @@ def test_resume_without_checkpoints_says_so(tmp_path):
 
 
 def test_bad_options_are_refused_naming_them(tmp_path):
-    for option, value in (("--epochs", "0"), ("--batch-size", "-3"), ("--workers", "-1")):
+    for option, value in (("--epochs", "0"), ("--batch-size", "-3"), ("--num-workers", "-1")):
         result = demo(tmp_path, "--quick", option, value, check=False)
         assert result.returncode == 2 and option in result.stderr
     result = demo(tmp_path, "--quick", "--task", "segmentation", check=False)

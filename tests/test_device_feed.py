@@ -104,8 +104,9 @@ def _finish_like_the_gpu(u8: np.ndarray, finish: GpuFinish) -> np.ndarray:
 def test_the_split_draws_the_same_crops_and_flips_as_the_cpu_pipeline(workers):
     full = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
     host, finish = split_for_device(full, np.uint8, None)
-    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=full, workers=workers)
-    split = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=host, workers=workers)
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=full, num_workers=workers)
+    split = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, shuffle=True, seed=5, transform=host,
+                            num_workers=workers)
     for epoch in range(2):
         for (x, y), (u8, y2) in zip(cpu, split):
             assert u8.dtype == np.uint8 and u8.shape == (8, 16, 12, 3)
@@ -123,8 +124,8 @@ def test_image_sources_draw_the_same_resized_crops_and_flips_split_or_not(tmp_pa
     full = Pipeline([RandomResizedCrop(32), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
     host, finish = split_for_device(full, np.uint8, None)
     source = fastloop.ImageFolder(tmp_path)
-    cpu = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=full, workers=2)
-    split = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=host, workers=2)
+    cpu = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=full, num_workers=2)
+    split = fastloop.Loader(source, batch_size=4, shuffle=True, seed=3, transform=host, num_workers=2)
     for (x, y), (u8, y2) in zip(cpu, split):
         np.testing.assert_array_equal(y, y2)
         np.testing.assert_allclose(_finish_like_the_gpu(u8, finish), x, rtol=0, atol=2e-6)
@@ -145,8 +146,8 @@ def _torch_cuda():
 @needs_gpu
 def test_device_arrays_match_the_cpu_pipeline():
     aug = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
-    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1)
-    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1, device="cuda")
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, num_workers=2, seed=1)
+    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, num_workers=2, seed=1, device="cuda")
     assert gpu._feed.finish is not None
     for (x, y), (dx, dy) in zip(cpu, gpu):
         assert isinstance(dx, fastloop.cuda.DeviceArray) and dx.shape == x.shape and dx.dtype == np.float32
@@ -166,8 +167,8 @@ def test_device_arrays_match_the_cpu_pipeline():
 def test_torch_cuda_batches_match_the_cpu_pipeline(dtype, memory_format, kernel):
     torch = _torch_cuda()
     aug = Pipeline([RandomCrop((16, 12)), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
-    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1)
-    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, workers=2, seed=1, device="cuda",
+    cpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, num_workers=2, seed=1)
+    gpu = fastloop.Loader((IMAGES_HWC, LABELS), batch_size=8, transform=aug, num_workers=2, seed=1, device="cuda",
                           output="torch", dtype=dtype, memory_format=memory_format)
     gpu._feed.kernel = kernel  # False: the same math in torch ops (a fastloop build without CUDA)
     want = getattr(torch, dtype)
@@ -186,7 +187,7 @@ def test_torch_cuda_batches_are_ready_on_the_consumers_stream_and_slots_are_pinn
     torch = _torch_cuda()
     images = np.random.default_rng(2).integers(0, 256, (64, 64, 64, 3), dtype=np.uint8)
     aug = Pipeline([Normalize(MEAN, STD, layout="HWC->CHW")])
-    loader = fastloop.Loader(images, batch_size=16, transform=aug, workers=2, device="cuda", output="torch")
+    loader = fastloop.Loader(images, batch_size=16, transform=aug, num_workers=2, device="cuda", output="torch")
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # the batches follow whichever stream is current at hand-out
         sums = [x.double().sum().item() for x in loader]  # two epochs: every slot reused
@@ -207,8 +208,8 @@ def test_image_folder_to_torch_cuda_tensors(tmp_path: Path):
         Image.fromarray(pixels).save(tmp_path / "a" / f"{i}.jpg", quality=90)
     aug = Pipeline([RandomResizedCrop(32), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
     source = fastloop.ImageFolder(tmp_path)
-    cpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, workers=2)
-    gpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, workers=2, device="cuda", output="torch")
+    cpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, num_workers=2)
+    gpu = fastloop.Loader(source, batch_size=5, transform=aug, seed=4, num_workers=2, device="cuda", output="torch")
     for (x, y), (dx, dy) in zip(cpu, gpu):
         np.testing.assert_allclose(dx.cpu().numpy(), x, rtol=0, atol=2e-6)
         assert dy.tolist() == y.tolist()
@@ -245,7 +246,7 @@ def test_each_slot_is_pinned_once_for_the_rows_it_holds_and_copies_are_left_alon
     from fastloop.data._pinning import SlotPinner
 
     data = np.arange(10 * 6, dtype=np.float32).reshape(10, 6)
-    loader = fastloop.Loader(data, batch_size=4, workers=0)
+    loader = fastloop.Loader(data, batch_size=4, num_workers=0)
     registry = FakeRegistry()
     pinner = SlotPinner(4, registry)
     for _ in range(3):  # three epochs of 3 batches (4, 4, 2 rows) from at most 3 slots
@@ -293,7 +294,7 @@ def test_a_pinned_slot_goes_back_only_after_the_copies_queued_from_it():
     from fastloop.data._torch_feed import PinnedBatches
 
     data = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
-    loader = fastloop.Loader(data, batch_size=4, workers=0)
+    loader = fastloop.Loader(data, batch_size=4, num_workers=0)
     registry = FakeRegistry()
     pinned = PinnedBatches(4, torch=FakeTorch, register=registry)
     core = loader._core
@@ -364,7 +365,7 @@ MODES = [("threads", 0), ("threads", 2), ("processes", 2)]
 def _fed_loader(mode: str, workers: int, lag: int, **kwargs) -> fastloop.Loader:
     """A Loader of FEED_DATA (16 batches of 4) whose device feed is a FakeFeed(lag)."""
     source = (FEED_DATA, np.arange(64)) if mode == "threads" else PairDataset(FEED_DATA, np.arange(64))
-    loader = fastloop.Loader(source, batch_size=4, workers=workers, mode=mode, **kwargs)
+    loader = fastloop.Loader(source, batch_size=4, num_workers=workers, mode=mode, **kwargs)
     loader._feed = FakeFeed(lag)
     return loader
 
@@ -389,7 +390,7 @@ def test_the_feed_never_makes_the_loader_copy_a_batch_out(mode, workers, lag):
 
 def test_copied_out_counts_the_batches_the_loader_copied():
     """The counter the feed test relies on does count: a user keeping every batch gets copies."""
-    loader = fastloop.Loader(FEED_DATA, batch_size=4, workers=2)
+    loader = fastloop.Loader(FEED_DATA, batch_size=4, num_workers=2)
     kept = list(loader)
     copies = sum(not isinstance(x.base, _SlotLease) for x in kept)
     assert copies > 0 and loader._core.copied_out == copies

@@ -57,7 +57,7 @@ def works_or_names(call: Callable[[], Any], names: tuple[str, ...]) -> Any:
     return result
 
 
-LOADER_ARGS = ("batch_size", "workers", "prefetch", "world_size", "rank", "shape", "sample", "source",
+LOADER_ARGS = ("batch_size", "num_workers", "prefetch_factor", "world_size", "rank", "shape", "sample", "source",
                "len(source)", "size", "seed")
 
 
@@ -74,17 +74,20 @@ def check_epoch(loader: fastloop.Loader, n: int, sample_shape: tuple, batch_size
 @SETTINGS
 @hypothesis.given(n=st.integers(0, 40), sample=st.one_of(st.lists(st.integers(0, 4), max_size=3),
                                                           st.integers(60, 63).map(lambda d: [1] * d)),
-                  batch_size=small_or_extreme(1, 50), workers=mostly(st.integers(0, 3), st.sampled_from([1024, 1025] + HUGE + BAD)),
-                  prefetch=small_or_extreme(1, 3), world_size=small_or_extreme(1, 4), rank=small_or_extreme(0, 4), drop_last=st.booleans(),
+                  batch_size=small_or_extreme(1, 50),
+                  num_workers=mostly(st.integers(0, 3), st.sampled_from([1024, 1025] + HUGE + BAD)),
+                  prefetch_factor=small_or_extreme(1, 3), world_size=small_or_extreme(1, 4),
+                  rank=small_or_extreme(0, 4), drop_last=st.booleans(),
                   seed=st.sampled_from([0, -1, 2**64 - 1, 2**100]), shuffle=st.booleans())
-def test_loader_in_threads_works_or_names_the_argument(n: int, sample: list, batch_size: int, workers: int,
-                                                        prefetch: int, world_size: int, rank: int,
+def test_loader_in_threads_works_or_names_the_argument(n: int, sample: list, batch_size: int, num_workers: int,
+                                                        prefetch_factor: int, world_size: int, rank: int,
                                                         drop_last: bool, seed: int, shuffle: bool) -> None:
     source = np.arange(n * int(np.prod(sample, dtype=np.int64)), dtype=np.uint8).reshape(n, *sample)
-    loader = works_or_names(lambda: fastloop.Loader(source, batch_size=batch_size, workers=workers, mode="threads",
-                                                    prefetch=prefetch, world_size=world_size, rank=rank, seed=seed,
-                                                    shuffle=shuffle, drop_last=drop_last), LOADER_ARGS)
-    if loader is not None and workers <= 3:  # 1024 threads would work too, only slowly
+    prefetch = {"prefetch_factor": prefetch_factor} if num_workers != 0 else {}  # with 0 workers it raises, as torch's
+    loader = works_or_names(lambda: fastloop.Loader(source, batch_size=batch_size, num_workers=num_workers,
+                                                    mode="threads", world_size=world_size, rank=rank, seed=seed,
+                                                    shuffle=shuffle, drop_last=drop_last, **prefetch), LOADER_ARGS)
+    if loader is not None and num_workers <= 3:  # 1024 threads would work too, only slowly
         check_epoch(loader, n, tuple(sample), batch_size)
 
 
@@ -104,13 +107,16 @@ class Samples:
 @hypothesis.settings(SETTINGS, max_examples=max(EXAMPLES // 4, 10))
 @hypothesis.given(n=st.integers(0, 12), sample=st.one_of(st.lists(st.integers(0, 3), max_size=3),
                                                           st.integers(62, 64).map(lambda d: [1] * d)),
-                  batch_size=small_or_extreme(1, 20), workers=mostly(st.integers(1, 2), st.sampled_from([257] + HUGE + BAD)),
-                  prefetch=small_or_extreme(1, 3),
+                  batch_size=small_or_extreme(1, 20),
+                  num_workers=mostly(st.integers(1, 2), st.sampled_from([257] + HUGE + BAD)),
+                  prefetch_factor=small_or_extreme(1, 3),
                   world_size=small_or_extreme(1, 3), rank=small_or_extreme(0, 3))
-def test_loader_in_worker_processes_works_or_names_the_argument(n: int, sample: list, batch_size: int, workers: int,
-                                                                 prefetch: int, world_size: int, rank: int) -> None:
-    loader = works_or_names(lambda: fastloop.Loader(Samples(n, tuple(sample)), batch_size=batch_size, workers=workers,
-                                                    mode="processes", prefetch=prefetch, world_size=world_size,
+def test_loader_in_worker_processes_works_or_names_the_argument(n: int, sample: list, batch_size: int,
+                                                                 num_workers: int, prefetch_factor: int,
+                                                                 world_size: int, rank: int) -> None:
+    loader = works_or_names(lambda: fastloop.Loader(Samples(n, tuple(sample)), batch_size=batch_size,
+                                                    num_workers=num_workers, mode="processes",
+                                                    prefetch_factor=prefetch_factor, world_size=world_size,
                                                     rank=rank), LOADER_ARGS)
     if loader is not None:
         check_epoch(loader, n, tuple(sample), batch_size)

@@ -134,7 +134,7 @@ def test_many_loaders_over_one_source_each_yield_every_sample_once():
 
     def body(i: int) -> list[int]:
         seen = []
-        with fl.Loader((x, y), batch_size=128, shuffle=True, seed=i, workers=2) as loader:
+        with fl.Loader((x, y), batch_size=128, shuffle=True, seed=i, num_workers=2) as loader:
             for xb, yb in loader:
                 np.testing.assert_array_equal(xb[:, 0], yb * 4)
                 seen.extend(yb.tolist())

@@ -33,7 +33,7 @@ class SelfAwareDataset:
 
 def test_cycle_through_a_dataset_is_collected_and_its_workers_end():
     dataset = SelfAwareDataset()
-    loader = fastloop.Loader(dataset, batch_size=8, workers=2, mode="processes", persistent_workers=True)
+    loader = fastloop.Loader(dataset, batch_size=8, num_workers=2, mode="processes", persistent_workers=True)
     dataset.loader = loader
     assert sum(len(y) for _, y in loader) == 64  # a whole epoch: the persistent workers stay
     pids = loader.worker_pids
@@ -47,7 +47,7 @@ def test_cycle_through_a_dataset_is_collected_and_its_workers_end():
 
 def test_cycle_through_an_open_epoch_is_collected_and_its_workers_end():
     dataset = SelfAwareDataset()
-    loader = fastloop.Loader(dataset, batch_size=8, workers=2, mode="processes")
+    loader = fastloop.Loader(dataset, batch_size=8, num_workers=2, mode="processes")
     epoch = iter(loader)
     dataset.loader, dataset.epoch = loader, epoch
     assert next(epoch)[0].shape == (8, 4)  # workers running; the batch is dropped at once
@@ -66,7 +66,7 @@ class Tagged(np.ndarray):
 
 def test_cycle_through_an_array_source_in_threads_mode_is_collected():
     images = np.zeros((64, 3, 8, 8), np.uint8).view(Tagged)
-    loader = fastloop.Loader((images, np.arange(64)), batch_size=8, workers=2)
+    loader = fastloop.Loader((images, np.arange(64)), batch_size=8, num_workers=2)
     images.loader = loader
     assert sum(len(y) for _, y in loader) == 64
     gone = weakref.ref(images)
@@ -87,7 +87,7 @@ def test_a_loader_a_finalizer_in_the_cycle_resurrects_still_works():
             survivors.append(self.core)
 
     dataset = SelfAwareDataset()
-    loader = fastloop.Loader(dataset, batch_size=8, workers=1, mode="processes")
+    loader = fastloop.Loader(dataset, batch_size=8, num_workers=1, mode="processes")
     keeper = Keeper()
     keeper.core, keeper.dataset, dataset.keeper = loader._core, dataset, keeper
     dataset.loader = loader

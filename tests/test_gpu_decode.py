@@ -47,8 +47,8 @@ def folder(tmp_path_factory) -> Path:
 
 def _pair(source, steps, **gpu_kwargs):
     aug = Pipeline([*steps, Normalize(MEAN, STD, layout="HWC->CHW")])
-    cpu = fastloop.Loader(source, batch_size=14, transform=aug, seed=2, workers=2)
-    gpu = fastloop.Loader(source, batch_size=14, transform=aug, seed=2, workers=2, device="cuda", decode="gpu",
+    cpu = fastloop.Loader(source, batch_size=14, transform=aug, seed=2, num_workers=2)
+    gpu = fastloop.Loader(source, batch_size=14, transform=aug, seed=2, num_workers=2, device="cuda", decode="gpu",
                           **gpu_kwargs)
     return cpu, gpu
 

@@ -77,7 +77,7 @@ def workload(batches: int, with_torch: bool) -> None:
 
     images = np.random.default_rng(0).integers(0, 256, (64, 40, 40, 3), dtype=np.uint8)
     aug = Pipeline([RandomCrop(32), RandomHFlip(), Normalize(MEAN, STD, layout="HWC->CHW")])
-    loader = fastloop.Loader(images, batch_size=16, shuffle=True, transform=aug, workers=2, device="cuda")
+    loader = fastloop.Loader(images, batch_size=16, shuffle=True, transform=aug, num_workers=2, device="cuda")
     _use(loader, batches, lambda batch: batch.to_numpy())
     loader.close()
     _nvjpeg(batches, aug)
@@ -94,7 +94,7 @@ def _torch_tensors(batches: int, images: np.ndarray, aug: Any) -> None:
     except ImportError:
         return
     if torch.cuda.is_available():
-        loader = fastloop.Loader(images, batch_size=16, shuffle=True, transform=aug, workers=2, device="cuda",
+        loader = fastloop.Loader(images, batch_size=16, shuffle=True, transform=aug, num_workers=2, device="cuda",
                                  output="torch", dtype="bfloat16", memory_format="channels_last")
         _use(loader, batches, lambda batch: batch.float().sum().item())
         loader.close()
@@ -123,8 +123,8 @@ def _nvjpeg(batches: int, aug: Any) -> None:
             pixels = np.random.default_rng(i).integers(0, 256, (48 + i, 64 - i, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(os.path.join(root, f"c{i % 2}", f"{i}.jpg"), quality=90)
         decode = Pipeline([RandomResizedCrop(32), *aug.steps[1:]])
-        loader = fastloop.Loader(fastloop.ImageFolder(root), batch_size=8, shuffle=True, transform=decode, workers=2,
-                                 device="cuda", decode="gpu")
+        loader = fastloop.Loader(fastloop.ImageFolder(root), batch_size=8, shuffle=True, transform=decode,
+                                 num_workers=2, device="cuda", decode="gpu")
         _use(loader, batches, lambda batch: batch[0].to_numpy())
         loader.close()
 

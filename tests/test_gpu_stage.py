@@ -17,7 +17,7 @@ import fastloop
 from fastloop.data import _gpu_decode
 from fastloop import _core
 from fastloop._core import _Loader, _epoch_seed, _image_decode
-from fastloop.loader import _encoded_field
+from fastloop.data._backend_arrays import encoded_field
 from fastloop.ops import CenterCrop, Normalize, Pipeline, RandomHFlip, RandomResizedCrop, Resize
 from rounding import assert_normalized_like_cpu, cpu_normalize_fuses
 from synthetic import natural_image
@@ -47,7 +47,7 @@ def folder(tmp_path_factory) -> Path:
 def _staged(source, pipeline: Pipeline, seed: int = 3, workers: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """(entries, labels) of the whole source in one batch, staged by the C workers."""
     rest = pipeline._core(3) if pipeline._rest else None
-    core = _Loader([_encoded_field(source, pipeline, 0, staged=True),
+    core = _Loader([encoded_field(source, pipeline, 0, staged=True),
                     ("array", np.ascontiguousarray(np.asarray(source.targets, np.int64)))],
                    batch_size=len(source), seed=seed, workers=workers, slots=3, ahead=1, pipeline=rest)
     core.start_epoch(0)
@@ -57,7 +57,7 @@ def _staged(source, pipeline: Pipeline, seed: int = 3, workers: int = 2) -> tupl
 
 def _cpu(source, pipeline: Pipeline, seed: int = 3) -> np.ndarray:
     """The CPU path's uint8 images, every one in dataset order."""
-    loader = fastloop.Loader(source, batch_size=len(source), transform=pipeline, seed=seed, workers=2)
+    loader = fastloop.Loader(source, batch_size=len(source), transform=pipeline, seed=seed, num_workers=2)
     images, _ = next(iter(loader))
     return np.array(images)
 

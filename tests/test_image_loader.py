@@ -84,7 +84,7 @@ def test_eval_pipeline_matches_pillow_resize_and_center_crop(tmp_path: Path) -> 
     paths = write_images(tmp_path, 10)
     pipeline = ops.Pipeline([ops.Resize(64, reduced_decode=False), ops.CenterCrop(56),
                              ops.Normalize(MEAN, STD, layout="HWC->CHW")])
-    with fastloop.Loader(EncodedImages(paths), batch_size=4, workers=2, transform=pipeline) as loader:
+    with fastloop.Loader(EncodedImages(paths), batch_size=4, num_workers=2, transform=pipeline) as loader:
         x, y = all_batches(loader)
     assert x.shape == (10, 3, 56, 56) and x.dtype == np.float32
     assert y.tolist() == [i % 3 for i in range(10)] and y.dtype == np.int64
@@ -96,7 +96,7 @@ def test_train_pipeline_matches_pillow_crop_resize_flip(tmp_path: Path) -> None:
     paths = write_images(tmp_path, 8)
     rrc = ops.RandomResizedCrop(48, reduced_decode=False)
     pipeline = ops.Pipeline([rrc, ops.RandomHFlip(p=1.0), ops.Normalize(MEAN, STD, layout="HWC->CHW")])
-    with fastloop.Loader(EncodedImages(paths), batch_size=3, workers=2, seed=11, transform=pipeline) as loader:
+    with fastloop.Loader(EncodedImages(paths), batch_size=3, num_workers=2, seed=11, transform=pipeline) as loader:
         x, _ = all_batches(loader)
     seed = _epoch_seed(11, 0)
     for i, path in enumerate(paths):
@@ -111,7 +111,7 @@ def test_results_do_not_depend_on_worker_count_and_change_with_the_epoch(tmp_pat
     pipeline = ops.Pipeline([ops.RandomResizedCrop(32), ops.RandomHFlip(), ops.Normalize(MEAN, STD)])
     runs = []
     for workers in (0, 1, 3):
-        with fastloop.Loader(EncodedImages(paths), batch_size=5, workers=workers, shuffle=True, seed=4,
+        with fastloop.Loader(EncodedImages(paths), batch_size=5, num_workers=workers, shuffle=True, seed=4,
                              transform=pipeline) as loader:
             runs.append([all_batches(loader) for _ in range(2)])  # epochs 0 and 1
     for run in runs[1:]:
@@ -163,7 +163,7 @@ def test_a_truncated_file_fails_at_its_batch_naming_path_index_and_decoder_messa
     data = Path(paths[7]).read_bytes()
     Path(paths[7]).write_bytes(data[: len(data) // 2])
     pipeline = ops.Pipeline([ops.RandomResizedCrop(32)])
-    with fastloop.Loader(EncodedImages(paths), batch_size=3, workers=2, transform=pipeline) as loader:
+    with fastloop.Loader(EncodedImages(paths), batch_size=3, num_workers=2, transform=pipeline) as loader:
         it = iter(loader)
         assert next(it)[0].shape == (3, 32, 32, 3)
         assert next(it)[0].shape == (3, 32, 32, 3)  # earlier batches are delivered
@@ -215,7 +215,7 @@ def test_processes_mode_decodes_through_the_sources_getitem(tmp_path: Path) -> N
     paths = write_images(tmp_path, 4)
     for p in paths:  # same size everywhere so samples stack without a transform
         Image.fromarray(natural(40, 50)).save(p, quality=95)
-    with fastloop.Loader(EncodedImages(paths), batch_size=2, workers=1, mode="processes") as loader:
+    with fastloop.Loader(EncodedImages(paths), batch_size=2, num_workers=1, mode="processes") as loader:
         x, y = all_batches(loader)
     assert x.shape == (4, 40, 50, 3) and y.tolist() == [0, 1, 2, 0]
 
@@ -227,12 +227,12 @@ def test_skip_drops_bad_samples_counts_and_logs_them_once(tmp_path: Path, caplog
     source = EncodedImages(paths)
     pipeline = ops.Pipeline([ops.RandomResizedCrop(16)])
     with caplog.at_level("WARNING", logger="fastloop"):
-        with fastloop.Loader(source, batch_size=4, workers=2, transform=pipeline, on_error="skip") as loader:
+        with fastloop.Loader(source, batch_size=4, num_workers=2, transform=pipeline, on_error="skip") as loader:
             batches = [(np.array(x), np.array(y)) for x, y in loader]
-            skipped = loader.metrics.snapshot()["loader/skipped"]
+            skipped = loader.stats()["skipped"]
     assert [len(y) for _, y in batches] == [3, 3, 2]  # shorter, not refilled
     assert np.concatenate([y for _, y in batches]).tolist() == [source.targets[i] for i in (0, 1, 3, 4, 6, 7, 8, 9)]
-    assert skipped.sum == 2
+    assert skipped == 2
     assert len([r for r in caplog.records if "skipped a sample" in r.getMessage()]) == 1
     # two workers: whichever bad sample a worker met first is the one named
     assert re.search(r"sample 2: \S*002\.jpg|sample 5: \S*005\.jpg", caplog.text), caplog.text
@@ -256,7 +256,7 @@ def test_on_error_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="'on_error'"):
         fastloop.Loader(source, transform=ops.Pipeline([ops.RandomResizedCrop(8)]), on_error="ignore")
     with pytest.raises(ValueError, match="mode='threads'"):
-        fastloop.Loader(source, workers=1, mode="processes", on_error="skip")
+        fastloop.Loader(source, num_workers=1, mode="processes", on_error="skip")
 
 
 @pytest.mark.parametrize("reduced", [False, True])
@@ -266,7 +266,7 @@ def test_draws_depend_only_on_seed_epoch_and_index_in_threads_and_processes(tmp_
                              ops.Normalize(MEAN, STD, layout="HWC->CHW")])
     runs = {}
     for mode, workers in (("threads", 1), ("threads", 2), ("processes", 2)):
-        with fastloop.Loader(EncodedImages(paths), batch_size=3, workers=workers, mode=mode, shuffle=True,
+        with fastloop.Loader(EncodedImages(paths), batch_size=3, num_workers=workers, mode=mode, shuffle=True,
                              seed=9, transform=pipeline) as loader:
             runs[mode, workers] = [all_batches(loader) for _ in range(2)]  # epochs 0 and 1
     for key in (("threads", 2), ("processes", 2)):
@@ -282,7 +282,7 @@ def test_draws_depend_only_on_seed_epoch_and_index_in_threads_and_processes(tmp_
 def test_processes_mode_needs_a_fixed_size_from_the_first_step(tmp_path: Path) -> None:
     source = EncodedImages(write_images(tmp_path, 2))
     with pytest.raises(ValueError, match=r"Resize\(32\) gives images of different sizes"):
-        fastloop.Loader(source, batch_size=2, workers=1, mode="processes", transform=ops.Pipeline([ops.Resize(32)]))
+        fastloop.Loader(source, batch_size=2, num_workers=1, mode="processes", transform=ops.Pipeline([ops.Resize(32)]))
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 5), (30, 20)])

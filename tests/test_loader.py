@@ -46,7 +46,7 @@ def test_1e6_indices_each_exactly_once_per_shuffled_epoch_and_across_shards(mode
     source = np.arange(n, dtype=np.int64) if mode == "threads" else IndexDataset(n)
     seen_all = np.zeros(n, np.int64)
     for rank in range(3):
-        loader = fastloop.Loader(source, batch_size=4096, shuffle=True, seed=5, workers=workers, mode=mode,
+        loader = fastloop.Loader(source, batch_size=4096, shuffle=True, seed=5, num_workers=workers, mode=mode,
                                  rank=rank, world_size=3)
         got = np.concatenate(list(loader))
         assert len(got) == len(range(rank, n, 3))
@@ -79,12 +79,12 @@ def test_uneven_shards_are_equal_in_length_as_torch_distributed_sampler(drop_las
 
 
 def test_shuffle_is_reproducible_and_in_order_without_it():
-    a = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=3, workers=2)]
-    b = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=3, workers=0)]
-    c = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=4, workers=2)]
+    a = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=3, num_workers=2)]
+    b = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=3, num_workers=0)]
+    c = [b.copy() for b in fastloop.Loader(LABELS, batch_size=64, shuffle=True, seed=4, num_workers=2)]
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
-    plain = np.concatenate(list(fastloop.Loader(LABELS, batch_size=64, workers=3)))
+    plain = np.concatenate(list(fastloop.Loader(LABELS, batch_size=64, num_workers=3)))
     assert np.array_equal(plain, LABELS)
 
 
@@ -109,7 +109,7 @@ def test_rank_and_world_size_default_to_torchrun_variables(monkeypatch):
 
 @pytest.mark.parametrize("workers", [0, 1, 3])
 def test_pipeline_batches_equal_the_pipeline_run_on_those_samples(workers):
-    loader = fastloop.Loader((IMAGES, LABELS), batch_size=50, shuffle=True, seed=9, workers=workers, transform=AUG)
+    loader = fastloop.Loader((IMAGES, LABELS), batch_size=50, shuffle=True, seed=9, num_workers=workers, transform=AUG)
     loader.set_epoch(2)
     for x, y in loader:
         assert x.shape == (len(y), 3, 16, 16) and x.dtype == np.float32
@@ -122,10 +122,10 @@ def test_augmentations_do_not_depend_on_worker_count_or_mode():
         loader = fastloop.Loader((IMAGES, LABELS), batch_size=32, shuffle=True, seed=1, transform=AUG, **kwargs)
         return [(x.copy(), y.copy()) for x, y in loader]
 
-    threads1, threads3 = epoch(workers=1), epoch(workers=3)
+    threads1, threads3 = epoch(num_workers=1), epoch(num_workers=3)
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(threads1, threads3))
     dataset = [(x.copy(), y.copy()) for x, y in fastloop.Loader(ImageDataset(), batch_size=32, shuffle=True, seed=1,
-                                                                  transform=AUG, workers=2)]
+                                                                  transform=AUG, num_workers=2)]
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(threads1, dataset))
 
 
@@ -142,10 +142,10 @@ def test_npy_memory_maps_and_folders_of_files(tmp_path):
         np.save(folder / f"{i:03d}.npy", IMAGES[i])
         IMAGES[i].tofile(folder / f"{i:03d}.raw")
     for source in (fastloop.Folder(folder, "*.npy"), fastloop.Folder(folder, "*.raw", dtype="uint8", shape=(3, 20, 20))):
-        loader = fastloop.Loader((source, LABELS[:40]), batch_size=16, workers=2, transform=AUG)
+        loader = fastloop.Loader((source, LABELS[:40]), batch_size=16, num_workers=2, transform=AUG)
         for x, y in loader:
             np.testing.assert_array_equal(x, AUG(IMAGES[y], seed=fastloop._core._epoch_seed(0, 0), ids=y))
-    loader = fastloop.Loader((mapped, LABELS), batch_size=100, workers=2)
+    loader = fastloop.Loader((mapped, LABELS), batch_size=100, num_workers=2)
     assert all(np.array_equal(x, IMAGES[y]) for x, y in loader)
 
 
@@ -169,7 +169,7 @@ def test_a_missing_or_mismatched_file_names_the_file_and_index(tmp_path):
         np.save(tmp_path / f"{i}.npy", np.full((4,), i, np.float32))
     folder = fastloop.Folder(tmp_path)
     os.remove(tmp_path / "7.npy")
-    loader = fastloop.Loader(folder, batch_size=4, workers=2)
+    loader = fastloop.Loader(folder, batch_size=4, num_workers=2)
     batches = iter(loader)
     assert list(next(batches)[:, 0]) == [0, 1, 2, 3]
     with pytest.raises(FileNotFoundError, match=r"sample 7.*7\.npy"):
@@ -194,7 +194,7 @@ def test_python_transform_runs_in_worker_processes_with_distinct_seeds():
         return np.array([label, worker, np.random.randint(1 << 30)])
 
     init_calls = []
-    loader = fastloop.Loader((IMAGES, LABELS), batch_size=40, workers=2, mode="processes", transform=transform,
+    loader = fastloop.Loader((IMAGES, LABELS), batch_size=40, num_workers=2, mode="processes", transform=transform,
                              target_transform=target_transform, worker_init_fn=init_calls.append)
     assert loader.mode == "processes"
     rows = np.concatenate([meta for _, meta in loader])
@@ -216,10 +216,11 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
         # the loader reads that as a program freezing objects itself and leaves gc alone (a
         # known gap there: its workers then copy the heap pages a collection touches)
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1, mode="processes")))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1,
+                                                        mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
         return
-    loader = fastloop.Loader(FreezeCount(64), batch_size=8, workers=2, mode="processes")
+    loader = fastloop.Loader(FreezeCount(64), batch_size=8, num_workers=2, mode="processes")
     counts = np.concatenate(list(loader))
     assert (counts > 1000).all()  # in the workers: everything the parent had
     assert gc.get_freeze_count() == 0
@@ -227,7 +228,8 @@ def test_workers_inherit_the_parents_objects_frozen_and_the_parent_stays_unfroze
     gc.freeze()  # a program that freezes objects itself keeps its regime
     try:
         frozen = gc.get_freeze_count()
-        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, workers=1, mode="processes")))) == 16
+        assert len(np.concatenate(list(fastloop.Loader(FreezeCount(16), batch_size=8, num_workers=1,
+                                                        mode="processes")))) == 16
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
@@ -241,7 +243,7 @@ class Broken(ImageDataset):
 
 
 def test_an_exception_in_a_worker_is_reraised_with_its_type_index_and_traceback():
-    loader = fastloop.Loader(Broken(), batch_size=50, workers=2, mode="processes")
+    loader = fastloop.Loader(Broken(), batch_size=50, num_workers=2, mode="processes")
     got = []
     with pytest.raises(KeyError) as raised:
         for x, y in loader:
@@ -270,7 +272,7 @@ def test_a_worker_killed_mid_epoch_raises_worker_error_naming_it_and_nothing_lea
             time.sleep(0.002)
             return super().__getitem__(i)
 
-    loader = fastloop.Loader(Slow(), batch_size=20, workers=2, mode="processes")
+    loader = fastloop.Loader(Slow(), batch_size=20, num_workers=2, mode="processes")
     batches = iter(loader)
     next(batches)
     victim, other = loader.worker_pids
@@ -288,7 +290,7 @@ def test_a_worker_killed_mid_epoch_raises_worker_error_naming_it_and_nothing_lea
 
 @pytest.mark.parametrize("how", ["break", "close", "gc"])
 def test_leaving_an_epoch_early_ends_the_workers_within_a_second(how):
-    loader = fastloop.Loader(ImageDataset(), batch_size=10, workers=2)
+    loader = fastloop.Loader(ImageDataset(), batch_size=10, num_workers=2)
     for x, y in loader:
         pids = loader.worker_pids
         break
@@ -312,7 +314,7 @@ sys.path.insert(0, sys.argv[1])
 import fastloop
 from test_loader import ImageDataset
 
-loader = fastloop.Loader(ImageDataset(), batch_size=10, workers=2)
+loader = fastloop.Loader(ImageDataset(), batch_size=10, num_workers=2)
 kept = []
 for batch in loader:
     kept.append(batch)  # still lent when the epoch is left
@@ -349,7 +351,7 @@ def test_ctrl_c_while_waiting_stops_the_workers(sigint_raises):
                 time.sleep(60)
             return super().__getitem__(i)
 
-    loader = fastloop.Loader(StuckInWorkers(), batch_size=2, workers=2, mode="processes")
+    loader = fastloop.Loader(StuckInWorkers(), batch_size=2, num_workers=2, mode="processes")
     with pytest.raises(KeyboardInterrupt):
         for _ in loader:
             pass
@@ -366,19 +368,19 @@ def test_timeout_raises_when_workers_are_too_slow():
                 time.sleep(2)
             return super().__getitem__(i)
 
-    loader = fastloop.Loader(Slow(), batch_size=2, workers=1, timeout=0.2)
+    loader = fastloop.Loader(Slow(), batch_size=2, num_workers=1, timeout=0.2)
     with pytest.raises(TimeoutError, match="0.2"):
         next(iter(loader))
     loader.close()
 
 
 def test_persistent_workers_keep_their_pids_across_epochs():
-    loader = fastloop.Loader(ImageDataset(), batch_size=100, workers=2)
+    loader = fastloop.Loader(ImageDataset(), batch_size=100, num_workers=2)
     list(loader)
     pids = loader.worker_pids
     list(loader)
     assert loader.worker_pids == pids
-    short_lived = fastloop.Loader(ImageDataset(), batch_size=100, workers=2, persistent_workers=False)
+    short_lived = fastloop.Loader(ImageDataset(), batch_size=100, num_workers=2, persistent_workers=False)
     list(short_lived)
     assert short_lived.worker_pids == []
 
@@ -389,7 +391,7 @@ def test_persistent_workers_keep_their_pids_across_epochs():
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_batches_are_views_recycled_when_dropped_and_copies_when_hoarded(mode):
     source = (IMAGES, LABELS) if mode == "threads" else ImageDataset()
-    loader = fastloop.Loader(source, batch_size=10, workers=2, mode=mode)
+    loader = fastloop.Loader(source, batch_size=10, num_workers=2, mode=mode)
     kept = []
     for x, y in loader:
         kept.append((x, y))
@@ -404,7 +406,7 @@ def test_batches_are_views_recycled_when_dropped_and_copies_when_hoarded(mode):
 
 def test_torch_takes_batches_without_a_copy():
     torch = pytest.importorskip("torch")
-    x, y = next(iter(fastloop.Loader((IMAGES, LABELS), batch_size=8, workers=1, transform=AUG)))
+    x, y = next(iter(fastloop.Loader((IMAGES, LABELS), batch_size=8, num_workers=1, transform=AUG)))
     t = torch.from_numpy(x)
     assert t.data_ptr() == x.ctypes.data and t.shape == (8, 3, 16, 16)
     d = torch.from_dlpack(x)
@@ -415,8 +417,8 @@ def test_torch_takes_batches_without_a_copy():
 
 
 def test_bad_arguments_are_refused_clearly():
-    with pytest.raises(ValueError, match="mode='processes' needs workers >= 1"):
-        fastloop.Loader(ImageDataset(), workers=0, mode="processes")
+    with pytest.raises(ValueError, match="mode='processes' needs num_workers >= 1"):
+        fastloop.Loader(ImageDataset(), num_workers=0, mode="processes")
     with pytest.raises(TypeError, match="map-style dataset"):
         fastloop.Loader(42)
     with pytest.raises(ValueError, match="batch_size"):
@@ -437,7 +439,7 @@ def test_bad_arguments_are_refused_clearly():
 def test_a_monitor_attached_to_a_loader_logs_its_samples_per_second(tmp_path):
     import json
 
-    loader = fastloop.Loader((IMAGES, LABELS), batch_size=50, workers=1, transform=AUG)
+    loader = fastloop.Loader((IMAGES, LABELS), batch_size=50, num_workers=1, transform=AUG)
     with fastloop.Monitor(interval_s=0.02, sinks=[fastloop.JSONLSink(tmp_path / "m.jsonl")]) as mon:
         mon.attach(loader)
         deadline = time.monotonic() + 0.3
@@ -446,4 +448,46 @@ def test_a_monitor_attached_to_a_loader_logs_its_samples_per_second(tmp_path):
                 time.sleep(0.001)
     tags = {json.loads(line)["name"] for line in open(tmp_path / "m.jsonl")}
     assert {"loader/samples/per_s", "loader/batches/per_s"} <= tags
-    assert loader.metrics.get("loader/samples").count > 0
+    assert loader.stats()["samples"] > 0 and loader.stats()["batches"] > 0
+
+
+class Squares:
+    """A map-style dataset: what the Python-fed backends read."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([i * i], np.int64)
+
+
+@pytest.mark.parametrize("make", [lambda: fastloop.Loader(np.arange(10), batch_size=4, num_workers=2),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=0),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=2, mode="threads"),
+                                  lambda: fastloop.Loader(Squares(), batch_size=4, num_workers=2, mode="processes")],
+                         ids=["C threads", "inline", "Python threads", "processes"])
+def test_stats_is_a_fresh_snapshot_of_the_counters_in_every_backend(make):
+    with make() as loader:
+        before = loader.stats()
+        assert before == {"samples": 0, "batches": 0, "skipped": 0}
+        assert len(np.concatenate(list(loader))) == 10
+        assert loader.stats() == {"samples": 10, "batches": 3, "skipped": 0}
+        assert before["samples"] == 0  # a snapshot: it does not move with the loader
+        list(loader)
+        assert loader.stats()["samples"] == 20  # every epoch counts
+        assert not hasattr(loader, "metrics") and not hasattr(loader, "workers")
+        assert loader.num_workers in (0, 2)
+
+
+def test_worker_counts_are_named_as_torch_names_them():
+    with pytest.raises(ValueError, match="'num_workers'"):
+        fastloop.Loader(LABELS, num_workers=-1)
+    with pytest.raises(ValueError, match="'num_workers'"):
+        fastloop.Loader(LABELS, num_workers=2000)
+    with pytest.raises(ValueError, match="'prefetch_factor'"):
+        fastloop.Loader(LABELS, num_workers=1, prefetch_factor=0)
+    with pytest.raises(ValueError, match=r"'num_workers' x 'prefetch_factor' is too large"):
+        fastloop.Loader(LABELS, num_workers=1000, prefetch_factor=2**31 - 1)
+    for old in ({"workers": 2}, {"prefetch": 2}):
+        with pytest.raises(TypeError, match=f"'{next(iter(old))}'"):  # one name each, no alias
+            fastloop.Loader(LABELS, **old)

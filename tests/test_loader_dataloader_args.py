@@ -33,7 +33,7 @@ def test_what_dataloader_refuses_raises_a_value_error_naming_the_argument(kwargs
 
 
 @pytest.mark.parametrize("kwargs", [dict(generator=5), dict(in_order=1), dict(pin_memory_device=0),
-                                    dict(persistent_workers="yes", workers=1), dict(timeout="1")])
+                                    dict(persistent_workers="yes", num_workers=1), dict(timeout="1")])
 def test_a_keyword_of_the_wrong_type_raises_a_type_error_naming_it(kwargs):
     with pytest.raises(TypeError, match=f"'{next(iter(kwargs))}'"):
         fastloop.Loader(X, **kwargs)
@@ -50,7 +50,7 @@ def test_the_keywords_torch_code_passes_are_taken():
 
 def test_persistent_workers_defaults_to_keeping_workers_only_when_there_are_some():
     assert not fastloop.Loader(X).persistent_workers
-    assert fastloop.Loader(X, workers=1).persistent_workers
+    assert fastloop.Loader(X, num_workers=1).persistent_workers
 
 
 def test_a_batch_sampler_with_dataloaders_default_batch_size_is_taken():

@@ -13,7 +13,7 @@ import fastloop
 import synthetic
 from fastloop.ops import Cast, Pipeline
 
-MODES = [dict(workers=0), dict(workers=2, mode="threads"), dict(workers=2, mode="processes")]
+MODES = [dict(num_workers=0), dict(num_workers=2, mode="threads"), dict(num_workers=2, mode="processes")]
 IDS = ["workers0", "threads", "processes"]
 
 # each case: the dataset's sample i, and the batches of 2 default_collate makes (dtype, values)

@@ -18,9 +18,10 @@ LABELS = np.arange(N, dtype=np.int64)
 
 def make_loader(mode: str, workers: int, prefetch: int) -> tuple[fastloop.Loader, RecordsFetches | None]:
     if mode == "threads":
-        return fastloop.Loader((IMAGES, LABELS), batch_size=BATCH, workers=workers, prefetch=prefetch), None
+        return fastloop.Loader((IMAGES, LABELS), batch_size=BATCH, num_workers=workers, prefetch_factor=prefetch), None
     dataset = RecordsFetches(N, lambda i: (IMAGES[i], LABELS[i]))
-    return fastloop.Loader(dataset, batch_size=BATCH, workers=workers, prefetch=prefetch, timeout=60), dataset
+    loader = fastloop.Loader(dataset, batch_size=BATCH, num_workers=workers, prefetch_factor=prefetch, timeout=60)
+    return loader, dataset
 
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])

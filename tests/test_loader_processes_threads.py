@@ -48,7 +48,7 @@ def exited(pid: int) -> bool:
 
 
 def test_workers_forked_in_a_thread_that_ended_serve_the_next_epoch():
-    loader = fastloop.Loader(Numbered(), batch_size=BATCH, workers=2, mode="processes", timeout=60)
+    loader = fastloop.Loader(Numbered(), batch_size=BATCH, num_workers=2, mode="processes", timeout=60)
     first, ran_in = [], []
 
     def first_epoch() -> None:
@@ -82,7 +82,7 @@ class SlowAfterTheFirstBatch:
             time.sleep(0.2)  # 8 s a batch: only a check between samples ends a worker soon
         return np.int64(i)
 
-loader = fastloop.Loader(SlowAfterTheFirstBatch(), batch_size=40, workers=2, mode="processes")
+loader = fastloop.Loader(SlowAfterTheFirstBatch(), batch_size=40, num_workers=2, mode="processes")
 epochs = []
 
 def first_batch():  # forked by a thread, so no PR_SET_PDEATHSIG can end them
@@ -130,7 +130,7 @@ CLOSERS, ITERATORS, EPOCHS = 8, 2, 2
 def test_close_from_8_threads_while_2_threads_iterate():
     """The Loader is one iterator at a time (a new one abandons the last), so an iteration may
     end early (StopIteration, fastloop.Closed); never with a hang, a crash or a wrong batch."""
-    loader = fastloop.Loader(Numbered(), batch_size=BATCH, workers=2, mode="processes", timeout=30)
+    loader = fastloop.Loader(Numbered(), batch_size=BATCH, num_workers=2, mode="processes", timeout=30)
     first = [int(batch[0]) for batch in loader]  # before the races: a whole epoch, in order
     assert first == list(range(0, Numbered().n, BATCH))
     iterators_done = threading.Event()

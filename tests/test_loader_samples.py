@@ -1,7 +1,7 @@
 """fastloop.Loader takes the samples torch's DataLoader takes, with NumPy output and no torch:
 strings, bytes, None, numbers, nested dicts / lists / tuples / namedtuples and arrays of varying
 shape, from worker processes (serialized into the slot, or after it when they do not fit) or at
-workers=0, collated as default_collate does; batch_size=None; uneven batch_sampler batches; and
+num_workers=0, collated as default_collate does; batch_size=None; uneven batch_sampler batches; and
 the errors for what cannot be batched, naming the sample index and the field."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fastloop import _core
 from synthetic import Samples
 
 # in this process; forked worker processes; worker threads
-MODES = [dict(workers=0), dict(workers=2, mode="processes"), dict(workers=2, mode="threads")]
+MODES = [dict(num_workers=0), dict(num_workers=2, mode="processes"), dict(num_workers=2, mode="threads")]
 IDS = ["workers0", "processes", "threads"]
 
 
@@ -43,7 +43,7 @@ def test_an_array_an_int_and_a_str_batch_as_default_collate_does(mode):
 
 def test_array_fields_stay_zero_copy_views_of_the_slot_beside_strings():
     data = Samples(12, lambda i: (np.full(3, i, np.float32), f"name-{i}"))
-    loader = fastloop.Loader(data, batch_size=4, timeout=60, workers=2)
+    loader = fastloop.Loader(data, batch_size=4, timeout=60, num_workers=2)
     x, names = next(iter(loader))
     assert isinstance(x.base, _core._SlotLease) and names == ("name-0", "name-1", "name-2", "name-3")
     loader.close()
@@ -162,7 +162,7 @@ def test_an_object_a_worker_cannot_pickle_names_the_sample_and_field():
     data = Samples(6, lambda i: (i, {"fn": (lambda: i) if i == 3 else "ok"}))
     with pytest.raises(TypeError, match=r"sample 3: sample field 1\['fn'\] is a function, which cannot be sent from "
                                         r"a worker process"):
-        batches(data, batch_size=2, workers=1, mode="processes", collate_fn=lambda s: s)
+        batches(data, batch_size=2, num_workers=1, mode="processes", collate_fn=lambda s: s)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=IDS)
@@ -259,7 +259,7 @@ def test_numpy_output_never_imports_torch(tmp_path):
 
     code = ("import sys, numpy as np, fastloop\n"
             "data = [(np.zeros(2), 'a', {'k': [1, None]})] * 6\n"
-            "out = list(fastloop.Loader(data, batch_size=None, workers=2))\n"
-            "out += list(fastloop.Loader(data, batch_size=3, workers=2, collate_fn=lambda s: s))\n"
+            "out = list(fastloop.Loader(data, batch_size=None, num_workers=2))\n"
+            "out += list(fastloop.Loader(data, batch_size=3, num_workers=2, collate_fn=lambda s: s))\n"
             "assert len(out) == 8 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,7 +1,7 @@
 """fastloop.Loader against torch's DataLoader on the samples DataLoader takes: the same batches
 (tensors, numbers, strings, nested containers, namedtuples), the same errors for what
 default_collate refuses, variable-shape detection samples through a collate_fn, batch_size=None
-and uneven batch_sampler batches, at workers=0 and in worker processes. The one difference
+and uneven batch_sampler batches, at num_workers=0 and in worker processes. The one difference
 fastloop keeps: a tuple stays a tuple where default_collate makes it a list."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import synthetic
 torch = pytest.importorskip("torch")
 DataLoader = torch.utils.data.DataLoader
 
-MODES = [dict(workers=0), dict(workers=2, mode="processes"), dict(workers=2, mode="threads")]
+MODES = [dict(num_workers=0), dict(num_workers=2, mode="processes"), dict(num_workers=2, mode="threads")]
 IDS = ["workers0", "processes", "threads"]
 
 

@@ -65,7 +65,7 @@ def collect(loader) -> list:
 @pytest.mark.parametrize("workers", [1, 2, 4])
 def test_a_python_dataset_in_worker_threads_gives_the_batches_of_workers0(workers):
     want = collect(fastloop.Loader(Described(), batch_size=8, shuffle=True, seed=3))
-    got = collect(fastloop.Loader(Described(), batch_size=8, shuffle=True, seed=3, workers=workers,
+    got = collect(fastloop.Loader(Described(), batch_size=8, shuffle=True, seed=3, num_workers=workers,
                                   mode="threads"))
     assert len(got) == len(want) == 7
     for (x, y, s, _, _), (wx, wy, ws, _, _) in zip(got, want):
@@ -81,7 +81,7 @@ def test_each_worker_thread_has_its_own_worker_info_and_worker_init_fn():
         with lock:
             started[worker_id] = (threading.get_ident(), info)
 
-    loader = fastloop.Loader(Described(40), batch_size=4, workers=3, mode="threads", seed=9, worker_init_fn=init)
+    loader = fastloop.Loader(Described(40), batch_size=4, num_workers=3, mode="threads", seed=9, worker_init_fn=init)
     batches = collect(loader)
     assert loader.mode == "threads" and loader.worker_pids == []
     assert sorted(started) == [0, 1, 2]
@@ -113,7 +113,7 @@ def test_worker_threads_share_the_process_open_files_and_objects_that_cannot_be_
 
     data = Records()
     try:
-        out = np.concatenate(collect(fastloop.Loader(data, batch_size=10, workers=2, mode="threads")))
+        out = np.concatenate(collect(fastloop.Loader(data, batch_size=10, num_workers=2, mode="threads")))
     finally:
         data.file.close()
     assert out.reshape(-1).tolist() == list(range(200))
@@ -126,7 +126,7 @@ def test_a_collate_fn_runs_in_the_worker_threads():
         threads.append(threading.get_ident())
         return {"sum": sum(int(s[1]) for s in samples), "n": len(samples)}
 
-    out = collect(fastloop.Loader(Described(20), batch_size=5, workers=2, mode="threads", collate_fn=collate))
+    out = collect(fastloop.Loader(Described(20), batch_size=5, num_workers=2, mode="threads", collate_fn=collate))
     assert [b["n"] for b in out] == [5] * 4 and [b["sum"] for b in out] == [10, 35, 60, 85]
     assert threading.get_ident() not in threads
 
@@ -136,7 +136,7 @@ def test_a_pipeline_runs_on_the_python_samples_of_worker_threads():
                                       fastloop.ops.Normalize(0.5, 0.25)], layout="CHW")
     data = Samples(24, lambda i: (np.full((3, 6, 6), i * 10, np.uint8), i))
     want = collect(fastloop.Loader(data, batch_size=8, transform=pipeline, seed=4))
-    got = collect(fastloop.Loader(data, batch_size=8, transform=pipeline, seed=4, workers=2, mode="threads"))
+    got = collect(fastloop.Loader(data, batch_size=8, transform=pipeline, seed=4, num_workers=2, mode="threads"))
     for (x, y), (wx, wy) in zip(got, want):
         assert x.shape == (8, 3, 4, 4) and np.array_equal(x, wx) and np.array_equal(y, wy)
 
@@ -152,7 +152,7 @@ class Failing:
 
 
 def test_a_failing_sample_raises_its_type_naming_the_worker_thread_and_the_sample():
-    loader = fastloop.Loader(Failing(), batch_size=4, workers=2, mode="threads")
+    loader = fastloop.Loader(Failing(), batch_size=4, num_workers=2, mode="threads")
     seen = []
     with pytest.raises(KeyError) as caught:
         for _, y in loader:
@@ -173,7 +173,7 @@ def test_a_failing_worker_init_fn_raises_at_the_first_batch():
         if worker_id == 1:
             raise RuntimeError("cannot open the database")
 
-    loader = fastloop.Loader(Described(40), batch_size=4, workers=2, mode="threads", worker_init_fn=init)
+    loader = fastloop.Loader(Described(40), batch_size=4, num_workers=2, mode="threads", worker_init_fn=init)
     with pytest.raises(RuntimeError, match="worker thread 1.*cannot open the database"):
         collect(loader)
 
@@ -187,14 +187,14 @@ class Draws:
         return fastloop.sample_rng().integers(1 << 30, size=3), (info.rng if info else fastloop.sample_rng()).random()
 
 
-@pytest.mark.parametrize("kwargs", [dict(workers=1, mode="threads"), dict(workers=3, mode="threads"),
-                                    dict(workers=2, mode="processes")], ids=["threads1", "threads3", "processes2"])
+@pytest.mark.parametrize("kwargs", [dict(num_workers=1, mode="threads"), dict(num_workers=3, mode="threads"),
+                                    dict(num_workers=2, mode="processes")], ids=["threads1", "threads3", "processes2"])
 def test_sample_rng_draws_the_same_for_any_worker_count_and_mode(kwargs):
     def draws(**kw) -> list:
         return [(a.tolist(), b.tolist()) for a, b in collect(fastloop.Loader(Draws(), batch_size=5, seed=8,
                                                                              shuffle=True, **kw))]
 
-    # workers=0: get_worker_info() is None in this process, as torch's; sample_rng() still draws
+    # num_workers=0: get_worker_info() is None in this process, as torch's; sample_rng() still draws
     class Main(Draws):
         def __getitem__(self, i):
             return fastloop.sample_rng().integers(1 << 30, size=3), fastloop.sample_rng().random()
@@ -226,21 +226,21 @@ def test_sample_rng_outside_a_fetch_and_a_wrong_kind_are_refused():
 
 def test_mode_auto_picks_threads_for_python_code_only_where_threads_run_python_in_parallel(monkeypatch):
     monkeypatch.setattr(loader_module, "free_threaded", lambda: True)
-    assert fastloop.Loader(Described(8), batch_size=4, workers=2).mode == "threads"
+    assert fastloop.Loader(Described(8), batch_size=4, num_workers=2).mode == "threads"
     monkeypatch.setattr(loader_module, "free_threaded", lambda: False)
-    assert fastloop.Loader(Described(8), batch_size=4, workers=2).mode == "processes"
-    assert fastloop.Loader(Described(8), batch_size=4, workers=2, mode="threads").mode == "threads"
+    assert fastloop.Loader(Described(8), batch_size=4, num_workers=2).mode == "processes"
+    assert fastloop.Loader(Described(8), batch_size=4, num_workers=2, mode="threads").mode == "threads"
 
 
 # ---- many threads on one Loader ----
 
 
 def python_loader(**kwargs) -> fastloop.Loader:
-    return fastloop.Loader(Described(64), batch_size=4, workers=2, timeout=60, **kwargs)
+    return fastloop.Loader(Described(64), batch_size=4, num_workers=2, timeout=60, **kwargs)
 
 
 @pytest.mark.parametrize("make", [lambda: python_loader(mode="threads"),
-                                  lambda: fastloop.Loader(np.arange(256.0), batch_size=4, workers=2, timeout=60)],
+                                  lambda: fastloop.Loader(np.arange(256.0), batch_size=4, num_workers=2, timeout=60)],
                          ids=["python", "arrays"])
 def test_two_threads_closing_one_loader_while_an_epoch_runs_both_return(make):
     loader = make()
@@ -347,7 +347,8 @@ class Holder:
 def test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly():
     workers = WorkerThreads()
     data = Holder()
-    loader = fastloop.Loader(data, batch_size=2, workers=3, mode="threads", prefetch=4, worker_init_fn=workers)
+    loader = fastloop.Loader(data, batch_size=2, num_workers=3, mode="threads", prefetch_factor=4,
+                             worker_init_fn=workers)
     epoch = iter(loader)
     next(epoch)
     gone = weakref.ref(loader)
@@ -363,7 +364,7 @@ def test_a_loader_freed_by_the_code_its_own_worker_runs_ends_cleanly():
 def test_a_dataset_in_a_cycle_with_its_loader_is_collected_and_its_threads_end():
     workers = WorkerThreads()
     data = Described(64)
-    loader = fastloop.Loader(data, batch_size=8, workers=2, mode="threads", worker_init_fn=workers)
+    loader = fastloop.Loader(data, batch_size=8, num_workers=2, mode="threads", worker_init_fn=workers)
     data.loader = loader
     assert len(collect(loader)) == 8
     workers.ids.clear()  # close() ended the first epoch's; the next epoch starts its own
@@ -382,7 +383,7 @@ import numpy as np, fastloop, threading
 class Slow:
     def __len__(self): return 10_000
     def __getitem__(self, i): return np.full(4, i)
-loader = fastloop.Loader(Slow(), batch_size=8, workers=3, mode="threads", prefetch=8)
+loader = fastloop.Loader(Slow(), batch_size=8, num_workers=3, mode="threads", prefetch_factor=8)
 epoch = iter(loader)
 print(next(epoch)[0].tolist(), flush=True)
 # exits here: no close(), the workers busy filling ahead
@@ -408,7 +409,7 @@ def test_a_worker_that_starts_an_epoch_of_its_own_loader_is_refused_not_hung():
                     refused.append(str(error))
             return np.full(2, i)
 
-    loader = fastloop.Loader(Reentrant(), batch_size=4, workers=2, mode="threads", timeout=60)
+    loader = fastloop.Loader(Reentrant(), batch_size=4, num_workers=2, mode="threads", timeout=60)
     holder.append(loader)
     collect(loader)  # returns: the worker's iter() abandoned this epoch, then was refused
     assert refused and "cannot start an epoch of that loader" in refused[0]

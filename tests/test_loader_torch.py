@@ -39,7 +39,7 @@ def run(loader: fastloop.Loader) -> np.ndarray:
 
 def test_torch_ops_in_worker_processes_do_not_hang_after_the_parent_used_torch():
     use_torch_thread_pool()
-    loader = fastloop.Loader(TorchOpsDataset(), batch_size=8, workers=2, mode="processes", timeout=60)
+    loader = fastloop.Loader(TorchOpsDataset(), batch_size=8, num_workers=2, mode="processes", timeout=60)
     rows = run(loader)
     assert sorted(rows[:, 0]) == list(range(48))
     assert torch.get_num_threads() >= 1  # the parent's setting is restored after the probe
@@ -81,7 +81,7 @@ def test_tensors_the_loader_cannot_read_are_refused_naming_the_field():
 def test_output_torch_gives_tensors_that_keep_their_slot_alive():
     images = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
     labels = np.arange(64)
-    for kwargs in ({"workers": 2}, {"workers": 2, "transform": lambda v: v * 2}, {}):
+    for kwargs in ({"num_workers": 2}, {"num_workers": 2, "transform": lambda v: v * 2}, {}):
         loader = fastloop.Loader((images, labels), batch_size=8, output="torch", **kwargs)
         kept = [(x, y) for x, y in loader]  # every slot held by a tensor: later batches are copies
         scale = 2 if "transform" in kwargs else 1
@@ -145,7 +145,7 @@ def test_collate_fn_gets_the_list_of_samples(workers):
         seen.append(len(samples))
         return torch.stack([s["image"] for s in samples]).sum(), [int(s["label"]) for s in samples]
 
-    loader = fastloop.Loader(DictDataset(), batch_size=5, workers=workers, output="torch", collate_fn=collate)
+    loader = fastloop.Loader(DictDataset(), batch_size=5, num_workers=workers, output="torch", collate_fn=collate)
     batches = list(loader)
     assert seen == [5, 5, 2]
     assert [labels for _, labels in batches] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
@@ -172,10 +172,10 @@ class Odds:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sampler_and_batch_sampler_choose_the_indices(workers):
     labels = np.arange(20)
-    loader = fastloop.Loader(labels, batch_size=4, workers=workers, sampler=Odds())
+    loader = fastloop.Loader(labels, batch_size=4, num_workers=workers, sampler=Odds())
     assert np.concatenate(list(loader)).tolist() == list(range(1, 20, 2))
     assert np.concatenate(list(loader)).tolist() == list(range(19, 0, -2))
-    loader = fastloop.Loader(labels, workers=workers, batch_sampler=[[3, 4, 5], [0, 1, 2], [9]])
+    loader = fastloop.Loader(labels, num_workers=workers, batch_sampler=[[3, 4, 5], [0, 1, 2], [9]])
     assert [b.tolist() for b in loader] == [[3, 4, 5], [0, 1, 2], [9]]
 
 
@@ -185,10 +185,10 @@ def test_dataloader_names_refuse_what_would_mean_something_else():
         fastloop.Loader(labels, sampler=Odds(), shuffle=True)
     with pytest.raises(ValueError, match=r"empty batch \(batch 1 of epoch 0\)"):
         fastloop.Loader(labels, batch_sampler=[[1, 2], [], [3, 4, 5]])
-    with pytest.raises(ValueError, match="num_workers"):
-        fastloop.Loader(labels, workers=2, num_workers=3)
-    with pytest.raises(ValueError, match="'prefetch_factor' is DataLoader's name for 'prefetch'"):
-        fastloop.Loader(labels, prefetch=3, prefetch_factor=4)
+    with pytest.raises(TypeError, match="'workers'"):  # one name each, torch's: num_workers, prefetch_factor
+        fastloop.Loader(labels, workers=2)
+    with pytest.raises(TypeError, match="'prefetch'"):
+        fastloop.Loader(labels, num_workers=1, prefetch=3)
     with pytest.raises(ValueError, match="'output'"):
         fastloop.Loader(labels, output="jax")
     with pytest.raises(ValueError, match="target_transform"):
@@ -234,8 +234,8 @@ AUG = fastloop.ops.Pipeline([fastloop.ops.RandomCrop(4), fastloop.ops.RandomHFli
 IMAGES = np.random.default_rng(0).integers(0, 256, (60, 3, 6, 6), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("kwargs", [{"workers": 2}, {"workers": 2, "mode": "processes"}, {"workers": 0},
-                                    {"workers": 2, "dataset": True}])
+@pytest.mark.parametrize("kwargs", [{"num_workers": 2}, {"num_workers": 2, "mode": "processes"}, {"num_workers": 0},
+                                    {"num_workers": 2, "dataset": True}])
 def test_state_dict_resumes_mid_epoch_with_the_same_batches(kwargs):
     kwargs = dict(kwargs)
     dataset = kwargs.pop("dataset", False)
@@ -284,13 +284,13 @@ def test_a_pipeline_whose_layout_does_not_match_the_images_says_so():
     chw_pipeline = fastloop.ops.Pipeline([fastloop.ops.Normalize([0.5, 0.5, 0.5], [0.2, 0.2, 0.2])], layout="CHW")
     for workers in (0, 1):
         with pytest.raises(ValueError, match=r"mean has 3 values, but the images have 32 channels.*layout right"):
-            next(iter(fastloop.Loader(hwc, batch_size=2, workers=workers, transform=chw_pipeline)))
+            next(iter(fastloop.Loader(hwc, batch_size=2, num_workers=workers, transform=chw_pipeline)))
     with pytest.raises(ValueError, match=r"std has 2 values, but the images have 3 channels"):
         fastloop.ops.Pipeline([fastloop.ops.Normalize(0.5, [0.2, 0.2])])(hwc)
 
 
 def test_state_dict_after_a_pass_cut_short_still_says_where_it_stopped():
-    loader = fastloop.Loader(np.arange(20), batch_size=4, seed=5, workers=2)
+    loader = fastloop.Loader(np.arange(20), batch_size=4, seed=5, num_workers=2)
     for i, _ in enumerate(loader):
         if i == 1:
             break
@@ -457,7 +457,7 @@ def test_a_bfloat16_sample_field_is_refused_naming_the_field_and_dtype(workers):
 
 def test_prefetch_batches_per_worker_stay_in_flight_while_the_consumer_holds_one():
     dataset = RecordsFetches(40, lambda i: np.float32(i))
-    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch=2, timeout=60)
+    loader = fastloop.Loader(dataset, batch_size=4, num_workers=1, prefetch_factor=2, timeout=60)
     it = iter(loader)
     held = next(it)  # batch 0, still in use: batches 1 and 2 must be made meanwhile (prefetch 2)
     assert wait_until(lambda: dataset.fetched[:12].all()), f"fetched {np.flatnonzero(dataset.fetched)}"

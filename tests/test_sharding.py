@@ -15,10 +15,10 @@ from synthetic import IndexDataset
 
 
 MODES: dict[str, Callable[[int, dict], fastloop.Loader]] = {
-    "threads, 0 workers": lambda n, kw: fastloop.Loader(np.arange(n), workers=0, **kw),
-    "threads, 2 workers": lambda n, kw: fastloop.Loader(np.arange(n), workers=2, mode="threads", **kw),
-    "processes": lambda n, kw: fastloop.Loader(IndexDataset(n), workers=1, mode="processes", **kw),
-    "in-process (workers=0, a Python dataset)": lambda n, kw: fastloop.Loader(IndexDataset(n), workers=0, **kw),
+    "threads, 0 workers": lambda n, kw: fastloop.Loader(np.arange(n), num_workers=0, **kw),
+    "threads, 2 workers": lambda n, kw: fastloop.Loader(np.arange(n), num_workers=2, mode="threads", **kw),
+    "processes": lambda n, kw: fastloop.Loader(IndexDataset(n), num_workers=1, mode="processes", **kw),
+    "in-process (num_workers=0, a Python dataset)": lambda n, kw: fastloop.Loader(IndexDataset(n), num_workers=0, **kw),
 }
 
 
@@ -56,7 +56,7 @@ def test_every_rank_gets_as_many_batches_and_together_the_ranks_cover_the_data(m
 
 
 def test_four_ranks_over_ten_samples_run_three_steps_each_in_every_mode() -> None:
-    """The case that diverged: workers=0 with a Python dataset gave ranks 3, 3, 2, 2 batches."""
+    """The case that diverged: num_workers=0 with a Python dataset gave ranks 3, 3, 2, 2 batches."""
     for mode in MODES:
         steps = [len(batches) for batches in rank_batches(mode, 10, 4, drop_last=False)]  # batch size 2 here
         assert steps == [2, 2, 2, 2], (mode, steps)

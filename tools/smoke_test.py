@@ -49,13 +49,13 @@ def check_loader() -> None:
     x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
     y = np.arange(1000, dtype=np.int64)
     seen = []
-    with fastloop.Loader((x, y), batch_size=64, shuffle=True, seed=0, workers=2) as loader:
+    with fastloop.Loader((x, y), batch_size=64, shuffle=True, seed=0, num_workers=2) as loader:
         for xb, yb in loader:
             np.testing.assert_array_equal(xb[:, 0], yb.astype(np.float32) * 8)
             seen.extend(yb.tolist())
     assert sorted(seen) == list(range(1000)), "the epoch did not yield every sample exactly once"
     print(f"  Loader: one shuffled epoch, {len(seen)} samples in batches of 64, 2 C threads")
-    with fastloop.Loader(SquaresDataset(), batch_size=8, workers=2, mode="threads") as python_loader:
+    with fastloop.Loader(SquaresDataset(), batch_size=8, num_workers=2, mode="threads") as python_loader:
         squares = sorted(int(v) for _, batch in python_loader for v in batch)
     assert squares == [i * i for i in range(40)], "worker threads running Python gave the wrong samples"
     print("  Loader: a Python dataset through 2 worker threads")
@@ -216,7 +216,7 @@ def check_images(tmp: str, wheel: bool) -> None:
     pipeline = fastloop.ops.Pipeline([fastloop.ops.Resize(32), fastloop.ops.CenterCrop(32),
                                       fastloop.ops.Normalize([0.5] * 3, [0.25] * 3, layout="HWC->CHW")])
     labels = []
-    with fastloop.Loader(fastloop.ImageFolder(root), batch_size=4, shuffle=True, seed=0, workers=2,
+    with fastloop.Loader(fastloop.ImageFolder(root), batch_size=4, shuffle=True, seed=0, num_workers=2,
                          transform=pipeline) as loader:
         for x, y in loader:
             assert x.shape[1:] == (3, 32, 32) and x.dtype == np.float32, (x.shape, x.dtype)

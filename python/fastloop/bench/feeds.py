@@ -171,7 +171,7 @@ def fastloop_images(root: str, batches: Batches, target: Target, decode: str) ->
         pipeline = ops.Pipeline([ops.RandomResizedCrop(b.crop), ops.RandomHFlip(),
                                  ops.Normalize(MEAN, STD, layout="HWC->CHW")])
         return fastloop.Loader(fastloop.ImageFolder(root), batch_size=b.batch, shuffle=True, drop_last=True,
-                               workers=b.workers, transform=pipeline, timeout=LOADER_TIMEOUT_S, decode=decode,
+                               num_workers=b.workers, transform=pipeline, timeout=LOADER_TIMEOUT_S, decode=decode,
                                **target.loader_arguments(images=True))
 
     return make

@@ -180,7 +180,7 @@ def make_loader(loader: str, workers: int, dataset: Any) -> Any:
         torch.set_num_threads(1)
         return DataLoader(torch_dataset(dataset), BATCH, shuffle=True, num_workers=workers)
     mode = "threads" if loader == "fastloop threads" else "processes"
-    return fastloop.Loader(dataset, BATCH, shuffle=True, workers=workers, mode=mode, seed=0)
+    return fastloop.Loader(dataset, BATCH, shuffle=True, num_workers=workers, mode=mode, seed=0)
 
 
 def measure_loader(dataset_name: str, loader: str, workers: int, n: int) -> Row:

@@ -204,7 +204,7 @@ def copy_rows(settings: Settings, target: Target) -> list[Row]:
     section = f"copy uint8 batches {s.batch}x{s.crop}x{s.crop}x3"
 
     def make(**arguments: Any) -> Callable[[], Iterable]:
-        return lambda: fastloop.Loader(images, batch_size=s.batch, shuffle=True, drop_last=True, workers=s.workers,
+        return lambda: fastloop.Loader(images, batch_size=s.batch, shuffle=True, drop_last=True, num_workers=s.workers,
                                        timeout=LOADER_TIMEOUT_S, **arguments)
 
     ways = [(Row(section, "Loader(pin_memory=True) + torch .cuda(non_blocking=True)"),

@@ -95,7 +95,7 @@ def fastloop_loader(config: dict) -> Callable[[], Any]:
                   else fastloop.TarShards(config["shards"]))
         pipeline = ops.Pipeline([ops.RandomResizedCrop(config["crop"]), ops.RandomHFlip(),
                                  ops.Normalize(MEAN, STD, layout="HWC->CHW")])
-        return fastloop.Loader(source, batch_size=config["batch"], shuffle=True, seed=0, workers=config["workers"],
+        return fastloop.Loader(source, batch_size=config["batch"], shuffle=True, seed=0, num_workers=config["workers"],
                                transform=pipeline)
 
     return make

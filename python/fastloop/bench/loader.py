@@ -252,10 +252,10 @@ def factory(loader: str, dataset: str, workers: int, images: np.ndarray, labels:
     if loader == "Python threads":
         return lambda: ThreadPoolLoader(NumpyDataset(images, labels), BATCH, workers)
     if dataset == PY:
-        return lambda: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, workers=workers)
+        return lambda: fastloop.Loader(NumpyDataset(images, labels), BATCH, shuffle=True, num_workers=workers)
     aug = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(MEAN, STD)], layout="CHW")
     mode = "threads" if loader == "fastloop threads" else "processes"
-    return lambda: fastloop.Loader((images, labels), BATCH, shuffle=True, workers=workers, transform=aug, mode=mode)
+    return lambda: fastloop.Loader((images, labels), BATCH, shuffle=True, num_workers=workers, transform=aug, mode=mode)
 
 
 def measure_config(index: int, n: int) -> Row:

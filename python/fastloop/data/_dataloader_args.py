@@ -74,17 +74,17 @@ def check_timeout(timeout: Any) -> float | None:
     return float(timeout) if timeout > 0 else None
 
 
-def check_worker_options(workers: int, prefetch_factor: Any, persistent_workers: Any) -> bool:
+def check_worker_options(num_workers: int, prefetch_factor: Any, persistent_workers: Any) -> bool:
     """DataLoader's checks of the options that only mean something with workers; returns
     persistent_workers as the Loader keeps it (None: True with workers, fastloop's default)."""
-    if workers == 0 and prefetch_factor is not None:
+    if num_workers == 0 and prefetch_factor is not None:
         raise ValueError("'prefetch_factor' is the batches in flight per worker: it needs num_workers > 0 "
                          "(as in DataLoader); leave it None with num_workers=0")
     if persistent_workers is None:
-        return workers > 0
+        return num_workers > 0
     if not isinstance(persistent_workers, bool):
         raise TypeError(f"'persistent_workers' must be a bool, not {type(persistent_workers).__name__}")
-    if workers == 0 and persistent_workers:
+    if num_workers == 0 and persistent_workers:
         raise ValueError("'persistent_workers' keeps the workers between epochs: it needs num_workers > 0 "
                          "(as in DataLoader)")
     return persistent_workers

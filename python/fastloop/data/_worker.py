@@ -52,7 +52,7 @@ class WorkerInfo:
 
 def get_worker_info() -> WorkerInfo | None:
     """In a Loader worker (a thread in threads mode, a process in processes mode), its
-    WorkerInfo; elsewhere None, as torch.utils.data.get_worker_info (workers=0 included).
+    WorkerInfo; elsewhere None, as torch.utils.data.get_worker_info (num_workers=0 included).
 
     >>> def transform(image): info = fastloop.get_worker_info(); ...
     """
@@ -78,7 +78,7 @@ def end_sample() -> None:
 
 def sample_rng(kind: str = "numpy") -> Any:
     """A random generator for the sample being fetched, seeded from (seed, epoch, the sample's
-    position): the same draws whichever worker fetches it, in threads, processes or workers=0.
+    position): the same draws whichever worker fetches it, in threads, processes or num_workers=0.
     kind: "numpy" (a numpy.random.Generator) or "torch" (a torch.Generator on the CPU). Asked
     twice during one sample's fetch, it returns the same generator, drawing on.
 

@@ -8,7 +8,7 @@ Pipeline the Loader reads it through ``_encoded_spec()`` (file, byte offset and 
 every sample): one pread and the fused decode -> crop -> resize per sample in C threads.
 
     >>> train = fastloop.ImageFolder("train/")
-    >>> loader = fastloop.Loader(train, batch_size=128, shuffle=True, workers=8, transform=pipeline)
+    >>> loader = fastloop.Loader(train, batch_size=128, shuffle=True, num_workers=8, transform=pipeline)
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ class TarShards(_EncodedSource):
     samples, as for any source.
 
     >>> shards = fastloop.TarShards("train-{0000..0146}.tar")
-    >>> loader = fastloop.Loader(shards, batch_size=128, shuffle=True, workers=8, transform=pipeline)
+    >>> loader = fastloop.Loader(shards, batch_size=128, shuffle=True, num_workers=8, transform=pipeline)
     """
 
     def __init__(self, urls: Union[PathLike, Sequence[PathLike]], transform: Callable[[Any], Any] | None = None,

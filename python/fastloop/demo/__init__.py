@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
                                               "and 20)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 256 classification, 64 regression)")
     p.add_argument("--lr", type=float, help="learning rate (default: Adam 1e-3 / SGD 0.01)")
-    p.add_argument("--workers", type=int, default=2, help="Loader worker threads")
+    p.add_argument("--num-workers", type=int, default=2, help="Loader worker threads")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (0: at the end only)")
     p.add_argument("--seed", type=int, default=0, help="data, shuffle and initialization seed")
     p.add_argument("--quick", action="store_true",
@@ -48,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    for name in ("epochs", "batch_size", "workers"):
+    for name in ("epochs", "batch_size", "num_workers"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "workers" else 1):
+        if value is not None and value < (0 if name == "num_workers" else 1):
             parser().error(f"--{name.replace('_', '-')} must be positive, not {value}")
     return train(args)

@@ -61,9 +61,9 @@ def classification(args: Any, device: str) -> Task:
         return classification_in_memory(args, device, n_train, n_val, why=str(error))
     augment = Pipeline([RandomResizedCrop(CROP, scale=(0.5, 1.0)), RandomHFlip(), Normalize(0.5, 0.25, layout="HWC->CHW")])
     loader = Loader(ImageFolder(os.path.join(folder, "train")), batch_size=batch_size, shuffle=True, seed=args.seed,
-                    workers=args.workers, transform=augment, drop_last=True, device=target)
+                    num_workers=args.num_workers, transform=augment, drop_last=True, device=target)
     center = Pipeline([Resize(IMAGE_SHAPE[1]), CenterCrop(CROP), Normalize(0.5, 0.25, layout="HWC->CHW")])
-    with Loader(ImageFolder(os.path.join(folder, "val")), batch_size=512, workers=args.workers,
+    with Loader(ImageFolder(os.path.join(folder, "val")), batch_size=512, num_workers=args.num_workers,
                 transform=center) as val_loader:  # decoded once, kept in memory
         val_x, val_y = (np.concatenate(parts) for parts in zip(*[(x.copy(), y.copy()) for x, y in val_loader]))
     info = {"data": f"{n_train} JPEG files {IMAGE_SHAPE[1]}x{IMAGE_SHAPE[2]} in ImageFolder layout, {CLASSES} classes "
@@ -77,7 +77,7 @@ def classification_in_memory(args: Any, device: str, n_train: int, n_val: int, w
     data, labels = make_images(n_train + n_val, seed=args.seed)
     augment = Pipeline([RandomCrop(CROP), RandomHFlip(), Normalize(0.5, 0.25)], layout="CHW")
     loader = Loader((data[:n_train], labels[:n_train]), batch_size=args.batch_size or 256, shuffle=True,
-                    seed=args.seed, workers=args.workers, transform=augment, drop_last=True,
+                    seed=args.seed, num_workers=args.num_workers, transform=augment, drop_last=True,
                     device=None if device == "cpu" else device)
     val_x = Pipeline([CenterCrop(CROP), Normalize(0.5, 0.25)], layout="CHW")(data[n_train:])
     info = {"data": f"{n_train} generated images {IMAGE_SHAPE} uint8 in memory, {CLASSES} classes (+{n_val} "
@@ -181,7 +181,7 @@ def train(args: Any, log: Callable[[str], None] = print) -> int:
             return 0
         log(f"  resumed from step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     mon = Monitor(interval_s=1.0, sinks=[CSVSink(os.path.join(folder, "metrics.csv")), TensorBoardSink(folder)],
-                  metrics=task.loader.metrics, gpu=device != "cpu", start_step=step)
+                  metrics=task.loader, gpu=device != "cpu", start_step=step)
     bar = Progress(task.epochs * steps_per_epoch, done_steps=step)
     loss, started, window = float("nan"), time.perf_counter(), (time.perf_counter(), 0)
     val: dict[str, float] = {}

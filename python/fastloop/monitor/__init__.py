@@ -244,7 +244,7 @@ class Monitor:
         flush_interval_s: float = 5.0,
         host: bool = True,
         gpu: bool = True,
-        metrics: Metrics | None = None,
+        metrics: Metrics | Any = None,  # as attach(metrics): a Metrics or an object with stats()
         queue_size: int = 65536,
         record_wait_s: float = 0.01,
         start_step: int = 0,
