@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from fastloop.serve import InferenceService, RedisQueue, RedisStore
+from fastloop.serve import InferenceService, RedisQueue, RedisStore, create_service
 
 
 def affine(batch: np.ndarray) -> np.ndarray:
@@ -68,9 +68,9 @@ def main() -> int:
              "logged": logged(args.model_s, args.log)}[args.model]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    svc = InferenceService(model, workers=args.workers, max_batch=args.max_batch, max_delay_ms=0,
-                           store=RedisStore(args.url, prefix=args.prefix),
-                           queue=RedisQueue(visibility_timeout_s=args.visibility_timeout_s))
+    svc = create_service(model, workers=args.workers, max_batch=args.max_batch, max_delay_ms=0,
+                         store=RedisStore(args.url, prefix=args.prefix),
+                         queue=RedisQueue(visibility_timeout_s=args.visibility_timeout_s))
     print("ready", flush=True)
     if args.http:
         try:

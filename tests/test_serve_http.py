@@ -28,7 +28,7 @@ ws_client = pytest.importorskip("websockets.sync.client")
 import fastloop as fl  # noqa: E402
 from fastloop.serve import (InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,  # noqa: E402
                             StoreError)
-from fastloop.serve.cli import arch_of  # noqa: E402
+from fastloop.serve import arch_of  # noqa: E402
 from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402

@@ -31,7 +31,7 @@ ws_client = pytest.importorskip("websockets.sync.client")
 
 import fastloop as fl  # noqa: E402
 from fastloop.serve import Client, JobCancelled  # noqa: E402
-from fastloop.serve.cli import arch_of  # noqa: E402
+from fastloop.serve import arch_of  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE  # noqa: E402
 from fastloop.serve.peers import owner_of  # noqa: E402
 from test_serve_http import ROOT, free_port, mlp, npy, sample, ws_url  # noqa: E402,F401 (mlp: a fixture)

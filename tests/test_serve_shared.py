@@ -21,8 +21,8 @@ import pytest
 
 from redis_fixtures import prefix, redis, server  # noqa: E402,F401 (fixtures; skips without Redis)
 
-from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, RedisQueue,  # noqa: E402
-                            RedisStore)
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, MemoryStore, RedisQueue,  # noqa: E402
+                            RedisStore, SharedInferenceService, create_service)
 from fastloop.errors import QueueFull  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE, npy_bytes  # noqa: E402
@@ -40,8 +40,8 @@ ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os
 @pytest.fixture
 def front(server, prefix):
     """A front-only service in the test process: accepts, answers, cancels; runs nothing."""
-    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                           queue=RedisQueue(visibility_timeout_s=1.0))
+    svc = create_service(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                         queue=RedisQueue(visibility_timeout_s=1.0))
     yield svc
     svc.close(drain_s=0)
 
@@ -113,8 +113,8 @@ def test_a_batch_fills_with_the_higher_priority_first(front, server, prefix, chi
 
 def test_cancel_from_any_process_takes_a_queued_job_off_the_shared_queue(front, server, prefix, children):
     ids = [front.submit(x(i)) for i in range(6)]
-    other = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=1.0))  # another front: knows nothing of them
+    other = create_service(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=1.0))  # another front: knows nothing of them
     try:
         assert other.cancel(ids[1]) and other.cancel(ids[4])
         assert not other.cancel(ids[1])  # already failed
@@ -159,13 +159,13 @@ def test_a_killed_workers_jobs_are_reclaimed_queued_ones_rerun_running_ones_fail
 
 def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, prefix):
     store = RedisStore(server.url, prefix=prefix)
-    a = InferenceService(lambda b: b * 2 + 1, workers=0, store=store, queue=RedisQueue(visibility_timeout_s=0.3))
+    a = create_service(lambda b: b * 2 + 1, workers=0, store=store, queue=RedisQueue(visibility_timeout_s=0.3))
     try:
         jobs = [a.submit(x(i)) for i in range(3)]
         client = redis.Redis.from_url(server.url)
         client.xreadgroup("workers", "dead-worker", {f"{prefix}queue:normal": ">"}, count=3)
-        b = InferenceService(lambda b: b * 2 + 1, workers=1, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=0.3))
+        b = create_service(lambda b: b * 2 + 1, workers=1, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=0.3))
         try:
             for i, job in enumerate(jobs):
                 np.testing.assert_array_equal(a.result(job, timeout=20), x(i) * 2 + 1)
@@ -240,8 +240,8 @@ def test_a_job_still_in_the_model_at_its_deadline_fails_and_the_process_keeps_se
 
 
 def test_a_deadline_outlives_the_process_that_took_the_submit(front, server, prefix, children, tmp_path):
-    first = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=1.0), timeout_s=0.5)  # a service default
+    first = create_service(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=1.0), timeout_s=0.5)  # a service default
     late = first.submit(np.full(4, 7, np.float32))
     deadline = first.record(late).deadline
     first.close(drain_s=0)  # the process that accepted it is gone
@@ -261,9 +261,9 @@ def test_priority_reaches_the_shared_queue_from_every_input_encoding(server, pre
 
     np.save(tmp_path / "x.npy", x(3))
     npy = {"content-type": NPY_TYPE}
-    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix), queue=RedisQueue())
-    named = InferenceService(lambda a, b: a + b, workers=0, store=RedisStore(server.url, prefix=prefix + "named:"),
-                             queue=RedisQueue(), inputs={"a": Input("float32", (2,)), "b": Input("float32", (2,))})
+    svc = create_service(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix), queue=RedisQueue())
+    named = create_service(lambda a, b: a + b, workers=0, store=RedisStore(server.url, prefix=prefix + "named:"),
+                           queue=RedisQueue(), inputs={"a": Input("float32", (2,)), "b": Input("float32", (2,))})
     row = np.zeros((), dtype=[("a", "<f4", (2,)), ("b", "<f4", (2,))])
     try:
         with serving(App(svc, input_root=str(tmp_path))) as base:
@@ -287,8 +287,8 @@ def test_priority_reaches_the_shared_queue_from_every_input_encoding(server, pre
 
 
 def test_a_full_shared_queue_raises_queue_full_and_bad_priorities_are_named(server, prefix):
-    svc = InferenceService(lambda b: b, workers=0, max_queue=3, store=RedisStore(server.url, prefix=prefix),
-                           queue=RedisQueue())
+    svc = create_service(lambda b: b, workers=0, max_queue=3, store=RedisStore(server.url, prefix=prefix),
+                         queue=RedisQueue())
     try:
         for i in range(3):
             svc.submit(x(i), priority=LEVELS[i])
@@ -304,7 +304,7 @@ def test_a_full_shared_queue_raises_queue_full_and_bad_priorities_are_named(serv
 
 def test_the_queue_in_redis_needs_a_redis_store_and_priorities_need_it(tmp_path):
     with pytest.raises(TypeError, match="RedisQueue needs the service's store to be a RedisStore, not FileStore"):
-        InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs")), queue=RedisQueue())
+        create_service(lambda b: b, store=FileStore(str(tmp_path / "jobs")), queue=RedisQueue())
     with pytest.raises(ValueError, match="visibility_timeout_s must be > 0"):
         RedisQueue(visibility_timeout_s=0)
     with pytest.raises(ValueError, match="workers must be an int >= 1"):
@@ -312,6 +312,19 @@ def test_the_queue_in_redis_needs_a_redis_store_and_priorities_need_it(tmp_path)
     with InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs3"))) as svc:
         with pytest.raises(ValueError, match="needs a queue with priorities"):
             svc.submit(x(1), priority="high")
+
+
+def test_inference_service_refuses_a_queue_and_the_factory_picks_the_class(server, prefix):
+    """InferenceService(queue=...) used to return a SharedInferenceService in silence: it
+    refuses now, naming what to use; create_service() picks the class from the queue."""
+    store = RedisStore(server.url, prefix=prefix)
+    with pytest.raises(TypeError, match="create_service.*SharedInferenceService"):
+        InferenceService(lambda b: b, store=store, queue=RedisQueue())
+    with create_service(lambda b: b, store=MemoryStore()) as plain:
+        assert type(plain) is InferenceService
+    with create_service(lambda b: b + 1, workers=1, store=store, queue=RedisQueue()) as shared:
+        assert type(shared) is SharedInferenceService
+        assert shared.result(shared.submit(x(1)), timeout=30) == pytest.approx(x(1) + 1)
 
 
 # ---------------------------------------------------------------- python -m fastloop serve --processes

@@ -20,8 +20,9 @@ TorchScript or ``torch.export`` file; or ``App(service)`` under uvicorn), and
 
 from __future__ import annotations
 
-from .cli import arch_of
+from .checkpoint_model import arch_of
 from .client import BadRequest, Client, ServiceUnavailable
+from .factory import create_service
 from .filestore import FileStore
 from .http import App
 from . import jobs
@@ -29,11 +30,14 @@ from .jobs import *  # noqa: F403 - the job record and exceptions, listed once i
 from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import Admission, InferenceService
+from .shared import SharedInferenceService
 from .spec import Input
 from .stores import MemoryStore, Store
 
 __all__ = [
     "InferenceService",
+    "SharedInferenceService",
+    "create_service",
     "Admission",
     "Input",
     "FileStore",

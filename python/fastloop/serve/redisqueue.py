@@ -2,7 +2,7 @@
 processes, on one machine or several, share one queue beside one RedisStore.
 
     >>> store = RedisStore("redis://10.0.0.1:6379/0")
-    >>> svc = InferenceService(model, store=store, queue=RedisQueue(visibility_timeout_s=30))
+    >>> svc = create_service(model, store=store, queue=RedisQueue(visibility_timeout_s=30))
     >>> svc.submit(x, priority="high")
 
 Why Redis Streams with a consumer group (XADD / XREADGROUP / XACK / XAUTOCLAIM): it is the
@@ -237,7 +237,7 @@ class RedisQueue:
     (a killed worker's jobs wait this long). ``events``: publish status changes so that every
     front's WebSocket streams see jobs run elsewhere.
 
-    >>> svc = InferenceService(model, store=RedisStore(url), queue=RedisQueue())
+    >>> svc = create_service(model, store=RedisStore(url), queue=RedisQueue())
     """
 
     def __init__(self, visibility_timeout_s: float = 30.0, *, events: bool = True, consumer: str | None = None) -> None:

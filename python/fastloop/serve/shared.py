@@ -1,7 +1,7 @@
 """SharedInferenceService: an InferenceService whose queue lives in Redis (a RedisQueue), so
 that any process sharing the RedisStore accepts, runs, answers and cancels any job.
 
-    >>> svc = InferenceService(model, store=RedisStore(url), queue=RedisQueue())  # this class
+    >>> svc = create_service(model, store=RedisStore(url), queue=RedisQueue())  # this class
     >>> job = svc.submit(x, priority="high")   # any process may run it
     >>> svc.result(job)                        # from any process
 
@@ -33,7 +33,9 @@ from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_jo
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
 from .rows import assemble
-from .service import _DEADLINE_TICK_S, Admission, InferenceService, _check_timeout, _join
+from ._admission import Admission
+from ._deadlines import _DEADLINE_TICK_S, _check_timeout
+from .service import InferenceService, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -43,7 +45,10 @@ _WAIT_WINDOW = 10000  # queue waits kept per priority level for the percentiles
 
 
 class SharedInferenceService(InferenceService):
-    """InferenceService(..., queue=RedisQueue(...)) returns one of these; see the module."""
+    """An InferenceService whose queue is a RedisQueue (create_service(..., queue=RedisQueue())
+    builds one); see the module."""
+
+    _least_workers = 0  # a front-only process of a shared queue runs no worker
 
     def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
                  max_batch: int = 32, max_delay_ms: float = 2.0, store: Any = None, *, queue: RedisQueue,
@@ -62,7 +67,7 @@ class SharedInferenceService(InferenceService):
         self._pubsub: Any = None
         self._running = 0  # jobs started here and not yet stored
         super().__init__(model, workers=workers, max_queue=max_queue, max_batch=max_batch,
-                         max_delay_ms=max_delay_ms, store=store, queue=queue, **kwargs)
+                         max_delay_ms=max_delay_ms, store=store, **kwargs)
         self._keeper = threading.Thread(target=self._keep_queue, name="fastloop-serve-keeper", daemon=True)
         self._publisher = threading.Thread(target=self._publish, name="fastloop-serve-publisher", daemon=True)
         self._keeper.start()
