@@ -789,3 +789,43 @@ def test_the_npy_codec_writes_np_saves_bytes_and_reads_every_layout_np_load_read
         npy_codec.decode(data[:-4])
     with pytest.raises(ValueError):
         npy_codec.decode(np.array([{"a": 1}], dtype=object).dumps())
+
+
+def test_a_lone_submit_runs_at_once_without_waiting_max_delay():
+    """The HTTP front's rule, in process: a worker that takes a job while no other is queued,
+    held by another worker or admitted runs it at once. With a 60 s max_delay, a wait would
+    time the result() out."""
+    sizes: list[int] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        sizes.append(len(batch))
+        return batch * 2
+
+    with InferenceService(model, workers=1, max_batch=8, max_delay_ms=60_000, store=MemoryStore()) as svc:
+        for i in range(3):
+            np.testing.assert_array_equal(svc.result(svc.submit(sample(i)), timeout=30), sample(i) * 2)
+    assert sizes == [1, 1, 1]
+
+
+def test_a_batch_still_fills_while_other_jobs_are_in_progress():
+    """One worker is in a model call (another job in progress): the second worker's batch waits
+    for more (max_delay 60 s) and runs once max_batch jobs are in it."""
+    entered, release = threading.Event(), threading.Event()
+    sizes: list[int] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        sizes.append(len(batch))
+        if batch[0, 0] == 100:  # the first job holds its worker until released
+            entered.set()
+            assert release.wait(30)
+        return batch
+
+    with InferenceService(model, workers=2, max_batch=2, max_delay_ms=60_000, store=MemoryStore()) as svc:
+        first = svc.submit(np.full(IN, 100, np.float32))
+        assert entered.wait(30)
+        pair = [svc.submit(np.full(IN, i, np.float32)) for i in (1, 2)]
+        for job in pair:
+            assert svc.result(job, timeout=30)[0] in (1, 2)
+        release.set()
+        assert svc.result(first, timeout=30)[0] == 100
+    assert sizes == [1, 2]

@@ -148,7 +148,6 @@ class _Admitting:
         >>> a = svc.admit()
         >>> if a is None: answer_429()
         """
-        self._fronted = True
         with self._lock:
             if self._closed:
                 return Admission(self, held=False)  # submit() raises Closed

@@ -60,15 +60,17 @@ class _Workers:
         for group in group_by_input(started, lambda item: item.key):
             self._run(group)
 
-    def _more_coming(self) -> bool:
-        """Whether a batch still filling should wait for more: without a front, always; with
-        one (it admits its requests: admit()), when a request is on its way (admitted, not
-        yet submitted) or jobs arrive less than max_delay_ms apart while others are in
-        progress (many clients). So a lone client's job runs at once instead of waiting
-        max_delay_ms, and clients that submit and fetch in two requests still fill batches."""
-        if not self._fronted or self._admitted > 0:
+    def _more_coming(self, holding: int) -> bool:
+        """Whether a batch still filling (this worker holds `holding` items) should wait for
+        more; the HTTP front's rule, in process too: when a request is on its way (admitted by
+        a front, not yet submitted: admit()), or jobs arrive less than max_delay_s apart while
+        others than this batch's are in progress (queued, or held by another worker: many
+        clients). So a lone caller's job runs at once instead of waiting max_delay_s, and
+        clients that submit and fetch in two requests still fill batches."""
+        if self._admitted > 0:
             return True
-        return self._gap < self.max_delay_s and len(self._jobs) > self._held
+        others = self._queued - holding + self._held  # _queued still counts the items this worker holds
+        return self._gap < self.max_delay_s and others > 0
 
     def _run(self, group: list[Any]) -> None:
         me = threading.current_thread()

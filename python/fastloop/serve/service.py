@@ -124,7 +124,6 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
         self._queued = 0  # submitted and not yet taken by a worker: bounds the queue
         self._admitted = 0  # slots reserved by admit() for submits not yet made: bound with _queued
         self._held = 0  # items workers took and have not finished with (recording, running, storing)
-        self._fronted = False  # a front admits its requests (admit()): it says when more are coming
         self._arrived = time.monotonic()  # the last submit
         self._gap = 1.0  # seconds between submits, a moving average: short when many clients submit
         self._closed = False
