@@ -28,7 +28,7 @@ class Model:
 def test_a_job_of_several_rows_runs_in_calls_of_at_most_max_batch_and_comes_back_in_order(server, prefix):
     model = Model()
     store = RedisStore(server.url, prefix=prefix)
-    with create_service(model, workers=1, max_batch=4, store=store, queue=RedisQueue(),
+    with create_service(model, num_workers=1, max_batch=4, store=store, queue=RedisQueue(),
                         inputs=Input("float64", (2,))) as svc:
         x = np.arange(20, dtype=np.float64).reshape(10, 2)
         job = svc.submit(x)

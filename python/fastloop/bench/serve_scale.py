@@ -225,14 +225,14 @@ def _host_server(ckpt: str, port: int, url: str, device_ms: float, max_batch: in
         time.sleep(device_ms / 1e3)  # the device's time: a GIL-free wait, as a GPU call is
         return net(batch.astype(np.float32, copy=False))  # JSON inputs arrive as float64 for a plain callable
 
-    service = create_service(model, workers=1, max_batch=max_batch, store=RedisStore(url), queue=RedisQueue())
+    service = create_service(model, num_workers=1, max_batch=max_batch, store=RedisStore(url), queue=RedisQueue())
     app = App(service)
     try:
         uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")).run()
     except KeyboardInterrupt:
         pass
     finally:
-        service.close(drain_s=2)
+        service.close(timeout=2)
     return 0
 
 

@@ -1,12 +1,12 @@
 """fastloop.serve: a queued inference service with dynamic batching.
 
 Callers submit one input at a time (checked against the model's declared ``Input``s, if any); a bounded fastloop.Queue holds the jobs; worker threads
-take up to ``max_batch`` of them (waiting at most ``max_delay_ms`` for the batch to fill),
+take up to ``max_batch`` of them (waiting at most ``max_delay_s`` for the batch to fill),
 run the model once on the stacked batch (a fastloop.nn model computes with the GIL
 released; a torch module gets tensors under ``torch.inference_mode()``) and store each job's row; callers poll ``status()`` or wait in ``result()``.
 
     >>> from fastloop.serve import InferenceService, FileStore
-    >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
+    >>> with InferenceService(model, num_workers=2, max_batch=32, store=FileStore("jobs")) as svc:
     ...     y = svc.result(svc.submit(x), timeout=5.0)
 
 A torch ``nn.Module`` is served with its inputs declared:

@@ -43,7 +43,7 @@ class Admission:
 class _Admitting:
     """submit(), admit() and reject_if_full() (a part of InferenceService)."""
 
-    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
+    def submit(self, inputs: Any, job_id: str | None = None, timeout: float | None = None,
                priority: str = "normal", admission: Admission | None = None) -> str:
         """Queues one input; returns the job id (a new one, or `job_id`). An input with a
         leading batch axis over the model's row shape (e.g. (8, 784) for a model of 784
@@ -51,7 +51,7 @@ class _Admitting:
         rows: each row batches alone, they count as that many jobs against max_queue, and
         result() returns the rows in order.
 
-        ``timeout_s`` (default: the service's): the job fails ("deadline exceeded ...")
+        ``timeout`` (default: the service's): the job fails ("deadline exceeded ...")
         unless it has ended that many seconds after submit, whether it is still queued or
         running then (see the class docstring for what happens to the worker).
 
@@ -63,27 +63,27 @@ class _Admitting:
         released whatever happens.
         """
         try:
-            return self._submit(inputs, job_id, timeout_s, priority, admission)
+            return self._submit(inputs, job_id, timeout, priority, admission)
         finally:
             if admission is not None:
                 admission.release()
 
-    def _submit(self, inputs: Any, job_id: str | None, timeout_s: float | None, priority: str,
+    def _submit(self, inputs: Any, job_id: str | None, timeout: float | None, priority: str,
                 admission: Admission | None) -> str:
         if priority != "normal":
             check_level(priority)  # one that is no priority at all: its own message, naming them
             raise ValueError(f"priority={priority!r} needs a queue with priorities: create_service(..., queue=RedisQueue())")
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
-        timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
         x, rows = self._spec.check_rows(inputs)
         if rows is not None and rows > self.max_queue:
             raise ValueError(f"inputs hold {rows} rows, more than the queue holds (max_queue={self.max_queue}): "
                              "send them in several requests")
         job = _Job(JobRecord.new(job_id, time.time(), x.shape, x.dtype.str, rows=rows), x)
         size = rows or 1  # queue slots the job takes: one per row
-        if timeout_s is not None:
-            job.deadline = job.t0 + timeout_s
-            job.record.deadline = job.record.submitted + timeout_s  # stored: a restart keeps it
+        if timeout is not None:
+            job.deadline = job.t0 + timeout
+            job.record.deadline = job.record.submitted + timeout  # stored: a restart keeps it
             self._any_deadline = True
         with self._lock:
             reserved = admission is not None and admission.held

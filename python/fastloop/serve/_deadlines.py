@@ -46,7 +46,7 @@ class _Deadlines:
     def _enforce_deadlines(self) -> None:
         """The janitor's: fails queued and running jobs past their deadline; a worker whose
         model call holds such a job is replaced by a new one (Python cannot stop a thread:
-        the stuck one ends when its call returns), up to `workers` stuck at once."""
+        the stuck one ends when its call returns), up to `num_workers` stuck at once."""
         now = time.monotonic()
         late = []
         with self._lock:
@@ -66,7 +66,7 @@ class _Deadlines:
 
     def _replace_stuck(self, thread: threading.Thread) -> None:
         """Counts `thread` stuck in a model call past a deadline and starts a worker in its
-        place, unless `workers` stuck ones are in their calls already (health() says
+        place, unless `num_workers` stuck ones are in their calls already (health() says
         "degraded" until one returns: _leave_if_stuck). Nothing if its call returned meanwhile."""
         with self._pool_lock:
             if thread not in self._busy or thread in self._stuck:
@@ -74,7 +74,7 @@ class _Deadlines:
             self._stuck.add(thread)
             self._stats.count("workers_stuck")
             self._threads = [t for t in self._threads if t.is_alive()]  # replacements come and go
-            if len(self._stuck) > self.workers or self._closed or self._serving() >= self.workers:
+            if len(self._stuck) > self.num_workers or self._closed or self._serving() >= self.num_workers:
                 return
             replacement = self._worker(next(self._worker_numbers))
             self._threads = self._threads + [replacement]
@@ -93,15 +93,15 @@ class _Deadlines:
 
     def _leave_if_stuck(self) -> bool:
         """A worker back from model calls: True when it must end. One that was stuck ends if
-        its replacement serves; it serves again when fewer than ``workers`` do (more were
-        stuck at once than could be replaced), so the count always comes back to ``workers``
+        its replacement serves; it serves again when fewer than ``num_workers`` do (more were
+        stuck at once than could be replaced), so the count always comes back to ``num_workers``
         once the stuck calls return: a client's deadline costs no capacity past its call."""
         me = threading.current_thread()
         if me not in self._stuck:
             return False
         with self._pool_lock:
             self._stuck.discard(me)
-            if self._serving() <= self.workers:  # itself counted: it rejoins
+            if self._serving() <= self.num_workers:  # itself counted: it rejoins
                 return False
             self._threads = [t for t in self._threads if t is not me]
             return True
@@ -145,12 +145,12 @@ class _Deadlines:
                 self._notify(job_id, EXPIRED)
 
     def _deadlines_used(self) -> bool:
-        return self.timeout_s is not None or self._any_deadline
+        return self.timeout is not None or self._any_deadline
 
 
-def _check_timeout(timeout_s: float | None) -> float | None:
-    if timeout_s is None:
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
         return None
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0 (or None), not {timeout_s!r}")
-    return float(timeout_s)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout (timeout_s over HTTP) must be a number of seconds > 0 (or None), not {timeout!r}")
+    return float(timeout)

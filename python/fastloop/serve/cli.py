@@ -2,7 +2,7 @@
 model, or any model a factory in the user's code builds, or a TorchScript file
 (fastloop.serve.model_source says how each is read).
 
-    $ python -m fastloop serve --model ckpts --port 8000 --workers 2 --store file:jobs
+    $ python -m fastloop serve --model ckpts --port 8000 --num-workers 2 --store file:jobs
     $ python -m fastloop serve --model mypkg.models:build --port 8000
     $ python -m fastloop serve --model cnn.ts --input float32:3,32,32
 
@@ -14,7 +14,7 @@ A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with 
 between them).
 
 SIGTERM (Docker, Kubernetes) and Ctrl-C drain: new jobs get 503 with Retry-After while what
-was accepted runs and is answered, for up to ``--drain-timeout`` seconds; then the server
+was accepted runs and is answered, for up to ``--drain-s`` seconds; then the server
 stops, the service closes its store and the process exits 0 (draining.py). Without
 ``--store`` the jobs live in memory (nothing outlives the process); ``--store file:DIR``
 keeps them on disk, ``redis://`` in Redis.
@@ -124,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", help="the model's sizes (784,512,10: Linear+ReLU) when it holds no arch")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--max-queue", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--max-delay-s", type=float, default=0.002,
+                        help="how long a batch waits to fill after its first job (seconds)")
     parser.add_argument("--store", default="memory", metavar="memory | file:DIR | redis://HOST:PORT/DB",
                         help=STORE_HELP)
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an idle keep-alive connection is closed after this")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="default job deadline from submit: a job not ended by then fails (default: none)")
-    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
                         help="after SIGTERM or Ctrl-C (new jobs get 503), how long the jobs already accepted may "
                              "take to run and be answered before the server stops anyway (default: 10)")
     parser.add_argument("--blas-threads", type=int, default=1,
@@ -246,13 +247,13 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
                 extra["queue"] = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
             store = _store(args.store, index, peers, name if len(args.models) > 1 else None)
             services[name or DEFAULT_NAME] = create_service(
-                model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                max_delay_ms=args.max_delay_ms, store=store, **extra, result_ttl_s=args.result_ttl_s,
-                worker_priority=args.worker_priority, inputs=inputs, timeout_s=args.timeout_s)
+                model, num_workers=args.num_workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                max_delay_s=args.max_delay_s, store=store, **extra, result_ttl_s=args.result_ttl_s,
+                worker_priority=args.worker_priority, inputs=inputs, timeout=args.timeout_s)
         except (OSError, ValueError, KeyError, TypeError) as error:
             print(f"cannot serve the model from {target}: {error}", file=sys.stderr)
             for service in services.values():
-                service.close(drain_s=0)
+                service.close(timeout=0)
             return 2
     front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes,
                 max_websockets=args.max_websockets)
@@ -283,7 +284,7 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     finally:
         stopped = time.monotonic()
         for service in services.values():
-            service.close(drain_s=server.drain_left())
+            service.close(timeout=server.drain_left())
         _log_drain(server, stopped, time.monotonic())
     return 0
 

@@ -81,9 +81,9 @@ class App(_EventRoutes):
     ``input_root``: the directory "path" inputs must lie in (None: path inputs refused).
     ``max_body_bytes``: a larger request body (or .npy file) is refused with 413.
     ``ws_buffer``: events a WebSocket client may fall behind by before it is dropped.
-    ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``threads``: the
-    pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
-    that names none (and the service has no default ``timeout_s``): its job fails then and the
+    ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``num_workers``: the
+    threads of the pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
+    that names none (and the service has no default ``timeout``): its job fails then and the
     request answers 504. ``max_websockets``: event streams open at once; one more is closed
     at once with 1013 ("try again later"), its reason naming the limit.
 
@@ -92,10 +92,10 @@ class App(_EventRoutes):
     """
 
     def __init__(self, models: InferenceService | Mapping[str, InferenceService], input_root: str | None = None,
-                 max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8,
+                 max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, num_workers: int = 8,
                  predict_timeout_s: float = 30.0, max_websockets: int = MAX_WEBSOCKETS) -> None:
-        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1 or max_websockets < 1:
-            raise ValueError("max_body_bytes, ws_buffer, threads and max_websockets must be >= 1")
+        if max_body_bytes < 1 or ws_buffer < 1 or num_workers < 1 or max_websockets < 1:
+            raise ValueError("max_body_bytes, ws_buffer, num_workers and max_websockets must be >= 1")
         if not predict_timeout_s > 0:
             raise ValueError(f"predict_timeout_s must be > 0, not {predict_timeout_s!r}")
         self.fronts = {name: ModelFront(name, service, input_root, max_body_bytes, retry_after_s)
@@ -106,7 +106,7 @@ class App(_EventRoutes):
         self.max_body_bytes, self.ws_buffer, self.retry_after_s = max_body_bytes, ws_buffer, retry_after_s
         self._draining = False
         self._in_flight = 0  # HTTP requests being answered (a predict or a long poll: until its result)
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="fastloop-http")
+        self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="fastloop-http")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: list[Callable[[], None]] | None = None
         self._watchers: dict[tuple[str, str | None], set[Watcher]] = {}  # (model, job id or None) -> streams
@@ -352,7 +352,7 @@ class App(_EventRoutes):
         def on_end(record: JobRecord, row: Any) -> None:  # on the worker that ended the job
             loop.call_soon_threadsafe(_settle, done, (record, row))
 
-        timeout_s = front.service.timeout_s or self.predict_timeout_s
+        timeout_s = front.service.timeout or self.predict_timeout_s
         query = _submit_query(scope)
         job_id, watching = await self._accept(scope, receive, on_end, timeout_s, query)
         as_npy = NPY_TYPE in _header(scope, b"accept").lower()

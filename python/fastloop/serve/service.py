@@ -1,11 +1,11 @@
 """InferenceService: submit inputs, a few worker threads run the model on dynamic batches,
 results go to a store, callers poll status() or wait in result().
 
-    >>> with InferenceService(model, workers=2, max_batch=32) as svc:
+    >>> with InferenceService(model, num_workers=2, max_batch=32) as svc:
     ...     job = svc.submit(x)                  # x: one sample, e.g. float32 (784,)
     ...     y = svc.result(job, timeout=5.0)     # its row of model(batch)
 
-Threads: ``workers`` Python threads pop jobs from a fastloop.Queue (its waits release the
+Threads: ``num_workers`` Python threads pop jobs from a fastloop.Queue (its waits release the
 GIL) and call the model (a fastloop.nn model computes with the GIL released), and one
 janitor thread expires old results. ``_lock`` guards the table of unfinished jobs and the
 count of queued ones; each job's own lock orders its status changes and their store writes.
@@ -42,7 +42,7 @@ __all__ = ["InferenceService", "Admission"]
 
 Listener = Callable[[str, str], None]
 
-_CLOSE_GRACE_S = 2.0  # after drain_s, how long close() waits for a model call in progress
+_CLOSE_GRACE_S = 2.0  # after close()'s timeout, how long close() waits for a model call in progress
 
 
 class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence, _JobTable):
@@ -51,24 +51,24 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
     ``model``: a fastloop.nn model (inputs are checked against its in_features and dtype at
     submit), a torch ``nn.Module`` (TorchScript too: it gets tensors and runs under
     ``torch.inference_mode()``; ``eval()`` is yours to call) or any callable taking a NumPy
-    batch (N, ...) and returning N rows; with workers > 1 a plain callable must be
+    batch (N, ...) and returning N rows; with num_workers > 1 a plain callable must be
     thread-safe. ``inputs``: what one job's input is, checked at submit (required for a
     torch module): ``Input(dtype, shape)``, or several as a dict name -> Input (or a list of
     named Inputs), passed to the model as positional arguments in that order. Outputs may
     be an array/tensor, a tuple or a dict of them: result() returns the same per job. ``max_queue`` bounds the jobs waiting
     (submit raises QueueFull beyond it). A worker takes up to ``max_batch`` queued jobs,
-    waiting at most ``max_delay_ms`` for more after the first. ``store``: FileStore (default:
+    waiting at most ``max_delay_s`` for more after the first. ``store``: FileStore (default:
     one in a fresh temporary directory) or MemoryStore; the service closes it on close().
     Done and failed jobs report "expired" ``result_ttl_s`` after they finish and are
     forgotten (unknown id) ``expired_ttl_s`` later (default: result_ttl_s).
     ``worker_priority``: "normal", or "idle" to run the worker threads under Linux's
     SCHED_IDLE policy, so that a front in the same process (429s, /healthz) preempts them at
     once under overload; on a shared machine other busy processes preempt them too
-    (fastloop.serve.priority says more). ``timeout_s``: the default deadline of a job,
+    (fastloop.serve.priority says more). ``timeout``: the default deadline (seconds) of a job,
     from submit (None: none): a job still queued then fails without running; one still in
     a model call fails, and its worker, stuck, is replaced by a new thread (at most
-    ``workers`` stuck at once; beyond that health() reports "degraded" until a stuck call
-    returns: a worker back from one serves again while fewer than ``workers`` do). The queue lives in this process:
+    ``num_workers`` stuck at once; beyond that health() reports "degraded" until a stuck call
+    returns: a worker back from one serves again while fewer than ``num_workers`` do). The queue lives in this process:
     for one in Redis beside a RedisStore, shared by every process and machine serving it,
     with priorities, use ``create_service(model, queue=RedisQueue(), ...)`` (factory.py) or
     SharedInferenceService; ``queue`` here must stay None (TypeError otherwise).
@@ -86,34 +86,34 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
     """
     _least_workers = 1  # SharedInferenceService: 0 (a front-only process of a shared queue)
 
-    def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
-                 max_batch: int = 32, max_delay_ms: float = 2.0, store: Store | None = None,
+    def __init__(self, model: Callable[[np.ndarray], Any], num_workers: int = 2, max_queue: int = 1024,
+                 max_batch: int = 32, max_delay_s: float = 0.002, store: Store | None = None,
                  result_ttl_s: float = 600.0, expired_ttl_s: float | None = None,
-                 worker_priority: str = "normal", timeout_s: float | None = None,
+                 worker_priority: str = "normal", timeout: float | None = None,
                  inputs: Input | dict[str, Input] | list[Input] | Spec | None = None, queue: Any = None,
                  new_id: Callable[[], str] = new_job_id, preprocess: Callable[[bytes], Any] | None = None,
                  postprocess: Callable[[Any], Any] | None = None) -> None:
         if queue is not None:
             raise TypeError("InferenceService takes no queue: for a queue in Redis use "
                             "fastloop.serve.create_service(model, queue=RedisQueue(), ...) or SharedInferenceService")
-        for name, value in (("workers", workers), ("max_queue", max_queue), ("max_batch", max_batch)):
-            least = self._least_workers if name == "workers" else 1
+        for name, value in (("num_workers", num_workers), ("max_queue", max_queue), ("max_batch", max_batch)):
+            least = self._least_workers if name == "num_workers" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
-        if max_delay_ms < 0 or result_ttl_s <= 0 or (expired_ttl_s is not None and expired_ttl_s < 0):
-            raise ValueError("max_delay_ms must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
+        if max_delay_s < 0 or result_ttl_s <= 0 or (expired_ttl_s is not None and expired_ttl_s < 0):
+            raise ValueError("max_delay_s must be >= 0, result_ttl_s > 0 and expired_ttl_s >= 0")
         if store is not None and not isinstance(store, Store):
             raise TypeError(f"store must be a fastloop.serve store (FileStore, MemoryStore), not {type(store).__name__}")
         self.worker_priority = check_priority(worker_priority)
-        self.timeout_s = _check_timeout(timeout_s)
+        self.timeout = _check_timeout(timeout)
         self._spec = spec_for(model, inputs)
         self.model = model
         self.new_id = new_id  # names a job submitted without an id
         self.preprocess = preprocess if preprocess is not None else _hook(model, "preprocess")
         self.postprocess = postprocess if postprocess is not None else _hook(model, "postprocess")
         self._runner = runner_for(model, self._spec)
-        self.workers, self.max_queue, self.max_batch = workers, max_queue, max_batch
-        self.max_delay_s = max_delay_ms / 1e3
+        self.num_workers, self.max_queue, self.max_batch = num_workers, max_queue, max_batch
+        self.max_delay_s = float(max_delay_s)
         self.result_ttl_s = float(result_ttl_s)
         self.expired_ttl_s = self.result_ttl_s if expired_ttl_s is None else float(expired_ttl_s)
         self.store = store if store is not None else FileStore()
@@ -142,8 +142,8 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
         self._busy: dict[threading.Thread, list[Any]] = {}  # a worker -> the group in its model call (_Jobs here)
         self._stuck: set[threading.Thread] = set()  # workers in a model call past a job's deadline
         self._pool_lock = threading.Lock()  # orders a model call's end against the janitor marking it stuck
-        self._worker_numbers = itertools.count(workers)  # names of replacement workers
-        self._threads = [self._worker(i) for i in range(workers)]
+        self._worker_numbers = itertools.count(num_workers)  # names of replacement workers
+        self._threads = [self._worker(i) for i in range(num_workers)]
         self._janitor = threading.Thread(target=self._sweep, name="fastloop-serve-janitor", daemon=True)
         for thread in self._threads + [self._janitor]:
             thread.start()
@@ -172,7 +172,7 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
         not included), cancelled, rejected (QueueFull), expired, requeued_at_start and
         failed_at_start (restart recovery), submits_adopted (a retried submit that found its
         first try stored but unanswered, so queued that job), batches, batch_sizes ({size: batches}),
-        mean_batch_size, latency_ms (p50/p90/p99/max of submit-to-done over the last 10^4
+        mean_batch_size, latency_s (p50/p90/p99/max seconds of submit-to-done over the last 10^4
         jobs)."""
         snap = self._stats.snapshot()
         with self._lock:
@@ -187,14 +187,14 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
 
     def health(self) -> dict[str, Any]:
         """{"status": "ok" | "degraded" | "closed", "workers", "stuck_workers"}: degraded when
-        fewer than ``workers`` workers serve: one stuck in a model call past a job's deadline
-        could not be replaced (``workers`` of them are stuck already). /healthz answers 503
+        fewer than ``num_workers`` workers serve: one stuck in a model call past a job's deadline
+        could not be replaced (``num_workers`` of them are stuck already). /healthz answers 503
         then, so an orchestrator restarts the process."""
         snap = {"workers": sum(t.is_alive() for t in self._threads if t not in self._stuck),
                 "stuck_workers": sum(t.is_alive() for t in list(self._stuck))}
         if self._closed:
             return {"status": "closed", **snap}
-        healthy = snap["workers"] >= self.workers  # a stuck worker not replaced leaves fewer
+        healthy = snap["workers"] >= self.num_workers  # a stuck worker not replaced leaves fewer
         return {"status": "ok" if healthy else "degraded", **snap}
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -211,8 +211,8 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
                 self._listeners = [fn for fn in self._listeners if fn is not listener]
         return unsubscribe
 
-    def close(self, drain_s: float = 10.0) -> None:
-        """Stops accepting jobs, lets the workers run what is queued for up to `drain_s`
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops accepting jobs, lets the workers run what is queued for up to `timeout`
         seconds, then fails what is left ("service closed ..."), joins the workers and closes
         the store. No job is left "running". Safe from any thread, at once from many: the
         first call closes, the others return once it has (at once on the service's own worker
@@ -224,19 +224,19 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
                 self._close_done.wait()
             return
         try:
-            self._close(drain_s)
+            self._close(timeout)
         finally:
             self._close_done.set()
 
-    def _close(self, drain_s: float) -> None:
+    def _close(self, timeout: float) -> None:
         self._queue.close()
-        deadline = time.monotonic() + max(0.0, drain_s)
+        deadline = time.monotonic() + max(0.0, timeout)
         _join(self._threads, deadline)
         me = threading.current_thread()
         if any(t.is_alive() and t is not me for t in self._threads):
             self._abandon = True
             self._queue.close(immediate=True)
-            self._fail_all(QUEUED, f"service closed before the job ran (drain_s={drain_s:g})")
+            self._fail_all(QUEUED, f"service closed before the job ran (close timeout={timeout:g} s)")
             _join(self._threads, time.monotonic() + _CLOSE_GRACE_S)
             self._fail_all(RUNNING, "service closed while the job was running")
         self._stop.set()
@@ -269,13 +269,13 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
         self.close()
 
     def __repr__(self) -> str:
-        return (f"InferenceService({type(self.model).__name__}, workers={self.workers}, max_batch={self.max_batch}, "
-                f"max_delay_ms={self.max_delay_s * 1e3:g}, store={self.store!r}"
+        return (f"InferenceService({type(self.model).__name__}, num_workers={self.num_workers}, max_batch={self.max_batch}, "
+                f"max_delay_s={self.max_delay_s:g}, store={self.store!r}"
                 f"{', worker_priority=' + repr(self.worker_priority) if self.worker_priority != 'normal' else ''}"
                 f"{', closed' if self._closed else ''})")
 
     def _close_at_exit(self, deadline: float) -> None:
-        self.close(drain_s=max(0.0, min(5.0, deadline - time.monotonic())))
+        self.close(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
 
 def _hook(model: Any, name: str) -> Callable[..., Any] | None:
     """The model's own preprocess/postprocess method, if it has one."""
