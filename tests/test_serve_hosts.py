@@ -115,7 +115,7 @@ def _up(client: Client) -> bool:
 def _redis_up(url: str) -> bool:
     import redis
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout_s=0.5, socket_connect_timeout=0.5).ping())
+        return bool(redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5).ping())
     except redis.exceptions.RedisError:
         return False
 
