@@ -1,7 +1,7 @@
 """A server process of the shared-queue tests: a SharedInferenceService on a RedisStore with
 a toy model, running until it is killed or sent SIGTERM. It prints "ready" once serving.
 
-    python tests/serve_shared_child.py URL PREFIX --workers 1 --max-batch 1 --model affine
+    python tests/serve_shared_child.py URL PREFIX --num-workers 1 --max-batch 1 --model affine
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from fastloop.serve import InferenceService, RedisQueue, RedisStore
+from fastloop.serve import InferenceService, RedisQueue, RedisStore, create_service
 
 
 def affine(batch: np.ndarray) -> np.ndarray:
@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("prefix")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--num-workers", type=int, default=1)
     parser.add_argument("--max-batch", type=int, default=1)
     parser.add_argument("--visibility-timeout-s", type=float, default=1.0)
     parser.add_argument("--model", default="affine")
@@ -68,9 +68,9 @@ def main() -> int:
              "logged": logged(args.model_s, args.log)}[args.model]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    svc = InferenceService(model, workers=args.workers, max_batch=args.max_batch, max_delay_ms=0,
-                           store=RedisStore(args.url, prefix=args.prefix),
-                           queue=RedisQueue(visibility_timeout_s=args.visibility_timeout_s))
+    svc = create_service(model, num_workers=args.num_workers, max_batch=args.max_batch, max_delay_s=0,
+                         store=RedisStore(args.url, prefix=args.prefix),
+                         queue=RedisQueue(visibility_timeout_s=args.visibility_timeout_s))
     print("ready", flush=True)
     if args.http:
         try:
@@ -79,7 +79,7 @@ def main() -> int:
             pass
     else:
         stop.wait()
-    svc.close(drain_s=5)
+    svc.close(timeout=5)
     return 0
 
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning"
 
 @pytest.fixture
 def rstore(server, prefix):
-    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.5)
+    store = RedisStore(server.url, prefix=prefix, socket_timeout_s=0.5)
     yield store
     store.close()
 
@@ -266,7 +266,7 @@ def test_an_unreachable_redis_raises_store_unavailable_at_once():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=600)
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout_s=600)
     # at once: the refusal itself is the error, not a connect timeout (which would say so)
     with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}.*[Rr]efused"):
         store.get("a")
@@ -287,7 +287,7 @@ class _Clock:
 def test_a_redis_that_stops_answering_times_out_within_socket_timeout(server, prefix, monkeypatch):
     from fastloop.serve import redisconn
 
-    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.3)
+    store = RedisStore(server.url, prefix=prefix, socket_timeout_s=0.3)
     store.create(rec("a"), None)
     clock = _Clock()
     monkeypatch.setattr(redisconn, "time", clock)  # the cooldown lasts until the test moves the clock
@@ -380,12 +380,12 @@ def test_redis_stopped_and_restarted_mid_run(server, prefix):
         time.sleep(0.002)
         return batch * 2
 
-    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.5)
+    store = RedisStore(server.url, prefix=prefix, socket_timeout_s=0.5)
     accepted: list[str] = []
     refused: list[float] = []
     stop = threading.Event()
 
-    with InferenceService(model, workers=2, max_batch=8, store=store) as svc:
+    with InferenceService(model, num_workers=2, max_batch=8, store=store) as svc:
         def client(c: int) -> None:
             i = 0
             while not stop.is_set():
@@ -463,8 +463,8 @@ def test_jobs_in_flight_when_redis_dies_end_done_and_are_stored_when_it_is_back(
         assert gate.wait(10)
         return batch
 
-    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.5)
-    with InferenceService(model, workers=1, max_batch=4, max_delay_ms=0, store=store) as svc:
+    store = RedisStore(server.url, prefix=prefix, socket_timeout_s=0.5)
+    with InferenceService(model, num_workers=1, max_batch=4, max_delay_s=0, store=store) as svc:
         ids = [svc.submit(np.full(1, float(i))) for i in range(6)]
         wait_for(lambda: svc.status(ids[0]) == "running")
         server.stop()
@@ -501,12 +501,12 @@ def test_ten_thousand_jobs_with_one_percent_failures_and_a_redis_restart(server,
             raise ValueError("injected failure")
         return batch * 2
 
-    store = RedisStore(server.url, prefix=prefix, socket_timeout=0.5)
+    store = RedisStore(server.url, prefix=prefix, socket_timeout_s=0.5)
     accepted = [0]
     retries = [0]
     restarted = threading.Event()
     t_start = time.monotonic()
-    with InferenceService(model, workers=2, max_batch=32, max_queue=2048, store=store) as svc:
+    with InferenceService(model, num_workers=2, max_batch=32, max_queue=2048, store=store) as svc:
         def client(c: int) -> None:
             for i in range(c, n, clients):
                 x = np.array([-1.0 if i % 100 == 0 else float(i), 1.0], np.float32)

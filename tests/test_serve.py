@@ -94,7 +94,7 @@ def test_concurrent_submitters_are_batched_and_each_job_gets_its_own_row(mlp):
         return mlp(batch)
 
     results: dict[int, np.ndarray] = {}
-    with InferenceService(slow_model, workers=2, max_batch=16, max_delay_ms=5, store=MemoryStore()) as svc:
+    with InferenceService(slow_model, num_workers=2, max_batch=16, max_delay_s=0.005, store=MemoryStore()) as svc:
         def client(c: int) -> None:
             for k in range(15):
                 i = c * 100 + k
@@ -115,7 +115,7 @@ def test_concurrent_submitters_are_batched_and_each_job_gets_its_own_row(mlp):
 
 def test_inputs_of_another_shape_run_in_their_own_batch():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=8, store=MemoryStore()) as svc:
+    with InferenceService(gate, num_workers=1, max_batch=8, store=MemoryStore()) as svc:
         first = svc.submit(np.zeros(3))
         wait_for(lambda: svc.status(first) == "running")
         jobs = [svc.submit(np.full(3, 1.0)), svc.submit(np.full(4, 2.0)), svc.submit(np.full(3, 3.0))]
@@ -130,7 +130,7 @@ def test_inputs_of_another_shape_run_in_their_own_batch():
 
 def test_queue_full_raises_at_once_at_the_bound():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_queue=3, max_batch=1, store=MemoryStore()) as svc:
+    with InferenceService(gate, num_workers=1, max_queue=3, max_batch=1, store=MemoryStore()) as svc:
         running = svc.submit(np.zeros(2))
         wait_for(lambda: svc.status(running) == "running")
         queued = [svc.submit(np.ones(2)) for _ in range(3)]
@@ -146,7 +146,7 @@ def test_queue_full_raises_at_once_at_the_bound():
 
 def test_an_admitted_submit_keeps_its_slot_while_others_fill_the_queue():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_queue=2, max_batch=1, store=MemoryStore()) as svc:
+    with InferenceService(gate, num_workers=1, max_queue=2, max_batch=1, store=MemoryStore()) as svc:
         running = svc.submit(np.zeros(2))
         wait_for(lambda: svc.status(running) == "running")
         admitted = svc.admit()  # what the HTTP front does before parsing a body
@@ -163,7 +163,7 @@ def test_an_admitted_submit_keeps_its_slot_while_others_fill_the_queue():
 
 
 def test_an_admission_comes_back_when_its_submit_fails_or_never_happens(mlp):
-    with InferenceService(mlp, workers=1, max_queue=1, store=MemoryStore()) as svc:
+    with InferenceService(mlp, num_workers=1, max_queue=1, store=MemoryStore()) as svc:
         refused = svc.admit()
         with pytest.raises(ValueError, match="shape"):
             svc.submit(np.zeros(IN + 1, np.float32), admission=refused)
@@ -195,7 +195,7 @@ def test_an_unknown_id_raises_key_error_everywhere():
 
 def test_cancel_takes_a_queued_job_off_the_queue_and_it_never_runs():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=1, store=MemoryStore()) as svc:
+    with InferenceService(gate, num_workers=1, max_batch=1, store=MemoryStore()) as svc:
         running = svc.submit(np.array([1.0]))
         wait_for(lambda: svc.status(running) == "running")
         queued = svc.submit(np.array([2.0]))
@@ -222,7 +222,7 @@ def test_a_model_raising_on_some_inputs_fails_those_jobs_and_keeps_serving():
         time.sleep(0.002)
         return batch + 1
 
-    with InferenceService(picky, workers=2, max_batch=8, max_delay_ms=5, store=MemoryStore()) as svc:
+    with InferenceService(picky, num_workers=2, max_batch=8, max_delay_s=0.005, store=MemoryStore()) as svc:
         values = [(-1.0 if i % 5 == 0 else float(i)) for i in range(60)]
         ids = [None] * len(values)
 
@@ -281,7 +281,7 @@ def test_idle_worker_priority_puts_the_worker_threads_only_under_sched_idle():
     def model(batch):  # runs on a worker thread: reports that thread's policy in every row
         return np.full((len(batch), 1), os.sched_getscheduler(0), dtype=np.int64)
 
-    with InferenceService(model, workers=2, worker_priority="idle", store=MemoryStore()) as svc:
+    with InferenceService(model, num_workers=2, worker_priority="idle", store=MemoryStore()) as svc:
         assert "worker_priority='idle'" in repr(svc)
         assert svc.result(svc.submit(np.ones(3)), timeout=5)[0] == os.SCHED_IDLE
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is untouched
@@ -337,7 +337,7 @@ class BatchStore(MemoryStore):
 def _batch_of_eight(store, **kwargs):
     """Job "first" runs alone while eight more queue; then the eight run as one batch."""
     gate = Gate()
-    svc = InferenceService(gate, workers=1, max_batch=8, max_delay_ms=0, store=store, **kwargs)
+    svc = InferenceService(gate, num_workers=1, max_batch=8, max_delay_s=0, store=store, **kwargs)
     first = svc.submit(np.zeros(2), job_id="first")
     wait_for(lambda: gate.seen)
     jobs = [svc.submit(np.full(2, i + 1.0), job_id=f"job{i}") for i in range(8)]
@@ -468,7 +468,7 @@ def test_a_file_store_job_whose_folder_sync_failed_exists_and_a_retry_runs_it(tm
 
 def test_result_times_out():
     gate = Gate()
-    with InferenceService(gate, workers=1, store=MemoryStore()) as svc:
+    with InferenceService(gate, num_workers=1, store=MemoryStore()) as svc:
         job = svc.submit(np.ones(1))
         with pytest.raises(TimeoutError, match="did not finish"):  # the timeout ended the wait, not the job
             svc.result(job, timeout=0.2)
@@ -495,7 +495,7 @@ def test_result_is_interrupted_by_ctrl_c():
     previous = signal.signal(signal.SIGINT, on_sigint)
     presser = threading.Thread(target=press_until_caught)
     try:
-        with InferenceService(gate, workers=1, store=MemoryStore()) as svc:
+        with InferenceService(gate, num_workers=1, store=MemoryStore()) as svc:
             job = svc.submit(np.ones(1))
             with pytest.raises(KeyboardInterrupt):
                 presser.start()
@@ -559,9 +559,9 @@ def test_close_runs_what_is_queued_within_drain():
         time.sleep(0.01)
         return batch
 
-    svc = InferenceService(slow, workers=1, max_batch=2, store=MemoryStore())
+    svc = InferenceService(slow, num_workers=1, max_batch=2, store=MemoryStore())
     jobs = [svc.submit(np.full(1, i)) for i in range(10)]
-    svc.close(drain_s=10)
+    svc.close(timeout=10)
     assert [svc.status(j) for j in jobs] == ["done"] * 10
     with pytest.raises(fl.Closed):
         svc.submit(np.ones(1))
@@ -569,12 +569,12 @@ def test_close_runs_what_is_queued_within_drain():
 
 def test_close_with_a_short_drain_fails_the_rest_and_leaves_none_running(tmp_path):
     gate = Gate()
-    svc = InferenceService(gate, workers=1, max_batch=1, store=FileStore(tmp_path))
+    svc = InferenceService(gate, num_workers=1, max_batch=1, store=FileStore(tmp_path))
     jobs = [svc.submit(np.full(1, i)) for i in range(5)]
     wait_for(lambda: svc.status(jobs[0]) == "running")
     threading.Timer(0.3, gate.open.set).start()
     start = time.monotonic()
-    svc.close(drain_s=0.1)
+    svc.close(timeout=0.1)
     assert time.monotonic() - start < 3
     assert svc.status(jobs[0]) in ("done", "failed")
     assert [svc.status(j) for j in jobs[1:]] == ["failed"] * 4
@@ -592,7 +592,7 @@ def test_a_service_left_open_is_drained_at_exit(tmp_path):
         def slow(b):
             time.sleep(0.01)
             return b
-        svc = InferenceService(slow, workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
+        svc = InferenceService(slow, num_workers=1, max_batch=1, store=FileStore({str(tmp_path)!r}))
         for i in range(5):
             svc.submit(np.full(1, float(i)), job_id=f"j{{i}}")
     """)
@@ -614,7 +614,7 @@ def kill_a_child_serving_from(store_source: str) -> None:
         def hang(batch):
             os.write(1, b"running\\n")  # one write: print() from two threads can interleave the lines
             time.sleep(60)
-        svc = InferenceService(hang, workers=1, max_batch=1, store={store_source})
+        svc = InferenceService(hang, num_workers=1, max_batch=1, store={store_source})
         for i in range(4):
             svc.submit(np.random.default_rng(i).standard_normal({IN}).astype(np.float32), job_id=f"job{{i}}")
         os.write(1, b"submitted\\n")
@@ -761,7 +761,7 @@ def test_result_with_no_wait_returns_a_job_whose_status_reads_done():
     job that already reads "done" (the status turns before the job is stored)."""
     import fastloop.serve as serve
 
-    with serve.InferenceService(lambda x: x * 2, workers=2, store=serve.MemoryStore()) as svc:
+    with serve.InferenceService(lambda x: x * 2, num_workers=2, store=serve.MemoryStore()) as svc:
         for i in range(300):
             job = svc.submit(np.full(4, float(i), np.float32))
             wait_for(lambda: svc.status(job) == "done", interval=0)  # polls as a client would, bounded
@@ -789,3 +789,43 @@ def test_the_npy_codec_writes_np_saves_bytes_and_reads_every_layout_np_load_read
         npy_codec.decode(data[:-4])
     with pytest.raises(ValueError):
         npy_codec.decode(np.array([{"a": 1}], dtype=object).dumps())
+
+
+def test_a_lone_submit_runs_at_once_without_waiting_max_delay():
+    """The HTTP front's rule, in process: a worker that takes a job while no other is queued,
+    held by another worker or admitted runs it at once. With a 60 s max_delay, a wait would
+    time the result() out."""
+    sizes: list[int] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        sizes.append(len(batch))
+        return batch * 2
+
+    with InferenceService(model, num_workers=1, max_batch=8, max_delay_s=60.0, store=MemoryStore()) as svc:
+        for i in range(3):
+            np.testing.assert_array_equal(svc.result(svc.submit(sample(i)), timeout=30), sample(i) * 2)
+    assert sizes == [1, 1, 1]
+
+
+def test_a_batch_still_fills_while_other_jobs_are_in_progress():
+    """One worker is in a model call (another job in progress): the second worker's batch waits
+    for more (max_delay 60 s) and runs once max_batch jobs are in it."""
+    entered, release = threading.Event(), threading.Event()
+    sizes: list[int] = []
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        sizes.append(len(batch))
+        if batch[0, 0] == 100:  # the first job holds its worker until released
+            entered.set()
+            assert release.wait(30)
+        return batch
+
+    with InferenceService(model, num_workers=2, max_batch=2, max_delay_s=60.0, store=MemoryStore()) as svc:
+        first = svc.submit(np.full(IN, 100, np.float32))
+        assert entered.wait(30)
+        pair = [svc.submit(np.full(IN, i, np.float32)) for i in (1, 2)]
+        for job in pair:
+            assert svc.result(job, timeout=30)[0] in (1, 2)
+        release.set()
+        assert svc.result(first, timeout=30)[0] == 100
+    assert sizes == [1, 2]

@@ -136,7 +136,7 @@ class Server:
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigterm_refuses_new_jobs_runs_the_accepted_ones_answers_their_predicts_and_exits_0(tmp_path, processes):
     gate = tmp_path / "gate"
-    server = Server(tmp_path, "--workers", "1", "--max-batch", "1", "--processes", str(processes),
+    server = Server(tmp_path, "--num-workers", "1", "--max-batch", "1", "--processes", str(processes),
                     env={"FASTLOOP_TEST_GATE": str(gate)})
     try:
         server.wait_serving()
@@ -188,8 +188,8 @@ def test_sigterm_refuses_new_jobs_runs_the_accepted_ones_answers_their_predicts_
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_under_load_sigterm_loses_no_accepted_job(tmp_path, processes):
-    server = Server(tmp_path, "--workers", "2", "--max-batch", "8", "--processes", str(processes),
-                    "--drain-timeout", "30")
+    server = Server(tmp_path, "--num-workers", "2", "--max-batch", "8", "--processes", str(processes),
+                    "--drain-s", "30")
     accepted: dict[str, float] = {}
     predicted: list[tuple[float, list[float]]] = []
     failures: list[str] = []
@@ -244,7 +244,7 @@ def test_under_load_sigterm_loses_no_accepted_job(tmp_path, processes):
 
 def test_drain_timeout_bounds_the_drain_and_what_is_left_fails_with_the_reason(tmp_path):
     gate = tmp_path / "never"  # the model never returns
-    server = Server(tmp_path, "--workers", "1", "--max-batch", "1", "--drain-timeout", "1",
+    server = Server(tmp_path, "--num-workers", "1", "--max-batch", "1", "--drain-s", "1",
                     env={"FASTLOOP_TEST_GATE": str(gate)})
     try:
         server.wait_serving()

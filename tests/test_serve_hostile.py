@@ -47,8 +47,8 @@ def root(tmp_path_factory):
 def server(root):
     fl.nn.manual_seed(0)
     model = fl.nn.Sequential(fl.nn.Linear(IN, 4))
-    service = InferenceService(model, workers=1, store=MemoryStore())
-    with serving(App(service, input_root=str(root), threads=4)) as base:
+    service = InferenceService(model, num_workers=1, store=MemoryStore())
+    with serving(App(service, input_root=str(root), num_workers=4)) as base:
         yield base, service
     service.close()
 
@@ -141,7 +141,7 @@ def test_nan_and_inf_in_a_result_are_sent_as_null_in_strict_json():
         out[:, 0], out[:, 1], out[:, 2] = np.nan, np.inf, -np.inf
         return out
 
-    service = InferenceService(model, workers=1, store=MemoryStore())
+    service = InferenceService(model, num_workers=1, store=MemoryStore())
     with serving(App(service)) as base:
         status, _, body = call(base, "POST", "/v1/jobs", {"inputs": [1.0, 2.0, 3.0, 4.0]})
         assert status == 202 and poll(base, body["id"])["status"] == "done"
@@ -192,7 +192,7 @@ def sent_raw(base: str, request: bytes) -> bytes:
 
 @pytest.fixture()
 def limited():
-    service = InferenceService(lambda b: b, workers=1, store=MemoryStore())
+    service = InferenceService(lambda b: b, num_workers=1, store=MemoryStore())
     with serving(App(service), header_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5,
                  max_header_bytes=8 << 10) as base:
         yield base
@@ -258,10 +258,10 @@ def test_a_queued_job_past_its_deadline_fails_without_running():
         assert release.wait(20)
         return batch
 
-    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    service = InferenceService(model, num_workers=1, max_batch=1, max_delay_s=0, store=MemoryStore())
     try:
         blocker = service.submit([1.0, 0.0])
-        late = service.submit([2.0, 0.0], timeout_s=0.2)
+        late = service.submit([2.0, 0.0], timeout=0.2)
         with pytest.raises(fl.serve.JobFailed, match="deadline exceeded: still queued"):
             service.result(late, timeout=10)
         release.set()
@@ -284,7 +284,7 @@ def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_i
             assert release.wait(30)
         return batch * 2
 
-    service = InferenceService(model, workers=1, max_batch=1, max_delay_ms=0, store=MemoryStore(), timeout_s=0.3)
+    service = InferenceService(model, num_workers=1, max_batch=1, max_delay_s=0, store=MemoryStore(), timeout=0.3)
     try:
         with serving(App(service)) as base:
             stuck = service.submit([666.0, 0.0])
@@ -295,7 +295,7 @@ def test_a_hanging_model_fails_the_job_replaces_the_worker_and_healthz_reports_i
             assert service.result(service.submit([1.0, 2.0]), timeout=10).tolist() == [2.0, 4.0]
             status, _, body = call(base, "GET", "/healthz")
             assert status == 200 and body["stuck_workers"] == 1 and body["workers"] == 1
-            # a second hang: the cap (workers=1 stuck at once) is reached, no replacement
+            # a second hang: the cap (num_workers=1 stuck at once) is reached, no replacement
             second = service.submit([666.0, 1.0])
             with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
                 service.result(second, timeout=10)
@@ -329,11 +329,11 @@ def test_workers_come_back_once_more_calls_than_workers_were_stuck_at_once():
     """Issue 37, item 1: short client deadlines leave every worker stuck (2 + 2 replacements,
     then no more); once the calls return, the service serves with `workers` workers again."""
     model = Held()
-    service = InferenceService(model, workers=2, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    service = InferenceService(model, num_workers=2, max_batch=1, max_delay_s=0, store=MemoryStore())
     try:
         for attempt in range(40):  # each job's deadline passes in its model call (or in the queue)
             with pytest.raises(fl.serve.JobFailed, match="deadline exceeded"):
-                service.result(service.submit([float(attempt), 0.0], timeout_s=0.05), timeout=10)
+                service.result(service.submit([float(attempt), 0.0], timeout=0.05), timeout=10)
             if service.health()["workers"] == 0:
                 break
         health = service.health()
@@ -353,9 +353,9 @@ def test_the_issue_repro_over_http_leaves_healthz_at_two_workers():
     """16 predicts, 8 at a time, each with timeout_s 0.01, against 2 workers whose model is
     held: every one answers 504, and /healthz reports both workers once the calls return."""
     model = Held()
-    service = InferenceService(model, workers=2, store=MemoryStore())
+    service = InferenceService(model, num_workers=2, store=MemoryStore())
     try:
-        with serving(App(service, threads=8)) as base:
+        with serving(App(service, num_workers=8)) as base:
             def client(i: int) -> int:
                 return call(base, "POST", "/v1/predict", {"inputs": [float(i), 1.0], "timeout_s": 0.01})[0]
 
@@ -396,7 +396,7 @@ def test_a_base_exception_fails_only_the_input_that_raised_it(error):
         assert gate.wait(20)
         return model(batch)
 
-    service = InferenceService(gated, workers=1, max_batch=8, max_delay_ms=50, store=MemoryStore())
+    service = InferenceService(gated, num_workers=1, max_batch=8, max_delay_s=0.05, store=MemoryStore())
     try:
         warm = service.submit([0.0, 0.0])
         assert first.wait(10)
@@ -442,7 +442,7 @@ class LostReplyStore(MemoryStore):
 def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_back():
     store = LostReplyStore()
     ran = []
-    service = InferenceService(lambda b: ran.append(b.copy()) or b, workers=1, store=store)
+    service = InferenceService(lambda b: ran.append(b.copy()) or b, num_workers=1, store=store)
     try:
         store.lose_next = True
         with pytest.raises(ConnectionError):
@@ -462,7 +462,7 @@ def test_an_in_doubt_submit_that_is_not_retried_is_removed_once_the_store_is_bac
 def test_an_in_doubt_submit_retried_with_its_id_runs_exactly_once():
     store = LostReplyStore()
     ran = []
-    service = InferenceService(lambda b: ran.append(b[:, 0].tolist()) or b, workers=1, store=store)
+    service = InferenceService(lambda b: ran.append(b[:, 0].tolist()) or b, num_workers=1, store=store)
     try:
         store.lose_next = True
         with pytest.raises(ConnectionError):
@@ -513,7 +513,7 @@ def test_query_options_are_honoured_with_a_json_body(server):
     ("timeout_s=abc", "'timeout_s' must be a finite number"),
     ("timeout_s=nan", "'timeout_s' must be a finite number"),
     ("timeout_s=inf", "'timeout_s' must be a finite number"),
-    ("timeout_s=-1", "timeout_s must be a number of seconds > 0"),
+    ("timeout_s=-1", "(timeout_s over HTTP) must be a number of seconds > 0"),
     ("timeout=5", "unknown query parameter 'timeout'"),
     ("id=a&id=b", "'id' is given more than once"),
     ("id=bad%0A", "not valid"),
@@ -569,7 +569,7 @@ def test_websockets_over_max_websockets_are_closed_1013_naming_the_limit():
     from test_serve_http import ws_client, ws_url
     from websockets.exceptions import ConnectionClosed
 
-    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    service = InferenceService(lambda batch: batch * 2, num_workers=1, store=MemoryStore())
     app = App(service, max_websockets=2)
     try:
         with serving(app) as base:
@@ -592,7 +592,7 @@ def test_result_streams_share_one_store_read_per_done_job():
     """Issue 37, item 4: N ?result=1 subscribers cost one result read per finished job, not N."""
     from test_serve_http import ws_client, ws_url
 
-    service = InferenceService(lambda batch: batch * 2, workers=1, store=MemoryStore())
+    service = InferenceService(lambda batch: batch * 2, num_workers=1, store=MemoryStore())
     app = App(service)
     front = app.fronts["default"]
     reads = []
@@ -628,7 +628,7 @@ def test_a_predict_waits_for_the_query_deadline_past_predict_timeout_s(monkeypat
 
     monkeypatch.setattr(front, "_PREDICT_MARGIN_S", 0.0)  # without the fix: a 504 after 1 ms
     model = Held()
-    service = InferenceService(model, workers=1, store=MemoryStore())
+    service = InferenceService(model, num_workers=1, store=MemoryStore())
     try:
         with serving(App(service, predict_timeout_s=0.001)) as base:
             answers = []

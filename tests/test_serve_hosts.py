@@ -133,7 +133,7 @@ def test_two_hosts_on_one_redis_one_killed_mid_load_every_job_ends_once_or_says_
             hosts = {}
             for name in ("a", "b"):
                 log = tmp_path / f"ran-{name}.log"
-                procs.append(net.run(name, [sys.executable, CHILD, redis_url, "hosts:", "--workers", "2",
+                procs.append(net.run(name, [sys.executable, CHILD, redis_url, "hosts:", "--num-workers", "2",
                                             "--max-batch", "4", "--model", "logged", "--model-s", "0.01",
                                             "--log", str(log), "--visibility-timeout-s", "1",
                                             "--http", f"{net.addresses[name]}:8000"],

@@ -28,7 +28,7 @@ ws_client = pytest.importorskip("websockets.sync.client")
 import fastloop as fl  # noqa: E402
 from fastloop.serve import (InferenceService, JobCancelled, JobExpired, JobFailed, MemoryStore,  # noqa: E402
                             StoreError)
-from fastloop.serve.cli import arch_of  # noqa: E402
+from fastloop.serve import arch_of  # noqa: E402
 from fastloop.serve.client import BadRequest, Client  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE as NPY  # noqa: E402
@@ -127,7 +127,7 @@ def inputs_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mlp_server(mlp, inputs_dir):
-    service = InferenceService(mlp, workers=2, store=MemoryStore())
+    service = InferenceService(mlp, num_workers=2, store=MemoryStore())
     app = App(service, input_root=str(inputs_dir), max_body_bytes=64 << 10)
     with serving(app) as base:
         yield base, service
@@ -140,13 +140,13 @@ APPS: dict[str, App] = {}  # base URL -> the App it serves (for tests that look 
 @pytest.fixture()
 def gate_server():
     gate = Gate()
-    service = InferenceService(gate, workers=1, max_queue=2, max_batch=1, max_delay_ms=0, store=MemoryStore())
+    service = InferenceService(gate, num_workers=1, max_queue=2, max_batch=1, max_delay_s=0, store=MemoryStore())
     app = App(service, retry_after_s=3)
     with serving(app) as base:
         APPS[base] = app
         yield base, service, gate
         gate.open.set()
-    service.close(drain_s=5)
+    service.close(timeout=5)
 
 
 # ---------------------------------------------------------------- submit, poll, result
@@ -301,13 +301,13 @@ class SlowCreateStore(MemoryStore):
 
 def test_a_request_admitted_on_the_loop_keeps_its_slot_while_it_waits_for_the_pool():
     gate, store = Gate(), SlowCreateStore()
-    service = InferenceService(gate, workers=1, max_queue=2, max_batch=1, max_delay_ms=0, store=store)
+    service = InferenceService(gate, num_workers=1, max_queue=2, max_batch=1, max_delay_s=0, store=store)
     answers = {}
 
     def post(name, body):
         answers[name] = call(base, "POST", "/v1/jobs", body)
 
-    with serving(App(service, threads=1)) as base, contextlib.ExitStack() as undo:  # one pool thread
+    with serving(App(service, num_workers=1)) as base, contextlib.ExitStack() as undo:  # one pool thread
         undo.callback(gate.open.set)  # a failed assertion must not leave the threads waiting
         undo.callback(store.release.set)
         running = call(base, "POST", "/v1/jobs", {"inputs": [1.0]})[2]["id"]
@@ -327,7 +327,7 @@ def test_a_request_admitted_on_the_loop_keeps_its_slot_while_it_waits_for_the_po
         gate.open.set()
         jobs = [running, "slow", answers["admitted"][2]["id"]]
         assert [poll(base, job)["status"] for job in jobs] == ["done"] * 3
-    service.close(drain_s=5)
+    service.close(timeout=5)
 
 
 def test_a_full_queue_answers_429_with_retry_after_and_stores_nothing(gate_server):
@@ -505,7 +505,7 @@ def raw_websocket(base: str, path: str, rcvbuf: int) -> socket.socket:
 
 
 def test_a_slow_websocket_client_is_dropped_while_a_reading_one_gets_every_event(mlp):
-    service = InferenceService(mlp, workers=2, max_queue=100000, store=MemoryStore())
+    service = InferenceService(mlp, num_workers=2, max_queue=100000, store=MemoryStore())
     app = App(service, ws_buffer=256)
     with serving(app, sndbuf=4096) as base:
         slow = raw_websocket(base, "/v1/events", rcvbuf=2048)

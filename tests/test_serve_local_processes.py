@@ -31,7 +31,7 @@ ws_client = pytest.importorskip("websockets.sync.client")
 
 import fastloop as fl  # noqa: E402
 from fastloop.serve import Client, JobCancelled  # noqa: E402
-from fastloop.serve.cli import arch_of  # noqa: E402
+from fastloop.serve import arch_of  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE  # noqa: E402
 from fastloop.serve.peers import owner_of  # noqa: E402
 from test_serve_http import ROOT, free_port, mlp, npy, sample, ws_url  # noqa: E402,F401 (mlp: a fixture)
@@ -218,8 +218,8 @@ def gated_fleet(tmp_path, *args: str):
     gate = tmp_path / "gate-open"
     env = dict(ENV, FASTLOOP_TEST_GATE=str(gate))
     with contextlib.ExitStack() as undo:
-        server = undo.enter_context(fleet("--model", "gated_model:build", "--workers", "1", "--max-batch", "1",
-                                          "--max-delay-ms", "0", *args, cwd=str(tmp_path), env=env))
+        server = undo.enter_context(fleet("--model", "gated_model:build", "--num-workers", "1", "--max-batch", "1",
+                                          "--max-delay-s", "0", *args, cwd=str(tmp_path), env=env))
         undo.callback(gate.touch)  # before the stop: a held job would hold the drain
         yield server, gate.touch
 
@@ -247,7 +247,7 @@ def test_owner_of_is_crc32_of_the_id_modulo_n():
 
 
 def test_every_job_is_answered_by_its_owner_from_either_process(checkpoint, mlp):
-    with fleet("--model", checkpoint, "--store", "memory", "--workers", "1") as server:
+    with fleet("--model", checkpoint, "--store", "memory", "--num-workers", "1") as server:
         jobs: dict[str, tuple[np.ndarray, int]] = {}
         for i in range(16):  # over connections to each process in turn, then wherever they land
             x = sample(100 + i)

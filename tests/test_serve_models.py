@@ -39,7 +39,7 @@ def square_x(x: np.ndarray, k: np.ndarray) -> np.ndarray:  # two declared inputs
 @pytest.fixture(scope="module")
 def two_models():
     services = {"double": InferenceService(double, max_batch=8, store=MemoryStore(), inputs=Input("float32", (2,))),
-                "square": InferenceService(square_x, workers=1, max_batch=1, store=MemoryStore(),
+                "square": InferenceService(square_x, num_workers=1, max_batch=1, store=MemoryStore(),
                                            inputs={"x": Input("float32", (2,)), "k": Input("int64", ())})}
     app = App(services)
     with serving(app) as base:

@@ -24,7 +24,7 @@ def double(batch: np.ndarray) -> np.ndarray:
 
 @pytest.fixture()
 def service():
-    svc = InferenceService(double, workers=1, store=MemoryStore())
+    svc = InferenceService(double, num_workers=1, store=MemoryStore())
     yield svc
     svc.close()
 

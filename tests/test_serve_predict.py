@@ -23,7 +23,7 @@ from waiting import wait_for  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mlp_server(mlp):
-    service = InferenceService(mlp, workers=2, store=MemoryStore())
+    service = InferenceService(mlp, num_workers=2, store=MemoryStore())
     with serving(App(service)) as base:
         yield base, service
     service.close()
@@ -32,13 +32,13 @@ def mlp_server(mlp):
 @pytest.fixture()
 def gate_server():
     gate = Gate()
-    service = InferenceService(gate, workers=1, max_queue=2, max_batch=1, max_delay_ms=0, store=MemoryStore(),
+    service = InferenceService(gate, num_workers=1, max_queue=2, max_batch=1, max_delay_s=0, store=MemoryStore(),
                                inputs=Input("float64", (1,)))
     app = App(service, retry_after_s=3)
     with serving(app) as base:
         yield base, service, gate, app
         gate.open.set()
-    service.close(drain_s=5)
+    service.close(timeout=5)
 
 
 def npy(array: np.ndarray) -> bytes:

@@ -57,7 +57,7 @@ def test_a_job_of_several_rows_returns_them_in_order_as_the_model_computes_them(
 
 def test_rows_of_several_jobs_batch_together_up_to_max_batch():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=8, max_delay_ms=0, store=MemoryStore(),
+    with InferenceService(gate, num_workers=1, max_batch=8, max_delay_s=0, store=MemoryStore(),
                           inputs=Input("float64", (2,))) as svc:
         first = svc.submit([0.0, 0.0])
         wait_for(lambda: gate.calls)  # the worker holds "first": the rest queue
@@ -73,7 +73,7 @@ def test_rows_of_several_jobs_batch_together_up_to_max_batch():
 
 def test_the_queue_bound_counts_rows():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=1, max_queue=10, store=MemoryStore(),
+    with InferenceService(gate, num_workers=1, max_batch=1, max_queue=10, store=MemoryStore(),
                           inputs=Input("float64", (2,))) as svc:
         busy = svc.submit([0.0, 0.0])
         wait_for(lambda: gate.calls)
@@ -135,7 +135,7 @@ def test_named_inputs_take_several_rows_along_each_inputs_leading_axis():
 
 def test_a_queued_job_of_several_rows_is_cancelled_whole_and_none_of_its_rows_run():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=2, store=MemoryStore(), inputs=Input("float64", (2,))) as svc:
+    with InferenceService(gate, num_workers=1, max_batch=2, store=MemoryStore(), inputs=Input("float64", (2,))) as svc:
         busy = svc.submit([0.0, 0.0])
         wait_for(lambda: gate.calls)
         job = svc.submit(rows(1, 5))
@@ -151,10 +151,10 @@ def test_a_queued_job_of_several_rows_is_cancelled_whole_and_none_of_its_rows_ru
 
 def test_a_deadline_fails_a_job_of_several_rows_whose_rows_are_still_queued():
     gate = Gate()
-    with InferenceService(gate, workers=1, max_batch=2, store=MemoryStore(), inputs=Input("float64", (2,))) as svc:
+    with InferenceService(gate, num_workers=1, max_batch=2, store=MemoryStore(), inputs=Input("float64", (2,))) as svc:
         busy = svc.submit([0.0, 0.0])
         wait_for(lambda: gate.calls)
-        job = svc.submit(rows(1, 4), timeout_s=0.05)
+        job = svc.submit(rows(1, 4), timeout=0.05)
         with pytest.raises(JobFailed, match="deadline exceeded"):
             svc.result(job, timeout=10)
         gate.open.set()
@@ -166,7 +166,7 @@ def test_a_deadline_fails_a_job_of_several_rows_whose_rows_are_still_queued():
 def test_a_job_of_several_rows_left_queued_runs_after_a_restart(tmp_path):
     gate = Gate()
     store = FileStore(tmp_path, durable=False)
-    svc = InferenceService(gate, workers=1, store=store, inputs=Input("float64", (2,)))
+    svc = InferenceService(gate, num_workers=1, store=store, inputs=Input("float64", (2,)))
     busy = svc.submit([0.0, 0.0])
     wait_for(lambda: gate.calls)
     job = svc.submit(rows(1, 3), job_id="several")
@@ -177,14 +177,14 @@ def test_a_job_of_several_rows_left_queued_runs_after_a_restart(tmp_path):
         assert again.stats()["requeued_at_start"] == 1
         assert again.status(busy) == "failed"  # it was running: not rerun
     gate.open.set()  # only now may the first service's model call end
-    svc.close(drain_s=0)
+    svc.close(timeout=0)
 
 
 def test_many_jobs_of_several_rows_from_many_threads_each_get_their_own_rows(mlp):
     def square(batch):
         return batch * batch
 
-    with InferenceService(square, workers=3, max_batch=7, max_delay_ms=1, store=MemoryStore(),
+    with InferenceService(square, num_workers=3, max_batch=7, max_delay_s=0.001, store=MemoryStore(),
                           inputs=Input("float64", (2,))) as svc:
         errors: list[str] = []
 

@@ -4,7 +4,7 @@ in another, priorities, cancellation across processes, reclaim of a killed worke
 worker, /metrics, and ``python -m fastloop serve --processes 2``.
 
 Server processes are tests/serve_shared_child.py; the test process itself is a front with
-workers=0 (it accepts and answers, it runs nothing), so what runs where is decided by the
+num_workers=0 (it accepts and answers, it runs nothing), so what runs where is decided by the
 test, not by timing."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 
 from redis_fixtures import prefix, redis, server  # noqa: E402,F401 (fixtures; skips without Redis)
 
-from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, RedisQueue,  # noqa: E402
-                            RedisStore)
+from fastloop.serve import (FileStore, InferenceService, JobCancelled, JobFailed, MemoryStore, RedisQueue,  # noqa: E402
+                            RedisStore, SharedInferenceService, create_service)
 from fastloop.errors import QueueFull  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE, npy_bytes  # noqa: E402
@@ -40,10 +40,10 @@ ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os
 @pytest.fixture
 def front(server, prefix):
     """A front-only service in the test process: accepts, answers, cancels; runs nothing."""
-    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                           queue=RedisQueue(visibility_timeout_s=1.0))
+    svc = create_service(lambda b: b, num_workers=0, store=RedisStore(server.url, prefix=prefix),
+                         queue=RedisQueue(visibility_timeout_s=1.0))
     yield svc
-    svc.close(drain_s=0)
+    svc.close(timeout=0)
 
 
 class Child:
@@ -83,7 +83,7 @@ def x(i: float) -> np.ndarray:
 def test_a_job_submitted_here_runs_in_another_process_and_either_answers(front, server, prefix, children):
     ids = [front.submit(x(i)) for i in range(40)]
     assert front.stats()["queue_depth"] == 40
-    children.append(Child(server, prefix, "--workers", "2", "--max-batch", "8"))
+    children.append(Child(server, prefix, "--num-workers", "2", "--max-batch", "8"))
     for i, job in enumerate(ids):
         np.testing.assert_array_equal(front.result(job, timeout=20), x(i) * 2 + 1)
     assert front.status(ids[0]) == "done"
@@ -94,7 +94,7 @@ def test_workers_take_high_before_normal_before_low(front, server, prefix, child
     order = ["low"] * 4 + ["normal"] * 4 + ["high"] * 4  # submitted lowest first
     ids = [(front.submit(x(i), priority=p), p) for i, p in enumerate(order)]
     assert front.stats()["queue_depth_by_priority"] == {"high": 4, "normal": 4, "low": 4}
-    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "1"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--max-batch", "1"))
     for job, _ in ids:
         front.result(job, timeout=20)
     started = sorted(ids, key=lambda item: front.record(item[0]).started)
@@ -104,7 +104,7 @@ def test_workers_take_high_before_normal_before_low(front, server, prefix, child
 def test_a_batch_fills_with_the_higher_priority_first(front, server, prefix, children):
     lows = [front.submit(x(i), priority="low") for i in range(3)]
     highs = [front.submit(x(i), priority="high") for i in range(3)]
-    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--max-batch", "4"))
     for job in lows + highs:
         front.result(job, timeout=20)
     first = min(front.record(j).started for j in lows + highs)
@@ -113,8 +113,8 @@ def test_a_batch_fills_with_the_higher_priority_first(front, server, prefix, chi
 
 def test_cancel_from_any_process_takes_a_queued_job_off_the_shared_queue(front, server, prefix, children):
     ids = [front.submit(x(i)) for i in range(6)]
-    other = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=1.0))  # another front: knows nothing of them
+    other = create_service(lambda b: b, num_workers=0, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=1.0))  # another front: knows nothing of them
     try:
         assert other.cancel(ids[1]) and other.cancel(ids[4])
         assert not other.cancel(ids[1])  # already failed
@@ -123,7 +123,7 @@ def test_cancel_from_any_process_takes_a_queued_job_off_the_shared_queue(front, 
     finally:
         other.close()
     assert front.stats()["queue_depth"] == 4  # the entries left the queue
-    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "2"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--max-batch", "2"))
     for i, job in enumerate(ids):
         if i in (1, 4):
             with pytest.raises(JobCancelled):
@@ -136,7 +136,7 @@ def test_cancel_from_any_process_takes_a_queued_job_off_the_shared_queue(front, 
 
 def test_a_killed_workers_jobs_are_reclaimed_queued_ones_rerun_running_ones_fail(front, server, prefix, children):
     running = [front.submit(x(i)) for i in range(2)]
-    child = Child(server, prefix, "--workers", "1", "--max-batch", "2", "--model", "block")  # takes both at once
+    child = Child(server, prefix, "--num-workers", "1", "--max-batch", "2", "--model", "block")  # takes both at once
     children.append(child)
     wait_for(lambda: all(front.status(j) == "running" for j in running))
     queued = [front.submit(x(i)) for i in range(2, 5)]
@@ -147,7 +147,7 @@ def test_a_killed_workers_jobs_are_reclaimed_queued_ones_rerun_running_ones_fail
     child.proc.kill()
     child.proc.wait()
     assert all(front.status(j) == "running" for j in running)
-    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--max-batch", "4"))
     for job in running:
         with pytest.raises(JobFailed, match="a worker process stopped while the job was running"):
             front.result(job, timeout=20)
@@ -159,13 +159,13 @@ def test_a_killed_workers_jobs_are_reclaimed_queued_ones_rerun_running_ones_fail
 
 def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, prefix):
     store = RedisStore(server.url, prefix=prefix)
-    a = InferenceService(lambda b: b * 2 + 1, workers=0, store=store, queue=RedisQueue(visibility_timeout_s=0.3))
+    a = create_service(lambda b: b * 2 + 1, num_workers=0, store=store, queue=RedisQueue(visibility_timeout_s=0.3))
     try:
         jobs = [a.submit(x(i)) for i in range(3)]
         client = redis.Redis.from_url(server.url)
         client.xreadgroup("workers", "dead-worker", {f"{prefix}queue:normal": ">"}, count=3)
-        b = InferenceService(lambda b: b * 2 + 1, workers=1, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=0.3))
+        b = create_service(lambda b: b * 2 + 1, num_workers=1, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=0.3))
         try:
             for i, job in enumerate(jobs):
                 np.testing.assert_array_equal(a.result(job, timeout=20), x(i) * 2 + 1)
@@ -174,7 +174,7 @@ def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, pre
             text = render(service_registry(lambda: stats, dict, b.max_batch))  # what /metrics answers
             assert 'fastloop_serve_reclaimed_total{outcome="rerun"} 3.0' in text
             assert 'fastloop_serve_queue_depth_by_priority{priority="high"} 0.0' in text
-            assert stats["wait_ms_by_priority"]["normal"]["samples"] == 3
+            assert stats["wait_s_by_priority"]["normal"]["samples"] == 3
         finally:
             b.close()
     finally:
@@ -184,11 +184,11 @@ def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, pre
 def test_a_live_worker_slower_than_the_visibility_timeout_keeps_its_job(front, server, prefix, children):
     # the model takes 3x the timeout; the heartbeat keeps the entry, so the second process
     # (idle, reclaiming every half timeout) leaves it alone
-    children.append(Child(server, prefix, "--workers", "1", "--model", "slow", "--model-s", "1.5",
+    children.append(Child(server, prefix, "--num-workers", "1", "--model", "slow", "--model-s", "1.5",
                           "--visibility-timeout-s", "0.5"))
     job = front.submit(x(3))
     wait_for(lambda: front.status(job) == "running")
-    children.append(Child(server, prefix, "--workers", "1", "--visibility-timeout-s", "0.5"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--visibility-timeout-s", "0.5"))
     np.testing.assert_array_equal(front.result(job, timeout=20), x(3) * 2 + 1)
 
 
@@ -217,20 +217,20 @@ def test_the_deadline_is_stored_and_a_job_taken_after_it_fails_there_without_run
 
 
 def test_a_queued_job_no_worker_takes_fails_at_its_deadline(front):
-    job = front.submit(x(1), timeout_s=0.3)
+    job = front.submit(x(1), timeout=0.3)
     record = front.record(job)
     assert record.deadline == pytest.approx(record.submitted + 0.3)
     with pytest.raises(JobFailed, match="deadline exceeded: still queued after"):
         front.result(job, timeout=10)  # failed by a process's keeper (no worker anywhere)
     assert front.stats()["deadline_exceeded"] == 1 and front.stats()["queue_depth"] == 0
-    with pytest.raises(ValueError, match="timeout_s must be a number of seconds > 0"):
-        front.submit(x(1), timeout_s=0)
+    with pytest.raises(ValueError, match="timeout .*must be a number of seconds > 0"):
+        front.submit(x(1), timeout=0)
 
 
 def test_a_job_still_in_the_model_at_its_deadline_fails_and_the_process_keeps_serving(front, server, prefix,
                                                                                       children):
-    children.append(Child(server, prefix, "--workers", "1", "--model", "slow", "--model-s", "3"))
-    late = front.submit(x(1), timeout_s=0.5)
+    children.append(Child(server, prefix, "--num-workers", "1", "--model", "slow", "--model-s", "3"))
+    late = front.submit(x(1), timeout=0.5)
     wait_for(lambda: front.status(late) == "running")
     with pytest.raises(JobFailed, match="deadline exceeded: the model call was still running"):
         front.result(late, timeout=2.5)  # the model call takes 3 s: its result would be "done"
@@ -240,15 +240,15 @@ def test_a_job_still_in_the_model_at_its_deadline_fails_and_the_process_keeps_se
 
 
 def test_a_deadline_outlives_the_process_that_took_the_submit(front, server, prefix, children, tmp_path):
-    first = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix),
-                             queue=RedisQueue(visibility_timeout_s=1.0), timeout_s=0.5)  # a service default
+    first = create_service(lambda b: b, num_workers=0, store=RedisStore(server.url, prefix=prefix),
+                           queue=RedisQueue(visibility_timeout_s=1.0), timeout=0.5)  # a service default
     late = first.submit(np.full(4, 7, np.float32))
     deadline = first.record(late).deadline
-    first.close(drain_s=0)  # the process that accepted it is gone
-    on_time = front.submit(np.full(4, 8, np.float32), timeout_s=60)
+    first.close(timeout=0)  # the process that accepted it is gone
+    on_time = front.submit(np.full(4, 8, np.float32), timeout=60)
     wait_for(lambda: time.time() > deadline)
     log = tmp_path / "ran.log"
-    children.append(Child(server, prefix, "--workers", "1", "--max-batch", "4", "--model", "logged",
+    children.append(Child(server, prefix, "--num-workers", "1", "--max-batch", "4", "--model", "logged",
                           "--log", str(log)))
     np.testing.assert_array_equal(front.result(on_time, timeout=20), np.full(4, 17, np.float32))
     with pytest.raises(JobFailed, match="deadline exceeded: still queued"):
@@ -261,9 +261,9 @@ def test_priority_reaches_the_shared_queue_from_every_input_encoding(server, pre
 
     np.save(tmp_path / "x.npy", x(3))
     npy = {"content-type": NPY_TYPE}
-    svc = InferenceService(lambda b: b, workers=0, store=RedisStore(server.url, prefix=prefix), queue=RedisQueue())
-    named = InferenceService(lambda a, b: a + b, workers=0, store=RedisStore(server.url, prefix=prefix + "named:"),
-                             queue=RedisQueue(), inputs={"a": Input("float32", (2,)), "b": Input("float32", (2,))})
+    svc = create_service(lambda b: b, num_workers=0, store=RedisStore(server.url, prefix=prefix), queue=RedisQueue())
+    named = create_service(lambda a, b: a + b, num_workers=0, store=RedisStore(server.url, prefix=prefix + "named:"),
+                           queue=RedisQueue(), inputs={"a": Input("float32", (2,)), "b": Input("float32", (2,))})
     row = np.zeros((), dtype=[("a", "<f4", (2,)), ("b", "<f4", (2,))])
     try:
         with serving(App(svc, input_root=str(tmp_path))) as base:
@@ -279,16 +279,16 @@ def test_priority_reaches_the_shared_queue_from_every_input_encoding(server, pre
             assert call(base, "POST", "/v1/jobs?priority=high", raw=npy_bytes(row), headers=npy)[0] == 202
         assert named.stats()["queue_depth_by_priority"] == {"high": 1, "normal": 0, "low": 1}
     finally:
-        svc.close(drain_s=0)
-        named.close(drain_s=0)
+        svc.close(timeout=0)
+        named.close(timeout=0)
 
 
 # ---------------------------------------------------------------- bad input
 
 
 def test_a_full_shared_queue_raises_queue_full_and_bad_priorities_are_named(server, prefix):
-    svc = InferenceService(lambda b: b, workers=0, max_queue=3, store=RedisStore(server.url, prefix=prefix),
-                           queue=RedisQueue())
+    svc = create_service(lambda b: b, num_workers=0, max_queue=3, store=RedisStore(server.url, prefix=prefix),
+                         queue=RedisQueue())
     try:
         for i in range(3):
             svc.submit(x(i), priority=LEVELS[i])
@@ -304,14 +304,27 @@ def test_a_full_shared_queue_raises_queue_full_and_bad_priorities_are_named(serv
 
 def test_the_queue_in_redis_needs_a_redis_store_and_priorities_need_it(tmp_path):
     with pytest.raises(TypeError, match="RedisQueue needs the service's store to be a RedisStore, not FileStore"):
-        InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs")), queue=RedisQueue())
+        create_service(lambda b: b, store=FileStore(str(tmp_path / "jobs")), queue=RedisQueue())
     with pytest.raises(ValueError, match="visibility_timeout_s must be > 0"):
         RedisQueue(visibility_timeout_s=0)
-    with pytest.raises(ValueError, match="workers must be an int >= 1"):
-        InferenceService(lambda b: b, workers=0, store=FileStore(str(tmp_path / "jobs2")))
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
+        InferenceService(lambda b: b, num_workers=0, store=FileStore(str(tmp_path / "jobs2")))
     with InferenceService(lambda b: b, store=FileStore(str(tmp_path / "jobs3"))) as svc:
         with pytest.raises(ValueError, match="needs a queue with priorities"):
             svc.submit(x(1), priority="high")
+
+
+def test_inference_service_refuses_a_queue_and_the_factory_picks_the_class(server, prefix):
+    """InferenceService(queue=...) used to return a SharedInferenceService in silence: it
+    refuses now, naming what to use; create_service() picks the class from the queue."""
+    store = RedisStore(server.url, prefix=prefix)
+    with pytest.raises(TypeError, match="create_service.*SharedInferenceService"):
+        InferenceService(lambda b: b, store=store, queue=RedisQueue())
+    with create_service(lambda b: b, store=MemoryStore()) as plain:
+        assert type(plain) is InferenceService
+    with create_service(lambda b: b + 1, num_workers=1, store=store, queue=RedisQueue()) as shared:
+        assert type(shared) is SharedInferenceService
+        assert shared.result(shared.submit(x(1)), timeout=30) == pytest.approx(x(1) + 1)
 
 
 # ---------------------------------------------------------------- python -m fastloop serve --processes
@@ -401,7 +414,7 @@ def test_a_front_hears_the_status_changes_of_jobs_run_in_another_process(front, 
 
     unsubscribe = front.subscribe(listener)
     try:
-        children.append(Child(server, prefix, "--workers", "1"))
+        children.append(Child(server, prefix, "--num-workers", "1"))
         job = front.submit(x(1))
         assert done.wait(20), heard
         assert [s for j, s in heard if j == job] == ["queued", "running", "done"]  # queued here, the rest there

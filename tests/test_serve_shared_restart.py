@@ -14,7 +14,7 @@ import pytest
 from redis_fixtures import redis  # noqa: F401 (skips without Redis)
 from redis_launcher import RedisServer  # noqa: E402
 
-from fastloop.serve import InferenceService, JobFailed, RedisQueue, RedisStore, StoreUnavailable  # noqa: E402
+from fastloop.serve import JobFailed, RedisQueue, RedisStore, StoreUnavailable, create_service  # noqa: E402
 from test_serve import Gate  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
@@ -40,9 +40,9 @@ def final(svc, job: str) -> str:
 @pytest.mark.filterwarnings("ignore:InferenceService:RuntimeWarning")
 def test_jobs_that_a_redis_restarted_from_an_older_snapshot_shows_running_are_run_again_not_failed(own_server):
     gate = Gate(wait_s=20)
-    store = RedisStore(own_server.url, socket_timeout=0.5)
-    with InferenceService(gate, workers=1, max_batch=4, max_delay_ms=20, store=store,
-                          queue=RedisQueue(visibility_timeout_s=3)) as svc:
+    store = RedisStore(own_server.url, socket_timeout_s=0.5)
+    with create_service(gate, num_workers=1, max_batch=4, max_delay_s=0.02, store=store,
+                        queue=RedisQueue(visibility_timeout_s=3)) as svc:
         jobs = [svc.submit(np.full(2, float(i)), job_id=f"j{i}") for i in range(3)]
         wait_for(lambda: len(gate.seen) == 3)  # one batch of 3, running in Redis too
         own_server.client().save()  # the snapshot Redis comes back with: those jobs running
@@ -61,7 +61,7 @@ def test_jobs_that_a_redis_restarted_from_an_older_snapshot_shows_running_are_ru
 def test_jobs_started_by_a_take_whose_answer_was_lost_are_run_not_failed(own_server, monkeypatch):
     gate = Gate(wait_s=20)
     gate.open.set()
-    store = RedisStore(own_server.url, socket_timeout=0.5)
+    store = RedisStore(own_server.url, socket_timeout_s=0.5)
     queue = RedisQueue(visibility_timeout_s=3)
     real = RedisQueue._call_take_start
     lost = threading.Event()
@@ -74,7 +74,7 @@ def test_jobs_started_by_a_take_whose_answer_was_lost_are_run_not_failed(own_ser
         return flat
 
     monkeypatch.setattr(RedisQueue, "_call_take_start", answer_lost)
-    with InferenceService(gate, workers=1, max_batch=4, store=store, queue=queue) as svc:
+    with create_service(gate, num_workers=1, max_batch=4, store=store, queue=queue) as svc:
         jobs = [svc.submit(np.full(2, float(i)), job_id=f"k{i}") for i in range(3)]
         assert [final(svc, job) for job in jobs] == ["done"] * 3
         assert lost.is_set() and svc.stats()["reclaimed"]["failed"] == 0

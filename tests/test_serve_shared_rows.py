@@ -9,7 +9,7 @@ import pytest
 
 from redis_fixtures import prefix, redis, server  # noqa: F401 (fixtures; skips without Redis)
 
-from fastloop.serve import InferenceService, Input, JobFailed, RedisQueue, RedisStore, RowsFailed  # noqa: E402
+from fastloop.serve import Input, JobFailed, RedisQueue, RedisStore, RowsFailed, create_service  # noqa: E402
 
 
 class Model:
@@ -28,8 +28,8 @@ class Model:
 def test_a_job_of_several_rows_runs_in_calls_of_at_most_max_batch_and_comes_back_in_order(server, prefix):
     model = Model()
     store = RedisStore(server.url, prefix=prefix)
-    with InferenceService(model, workers=1, max_batch=4, store=store, queue=RedisQueue(),
-                          inputs=Input("float64", (2,))) as svc:
+    with create_service(model, num_workers=1, max_batch=4, store=store, queue=RedisQueue(),
+                        inputs=Input("float64", (2,))) as svc:
         x = np.arange(20, dtype=np.float64).reshape(10, 2)
         job = svc.submit(x)
         np.testing.assert_array_equal(svc.result(job, timeout=20), 2 * x)

@@ -62,8 +62,8 @@ def expected(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 def test_mlp_runs_on_dynamic_batches_of_tensors_under_inference_mode():
     model = Gated(mlp()).eval()
     xs = rows(16, (16,))
-    with InferenceService(model, inputs=Input(torch.float32, (16,)), workers=1, max_batch=16,
-                          max_delay_ms=0, store=MemoryStore()) as svc:
+    with InferenceService(model, inputs=Input(torch.float32, (16,)), num_workers=1, max_batch=16,
+                          max_delay_s=0, store=MemoryStore()) as svc:
         first = svc.submit(xs[0])
         assert model.entered.wait(10)
         jobs = [first] + [svc.submit(x) for x in xs[1:]]  # queued while the first batch runs

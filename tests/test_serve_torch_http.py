@@ -150,7 +150,7 @@ def test_websocket_pushes_the_result_of_a_job_that_finishes_while_it_listens():
             return self.inner(x)
 
     model = Held().eval()
-    service = InferenceService(model, inputs=Input(torch.float32, (16,)), workers=1, store=MemoryStore())
+    service = InferenceService(model, inputs=Input(torch.float32, (16,)), num_workers=1, store=MemoryStore())
     try:
         with serving(App(service)) as base:
             x = np.linspace(-1, 1, 16, dtype=np.float32)

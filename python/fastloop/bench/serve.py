@@ -3,7 +3,7 @@
 An in-process InferenceService (2 worker threads, a float32 fastloop.nn MLP: 784-512-512-10,
 and 784-2048-2048-10 where one row costs more than the service's own per-job work) serves
 64 client threads; each client submits one input, waits for its result, and repeats
-(a closed loop). Measured for ``max_batch=32`` (``max_delay_ms=2``) and ``max_batch=1``, both
+(a closed loop). Measured for ``max_batch=32`` (``max_delay_s=0.002``) and ``max_batch=1``, both
 on a MemoryStore so that the comparison is about batching alone, and once more with
 ``max_batch=32`` on a durable FileStore (the default store: every record fsynced), and both
 on a RedisStore against a throwaway local redis-server when one is installed. Reported:
@@ -81,7 +81,7 @@ def mlp(hidden: int = 512, seed: int = 0) -> fl.nn.Sequential:
 
 
 def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store, *, seconds: float,
-            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_ms: float = 2.0,
+            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_s: float = 2.0,
             rows: np.ndarray | None = None, name: str | None = None, **options: object) -> Run:
     """Closed loop: `clients` threads submit and wait, for warmup_s + seconds; jobs that
     finish within the last `seconds` count. `rows`: one input per client (default: normal
@@ -92,7 +92,7 @@ def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store,
     stop = threading.Event()
     finished: list[list[tuple[float, float]]] = [[] for _ in range(clients)]  # (end time, latency)
     errors: list[BaseException] = []
-    with InferenceService(model, workers=workers, max_batch=max_batch, max_delay_ms=max_delay_ms,
+    with InferenceService(model, num_workers=workers, max_batch=max_batch, max_delay_s=max_delay_s,
                           max_queue=4 * clients, store=store, **options) as svc:  # type: ignore[arg-type]
         def client(c: int) -> None:
             x, mine = inputs[c], finished[c]
@@ -185,7 +185,7 @@ def results(runs: list[Run]) -> list[Result]:
                            for v in ("max_batch=32, Memory", "max_batch=1, Memory"))
         ratio = batched.jobs_per_s / single.jobs_per_s
         rows.append(Result(f"serve {model}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
-                           ratio >= 3, f"{CLIENTS} client threads, 2 workers, max_delay_ms=2"))
+                           ratio >= 3, f"{CLIENTS} client threads, 2 workers, max_delay_s=0.002"))
     return rows
 
 

@@ -146,7 +146,7 @@ class Process:
 
 def fastloop_args(port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "fastloop", "serve", "--model", "bench_model:build", "--port", str(port),
-            "--torch-threads", "1", "--workers", "2", "--max-batch", "32", "--max-delay-ms", "2",
+            "--torch-threads", "1", "--num-workers", "2", "--max-batch", "32", "--max-delay-s", "2",
             "--log-level", "warning", *extra]
 
 
@@ -349,7 +349,7 @@ def sigterm_under_load(signal_after_s: float, max_queue: int = 1024) -> dict[str
             f.write(MODEL_FILE)
         port = _free_port()
         jobs = os.path.join(tmp, "jobs")
-        args = fastloop_args(port, "--store", f"file:{jobs}", "--drain-timeout", "30", "--max-queue", str(max_queue))
+        args = fastloop_args(port, "--store", f"file:{jobs}", "--drain-s", "30", "--max-queue", str(max_queue))
         args[args.index("--log-level") + 1] = "info"
         server = Process(args, tmp, port)
         seen = asyncio.run(_until_stopped(port, CLIENTS, signal_after_s, server))

@@ -214,9 +214,9 @@ def _host_server(ckpt: str, port: int, url: str, device_ms: float, max_batch: in
     the checkpoint's MLP; its queue is the shared one in Redis."""
     import uvicorn
 
-    from ..serve import App, InferenceService, RedisQueue, RedisStore
+    from ..serve import App, RedisQueue, create_service, RedisStore
     from ..nn import set_blas_threads
-    from ..serve.cli import load_model
+    from ..serve.checkpoint_model import load_model
 
     net = load_model(ckpt)
     set_blas_threads(1)  # as `python -m fastloop serve` does (--blas-threads 1): the fronts need the other core
@@ -225,14 +225,14 @@ def _host_server(ckpt: str, port: int, url: str, device_ms: float, max_batch: in
         time.sleep(device_ms / 1e3)  # the device's time: a GIL-free wait, as a GPU call is
         return net(batch.astype(np.float32, copy=False))  # JSON inputs arrive as float64 for a plain callable
 
-    service = InferenceService(model, workers=1, max_batch=max_batch, store=RedisStore(url), queue=RedisQueue())
+    service = create_service(model, num_workers=1, max_batch=max_batch, store=RedisStore(url), queue=RedisQueue())
     app = App(service)
     try:
         uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")).run()
     except KeyboardInterrupt:
         pass
     finally:
-        service.close(drain_s=2)
+        service.close(timeout=2)
     return 0
 
 

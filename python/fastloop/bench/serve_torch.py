@@ -7,7 +7,7 @@ and 784-4096-4096-10 in the full run. The service runs it under ``torch.inferenc
 with declared inputs (``Input(torch.float32, (784,))``), 2 worker threads and torch set to
 one intra-op thread (the two workers are the parallelism), on a MemoryStore; 64 client
 threads submit one row each and wait for its result (a closed loop), for ``max_batch=32``
-(``max_delay_ms=2``) and ``max_batch=1``. Reported: throughput, p50/p99 latency, mean batch
+(``max_delay_s=0.002``) and ``max_batch=1``. Reported: throughput, p50/p99 latency, mean batch
 jobs per CPU-second of the process (what a busy shared machine distorts least) and the
 ratios per model, beside the model called directly with 32 rows a call and with 1
 (what batching gains on the model alone; the service's max_batch=1 also pays its own
@@ -103,7 +103,7 @@ def results(runs: list[Run], alone: dict[str, dict[int, float]] | None = None) -
                            for v in ("max_batch=32", "max_batch=1"))
         ratio = batched.jobs_per_s / single.jobs_per_s
         rows.append(Result(f"serve {model}: dynamic batching / max_batch=1 throughput", ratio, "x", ">= 3",
-                           ratio >= 3, f"{CLIENTS} client threads, 2 workers, torch 1 thread, max_delay_ms=2"))
+                           ratio >= 3, f"{CLIENTS} client threads, 2 workers, torch 1 thread, max_delay_s=0.002"))
         per_cpu = batched.jobs_per_cpu_s / single.jobs_per_cpu_s
         rows.append(Result(f"serve {model}: dynamic batching / max_batch=1 jobs per CPU-second", per_cpu, "x", "",
                            None, f"{batched.jobs_per_cpu_s:.0f} vs {single.jobs_per_cpu_s:.0f} jobs per CPU-s"))

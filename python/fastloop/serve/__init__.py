@@ -1,12 +1,12 @@
 """fastloop.serve: a queued inference service with dynamic batching.
 
 Callers submit one input at a time (checked against the model's declared ``Input``s, if any); a bounded fastloop.Queue holds the jobs; worker threads
-take up to ``max_batch`` of them (waiting at most ``max_delay_ms`` for the batch to fill),
+take up to ``max_batch`` of them (waiting at most ``max_delay_s`` for the batch to fill),
 run the model once on the stacked batch (a fastloop.nn model computes with the GIL
 released; a torch module gets tensors under ``torch.inference_mode()``) and store each job's row; callers poll ``status()`` or wait in ``result()``.
 
     >>> from fastloop.serve import InferenceService, FileStore
-    >>> with InferenceService(model, workers=2, max_batch=32, store=FileStore("jobs")) as svc:
+    >>> with InferenceService(model, num_workers=2, max_batch=32, store=FileStore("jobs")) as svc:
     ...     y = svc.result(svc.submit(x), timeout=5.0)
 
 A torch ``nn.Module`` is served with its inputs declared:
@@ -20,8 +20,9 @@ TorchScript or ``torch.export`` file; or ``App(service)`` under uvicorn), and
 
 from __future__ import annotations
 
-from .cli import arch_of
+from .checkpoint_model import arch_of
 from .client import BadRequest, Client, ServiceUnavailable
+from .factory import create_service
 from .filestore import FileStore
 from .http import App
 from . import jobs
@@ -29,11 +30,14 @@ from .jobs import *  # noqa: F403 - the job record and exceptions, listed once i
 from .redisqueue import RedisQueue
 from .redisstore import RedisStore, StoreUnavailable
 from .service import Admission, InferenceService
+from .shared import SharedInferenceService
 from .spec import Input
 from .stores import MemoryStore, Store
 
 __all__ = [
     "InferenceService",
+    "SharedInferenceService",
+    "create_service",
     "Admission",
     "Input",
     "FileStore",

@@ -26,11 +26,11 @@ T = TypeVar("T")
 
 
 def collect(queue: Queue, max_batch: int, max_delay_s: float, timeout: float | None = None,
-            more_coming: Callable[[], bool] | None = None) -> list[Any]:
+            more_coming: Callable[[int], bool] | None = None) -> list[Any]:
     """Up to max_batch items: waits (up to `timeout`) for the first, then at most
     max_delay_s for the batch to fill. Raises fastloop.Closed once the queue is closed and
-    empty. ``more_coming()``: False when no item is on its way (the front has no request in
-    hand), so the batch runs with what it holds instead of waiting out max_delay_s.
+    empty. ``more_coming(held)`` (held: the items this batch holds so far): False when no item
+    is on its way, so the batch runs with what it holds instead of waiting out max_delay_s.
 
     While it waits for more it sleeps in a few slices and looks at qsize() (not one
     get_many() per arriving item), so a filling batch costs the worker a handful of wake-ups,
@@ -44,7 +44,7 @@ def collect(queue: Queue, max_batch: int, max_delay_s: float, timeout: float | N
     while len(items) < max_batch:
         need = max_batch - len(items)
         remaining = deadline - time.monotonic()
-        if queue.qsize() < need and remaining > 0 and (more_coming is None or more_coming()):
+        if queue.qsize() < need and remaining > 0 and (more_coming is None or more_coming(len(items))):
             time.sleep(min(nap, remaining))
             continue
         try:

@@ -2,7 +2,7 @@
 model, or any model a factory in the user's code builds, or a TorchScript file
 (fastloop.serve.model_source says how each is read).
 
-    $ python -m fastloop serve --model ckpts --port 8000 --workers 2 --store file:jobs
+    $ python -m fastloop serve --model ckpts --port 8000 --num-workers 2 --store file:jobs
     $ python -m fastloop serve --model mypkg.models:build --port 8000
     $ python -m fastloop serve --model cnn.ts --input float32:3,32,32
 
@@ -14,7 +14,7 @@ A checkpoint without ``arch`` needs ``--layers 784,512,10`` (Linear layers with 
 between them).
 
 SIGTERM (Docker, Kubernetes) and Ctrl-C drain: new jobs get 503 with Retry-After while what
-was accepted runs and is answered, for up to ``--drain-timeout`` seconds; then the server
+was accepted runs and is answered, for up to ``--drain-s`` seconds; then the server
 stops, the service closes its store and the process exits 0 (draining.py). Without
 ``--store`` the jobs live in memory (nothing outlives the process); ``--store file:DIR``
 keeps them on disk, ``redis://`` in Redis.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import json
 import os
 import re
 import sys
@@ -37,66 +36,10 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
 from .. import nn
-from ..checkpoint import Checkpointer, read_checkpoint
 from .model_source import load_source, parse_input
 
-__all__ = ["arch_of", "model_from_arch", "load_model", "main"]
-
-
-def arch_of(model: Any) -> str:
-    """The JSON string that describes `model`'s layers, to save beside its parameters.
-
-    >>> ckpt.save(fl.nn.training_state(model, arch=arch_of(model)), step)
-    """
-    if isinstance(model, nn.Linear):
-        model = nn.Sequential(nn.Linear(model.in_features, model.out_features, bias=model.has_bias))
-    layers: list[list[Any]] = []
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            layers.append(["Linear", layer.in_features, layer.out_features, layer.has_bias])
-        else:
-            layers.append([type(layer).__name__])
-    return json.dumps({"dtype": np.dtype(model.dtype).name, "layers": layers})
-
-
-def model_from_arch(arch: str) -> nn.Sequential:
-    """A fresh Sequential built from an arch_of() string; ValueError naming what is wrong."""
-    try:
-        spec = json.loads(arch)
-        kinds = {"Linear": lambda a, b, bias=True: nn.Linear(int(a), int(b), bias=bool(bias)),
-                 "ReLU": nn.ReLU, "Flatten": nn.Flatten}
-        layers = [kinds[entry[0]](*entry[1:]) for entry in spec["layers"]]
-        return nn.Sequential(*layers, dtype=spec.get("dtype", "float32"))
-    except (ValueError, KeyError, TypeError, IndexError) as error:
-        raise ValueError(f"the checkpoint's arch {arch[:200]!r} is not a model description: {error}") from None
-
-
-def _layers_arch(layers: str) -> str:
-    sizes = [int(n) for n in layers.split(",")]
-    if len(sizes) < 2:
-        raise ValueError("--layers takes at least two sizes: in,out (e.g. 784,512,10)")
-    spec: list[list[Any]] = []
-    for a, b in zip(sizes, sizes[1:]):
-        spec += [["Linear", a, b, True], ["ReLU"]]
-    return json.dumps({"layers": spec[:-1]})
-
-
-def load_model(path: str, layers: str | None = None) -> nn.Sequential:
-    """The model a checkpoint directory (latest checkpoint) or checkpoint file holds."""
-    state = Checkpointer(path).load() if os.path.isdir(path) else read_checkpoint(path)
-    if layers is not None:
-        arch = _layers_arch(layers)
-    elif "arch" in state:
-        arch = str(state["arch"])
-    else:
-        raise ValueError(f"{path} holds no 'arch' entry: save it with training_state(model, arch=arch_of(model)) "
-                         "or pass --layers (e.g. 784,512,10)")
-    model = model_from_arch(arch)
-    nn.load_training_state(state, model)
-    return model
+__all__ = ["main"]
 
 
 def _set_threads(model: Any, blas_threads: int, torch_threads: int | None) -> None:
@@ -181,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", help="the model's sizes (784,512,10: Linear+ReLU) when it holds no arch")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--max-queue", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--max-delay-s", type=float, default=0.002,
+                        help="how long a batch waits to fill after its first job (seconds)")
     parser.add_argument("--store", default="memory", metavar="memory | file:DIR | redis://HOST:PORT/DB",
                         help=STORE_HELP)
     parser.add_argument("--input-root", help="directory that 'path' inputs must lie in (default: none allowed)")
@@ -202,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an idle keep-alive connection is closed after this")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="default job deadline from submit: a job not ended by then fails (default: none)")
-    parser.add_argument("--drain-timeout", "--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--drain-s", dest="drain_s", type=float, default=10.0, metavar="SECONDS",
                         help="after SIGTERM or Ctrl-C (new jobs get 503), how long the jobs already accepted may "
                              "take to run and be answered before the server stops anyway (default: 10)")
     parser.add_argument("--blas-threads", type=int, default=1,
@@ -282,7 +226,7 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     from .http_limits import uvicorn_config
     from .peers import KeepShares, PeerRouter, owned_id
     from .processes import listen_unix, note_stops, when_stopped
-    from .service import InferenceService
+    from .factory import create_service
     from .spec import is_torch_module
 
     if sock is None:  # one process: a SIGTERM while the model loads stops it once it serves
@@ -302,14 +246,14 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
                 from .redisqueue import RedisQueue
                 extra["queue"] = RedisQueue(visibility_timeout_s=args.visibility_timeout_s)
             store = _store(args.store, index, peers, name if len(args.models) > 1 else None)
-            services[name or DEFAULT_NAME] = InferenceService(
-                model, workers=args.workers, max_queue=args.max_queue, max_batch=args.max_batch,
-                max_delay_ms=args.max_delay_ms, store=store, **extra, result_ttl_s=args.result_ttl_s,
-                worker_priority=args.worker_priority, inputs=inputs, timeout_s=args.timeout_s)
+            services[name or DEFAULT_NAME] = create_service(
+                model, num_workers=args.num_workers, max_queue=args.max_queue, max_batch=args.max_batch,
+                max_delay_s=args.max_delay_s, store=store, **extra, result_ttl_s=args.result_ttl_s,
+                worker_priority=args.worker_priority, inputs=inputs, timeout=args.timeout_s)
         except (OSError, ValueError, KeyError, TypeError) as error:
             print(f"cannot serve the model from {target}: {error}", file=sys.stderr)
             for service in services.values():
-                service.close(drain_s=0)
+                service.close(timeout=0)
             return 2
     front = App(services, input_root=args.input_root, max_body_bytes=args.max_body_bytes,
                 max_websockets=args.max_websockets)
@@ -340,7 +284,7 @@ def _serve(args: argparse.Namespace, sock: Any, index: int = 0, peers: list[str]
     finally:
         stopped = time.monotonic()
         for service in services.values():
-            service.close(drain_s=server.drain_left())
+            service.close(timeout=server.drain_left())
         _log_drain(server, stopped, time.monotonic())
     return 0
 

@@ -14,7 +14,7 @@ uvicorn).
     >>> try:
     ...     server.run()
     ... finally:
-    ...     service.close(drain_s=server.drain_left())
+    ...     service.close(timeout=server.drain_left())
 """
 
 from __future__ import annotations

@@ -25,112 +25,28 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import math
 import threading
-import urllib.parse
 from typing import Any, Awaitable, Callable, Mapping
 
 from ..errors import Closed
-from .http_events import Watcher, ended, stream
+from .http_events import Watcher, ended
 from .http_inputs import NPY_TYPE
 from .http_model import ModelFront, Reply
+from .http_requests import (Answer, Receive, Scope, Send, _header, _jobs_path, _query_wait, _route_path, _settle,
+                            _submit_query, _timed_out)
+from .http_websocket import _EventRoutes
 from .jobs import JobRecord, StoreError, check_job_id
 from .service import InferenceService
 from .stores import MemoryStore
 
 __all__ = ["App"]
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Answer = tuple[int, Any, list[tuple[str, str]]]
-
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
-MAX_WAIT_S = 60.0  # the longest long poll (GET .../result?wait_s=)
 _PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
 _INLINE_MAX_BYTES = 64 << 10  # a lone request's body up to this is read and submitted on the loop
-_RESULT_READS_KEPT = 64  # done jobs whose ?result=1 event message is kept, read once for every stream
 MAX_WEBSOCKETS = 1024  # App(max_websockets=)'s default: open event streams at once
-WS_FULL = 1013  # "try again later": the close code of a WebSocket refused over max_websockets
 DEFAULT_NAME = "default"  # the name of a model given alone
-
-
-def _header(scope: Scope, name: bytes) -> str:
-    """The first value of a request header (names are lower case in ASGI); "" if absent."""
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return value.decode("latin-1")
-    return ""
-
-
-def _query(scope: Scope, name: str) -> str | None:
-    """A query parameter (a result's ``wait_s``), or None."""
-    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
-    return values[0] if values else None
-
-
-SUBMIT_QUERY = ("id", "timeout_s", "priority")  # what POST .../jobs and .../predict take in the query
-
-
-def _bad_query(message: str) -> Reply:
-    return Reply(400, {"error": message}, rejection="bad_input")
-
-
-def _submit_query(scope: Scope) -> dict[str, Any]:
-    """The job options a POST .../jobs or .../predict gives in its query, whatever its body:
-    ``id``, ``timeout_s`` (a float here) and ``priority``; 400 naming a parameter that is
-    unknown, given twice, or (timeout_s) not a finite number of seconds. Never ignored."""
-    text = scope.get("query_string", b"")
-    if not text:
-        return {}
-    options: dict[str, Any] = {}
-    for name, value in urllib.parse.parse_qsl(text.decode("latin-1"), keep_blank_values=True):
-        if name not in SUBMIT_QUERY:
-            raise _bad_query(f"unknown query parameter {name!r:.60}: a job takes ?id=, ?timeout_s= and ?priority=")
-        if name in options:
-            raise _bad_query(f"query parameter {name!r} is given more than once")
-        options[name] = value
-    if "timeout_s" in options:
-        text = options["timeout_s"]
-        try:
-            options["timeout_s"] = float(text)
-        except ValueError:
-            options["timeout_s"] = math.nan
-        if not math.isfinite(options["timeout_s"]):
-            raise _bad_query(f"query parameter 'timeout_s' must be a finite number of seconds, not {text!r:.40}")
-    return options
-
-
-def _query_wait(scope: Scope) -> float:
-    """A result request's ``?wait_s=`` (0: answer at once); 400 unless 0 <= wait_s <= MAX_WAIT_S."""
-    text = _query(scope, "wait_s")
-    if text is None:
-        return 0.0
-    try:
-        wait = float(text)
-    except ValueError:
-        wait = math.nan
-    if not 0 <= wait <= MAX_WAIT_S:
-        raise Reply(400, {"error": f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, not {text!r}"},
-                    rejection="bad_input")
-    return wait
-
-
-def _query_flag(scope: Scope, name: str) -> bool:
-    """A yes/no query parameter (``?result=1``, ``true`` or ``yes``)."""
-    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
-    return bool(values) and values[0].lower() in ("1", "true", "yes")
-
-
-def _settle(future: "asyncio.Future[Any]", value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _timed_out(job_id: str, wait_s: float) -> Answer:
-    return 504, {"id": job_id, "error": f"no result within {wait_s:g} s: the job is still running or queued "
-                                        f"(GET .../jobs/{job_id}/result answers it later)"}, []
 
 
 class _Endpoint:
@@ -157,7 +73,7 @@ def _models_of(models: InferenceService | Mapping[str, InferenceService]) -> dic
     return dict(models)
 
 
-class App:
+class App(_EventRoutes):
     """An ASGI application serving `models` over HTTP and WebSocket: one InferenceService, or
     a dict name -> InferenceService (each with its own queue, workers, batch size and metrics,
     labelled by model). The first model also answers at the plain /v1/ routes.
@@ -165,9 +81,9 @@ class App:
     ``input_root``: the directory "path" inputs must lie in (None: path inputs refused).
     ``max_body_bytes``: a larger request body (or .npy file) is refused with 413.
     ``ws_buffer``: events a WebSocket client may fall behind by before it is dropped.
-    ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``threads``: the
-    pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
-    that names none (and the service has no default ``timeout_s``): its job fails then and the
+    ``retry_after_s``: the Retry-After of a 429 or of a 503 while draining. ``num_workers``: the
+    threads of the pool that calls the services. ``predict_timeout_s``: the deadline of a POST .../predict
+    that names none (and the service has no default ``timeout``): its job fails then and the
     request answers 504. ``max_websockets``: event streams open at once; one more is closed
     at once with 1013 ("try again later"), its reason naming the limit.
 
@@ -176,10 +92,10 @@ class App:
     """
 
     def __init__(self, models: InferenceService | Mapping[str, InferenceService], input_root: str | None = None,
-                 max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, threads: int = 8,
+                 max_body_bytes: int = 4 << 20, ws_buffer: int = 256, retry_after_s: int = 1, num_workers: int = 8,
                  predict_timeout_s: float = 30.0, max_websockets: int = MAX_WEBSOCKETS) -> None:
-        if max_body_bytes < 1 or ws_buffer < 1 or threads < 1 or max_websockets < 1:
-            raise ValueError("max_body_bytes, ws_buffer, threads and max_websockets must be >= 1")
+        if max_body_bytes < 1 or ws_buffer < 1 or num_workers < 1 or max_websockets < 1:
+            raise ValueError("max_body_bytes, ws_buffer, num_workers and max_websockets must be >= 1")
         if not predict_timeout_s > 0:
             raise ValueError(f"predict_timeout_s must be > 0, not {predict_timeout_s!r}")
         self.fronts = {name: ModelFront(name, service, input_root, max_body_bytes, retry_after_s)
@@ -190,7 +106,7 @@ class App:
         self.max_body_bytes, self.ws_buffer, self.retry_after_s = max_body_bytes, ws_buffer, retry_after_s
         self._draining = False
         self._in_flight = 0  # HTTP requests being answered (a predict or a long poll: until its result)
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="fastloop-http")
+        self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="fastloop-http")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: list[Callable[[], None]] | None = None
         self._watchers: dict[tuple[str, str | None], set[Watcher]] = {}  # (model, job id or None) -> streams
@@ -436,7 +352,7 @@ class App:
         def on_end(record: JobRecord, row: Any) -> None:  # on the worker that ended the job
             loop.call_soon_threadsafe(_settle, done, (record, row))
 
-        timeout_s = front.service.timeout_s or self.predict_timeout_s
+        timeout_s = front.service.timeout or self.predict_timeout_s
         query = _submit_query(scope)
         job_id, watching = await self._accept(scope, receive, on_end, timeout_s, query)
         as_npy = NPY_TYPE in _header(scope, b"accept").lower()
@@ -545,127 +461,3 @@ class App:
     def _count(self, table: dict[Any, int], key: Any) -> None:
         with self._counts_lock:
             table[key] = table.get(key, 0) + 1
-
-    # ------------------------------------------------------------ events (WebSockets, long polls)
-    def _listener(self, model: str) -> Callable[[str, str], None]:
-        """The service's listener for `model`, on the thread that changed a status: hands the
-        event to the loop only when a stream watches it."""
-        def on_status(job_id: str, status: str) -> None:
-            watched = (model, job_id) in self._watchers or (model, None) in self._watchers
-            if watched and self._loop is not None:
-                try:
-                    self._loop.call_soon_threadsafe(self._deliver, model, job_id, status)
-                except RuntimeError:  # the loop is closed: the server stopped
-                    pass
-        return on_status
-
-    def _deliver(self, model: str, job_id: str, status: str) -> None:
-        for key in ((model, job_id), (model, None)):
-            for watcher in list(self._watchers.get(key, ())):
-                watcher.put((job_id, status))
-
-    def watching(self, job_id: str | None, model: str | None = None) -> bool:
-        """Whether a WebSocket or long poll waits on events of `job_id` (None: a stream of every
-        job) of `model` (default: the first)."""
-        return ((self.default.name if model is None else model), job_id) in self._watchers
-
-    def _watch(self, watcher: Watcher) -> None:
-        self._watchers.setdefault(watcher.key, set()).add(watcher)
-
-    def _unwatch(self, watcher: Watcher) -> None:
-        group = self._watchers.get(watcher.key)
-        if group is not None:
-            group.discard(watcher)
-            if not group:
-                del self._watchers[watcher.key]
-
-    async def _ep_no_websocket(self, websocket: Any) -> None:
-        await websocket.receive()  # websocket.connect
-        await websocket.send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
-
-    async def _ep_websocket(self, websocket: Any) -> None:
-        job_id = websocket.path_params.get("job_id")  # None: .../events, every job
-        receive, send = websocket.receive, websocket.send
-        if (await receive())["type"] != "websocket.connect":
-            return
-        try:
-            front = self._front(websocket.scope)
-        except Reply as reply:
-            await send({"type": "websocket.close", "code": 1008, "reason": reply.body["error"][:120]})
-            return
-        if self._ws_open >= self.max_websockets:  # accepted, then closed: a close code needs a handshake
-            with self._counts_lock:
-                self._ws_refused += 1
-            await send({"type": "websocket.accept"})
-            await send({"type": "websocket.close", "code": WS_FULL,
-                        "reason": f"too many event streams open (max_websockets={self.max_websockets}): retry later"})
-            return
-        watcher = Watcher((front.name, job_id), self.ws_buffer, _query_flag(websocket.scope, "result"))
-        self._ws_open += 1
-        self._watch(watcher)  # before reading the status, so no change falls between
-        try:
-            first: tuple[str, str] | None = None
-            if job_id is not None:
-                try:
-                    first = (job_id, (await self._call(front.record, job_id)).status)
-                except Reply:
-                    await send({"type": "websocket.close", "code": 1008, "reason": f"unknown job {job_id}"})
-                    return
-            await send({"type": "websocket.accept"})
-
-            async def result_message(done_id: str) -> dict[str, Any]:
-                return await self._result_message(front, done_id)
-
-            def dropped() -> None:
-                self._unwatch(watcher)
-                with self._counts_lock:
-                    self._ws_dropped += 1
-
-            await stream(watcher, first, receive, send, result_message, dropped)
-        finally:
-            self._ws_open -= 1
-            self._unwatch(watcher)
-
-    async def _result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
-        """A done job's event message for ?result=1 streams: one store read however many
-        streams send it (a done job's result does not change; the last few are kept, an
-        error is not)."""
-        key = (front.name, job_id)
-        read = self._result_reads.get(key)
-        if read is None:
-            read = asyncio.ensure_future(self._read_result_message(front, job_id))
-            self._result_reads[key] = read
-            while len(self._result_reads) > _RESULT_READS_KEPT:
-                del self._result_reads[next(iter(self._result_reads))]  # the oldest
-
-            def forget_errors(done: "asyncio.Future[dict[str, Any]]") -> None:
-                if (done.cancelled() or done.exception() is not None or "error" in done.result()) \
-                        and self._result_reads.get(key) is done:
-                    del self._result_reads[key]
-            read.add_done_callback(forget_errors)
-        return dict(await asyncio.shield(read))  # a stream that leaves does not cancel the others' read
-
-    async def _read_result_message(self, front: ModelFront, job_id: str) -> dict[str, Any]:
-        """A done job's dtype/shape/result for its event (as GET .../result answers them),
-        or the error that kept the result out of it."""
-        try:
-            status, body, _ = await self._call(front.result, job_id)
-        except Reply as reply:
-            return {"error": reply.body.get("error", f"HTTP {reply.status}")}
-        return {k: body[k] for k in ("dtype", "shape", "result") if k in body} if status == 200 \
-            else {"error": body.get("error", f"HTTP {status}")}
-
-
-def _route_path(scope: Scope) -> str:
-    """The path the routes see: without the prefix a mount (or a proxy's root_path) added,
-    as Starlette's router takes it."""
-    path, root = scope["path"], scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root):len(root) + 1] == "/":
-        return path[len(root):]
-    return path
-
-
-def _jobs_path(scope: Scope) -> str:
-    """/v1/jobs, or /v1/models/{model}/jobs: where a submitted job's Location points."""
-    model = scope.get("path_params", {}).get("model")
-    return "/v1/jobs" if model is None else f"/v1/models/{model}/jobs"

@@ -83,7 +83,7 @@ class ModelFront:
         """The model as GET /v1/models lists it."""
         service = self.service
         return {"name": self.name, "inputs": describe_inputs(service), "max_batch": service.max_batch,
-                "max_queue": service.max_queue, "workers": service.workers,
+                "max_queue": service.max_queue, "workers": service.num_workers,
                 "preprocess": service.preprocess is not None, "postprocess": service.postprocess is not None}
 
     # ------------------------------------------------------------ submitting
@@ -102,7 +102,7 @@ class ModelFront:
                 inputs: Any = self.as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:
                 inputs = data["inputs"]
-            job_id = self.service.submit(inputs, job_id=data.get("id"), timeout_s=data.get("timeout_s", timeout_s),
+            job_id = self.service.submit(inputs, job_id=data.get("id"), timeout=data.get("timeout_s", timeout_s),
                                          priority=data.get("priority", "normal"), admission=admission)
         except Exception as error:
             raise submit_reply(error, self.retry_after_s) from None
@@ -117,7 +117,7 @@ class ModelFront:
                 inputs = self.service.preprocess(body)
             else:
                 inputs = self.as_model_ints(parse_npy(body))
-            job_id = self.service.submit(inputs, job_id=job_id, timeout_s=timeout_s, priority=priority,
+            job_id = self.service.submit(inputs, job_id=job_id, timeout=timeout_s, priority=priority,
                                          admission=admission)
         except Exception as error:
             raise submit_reply(error, self.retry_after_s) from None

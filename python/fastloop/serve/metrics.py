@@ -81,13 +81,13 @@ class _Collector:
             buckets = [(str(edge), sum(n for s, n in sizes.items() if s <= edge)) for edge in edges]
             buckets.append(("+Inf", sum(sizes.values())))
             histogram.add_metric(label, buckets, sum_value=sum(s * n for s, n in sizes.items()))
-            latency = stats.get("latency_ms", {})
+            latency = stats.get("latency_s", {})
             labels = dict(zip(extra, label))
             for quantile, key in (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99")):
                 summary.add_sample("fastloop_serve_latency_seconds", {**labels, "quantile": quantile},
-                                   latency.get(key, 0.0) / 1e3)
+                                   latency.get(key, 0.0))
             summary.add_sample("fastloop_serve_latency_seconds_count", labels, stats.get("done", 0))
-            longest.add_metric(label, latency.get("max", 0.0) / 1e3)
+            longest.add_metric(label, latency.get("max", 0.0))
         yield histogram
         yield summary
         yield longest

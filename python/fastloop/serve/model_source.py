@@ -116,7 +116,7 @@ def load_source(target: str, declared: list[Input] | None = None, layers: str | 
     elif target.endswith(_TORCH_FILES) and os.path.isfile(target):
         model, inputs = _torch_file(target), declared_inputs
     else:
-        from .cli import load_model
+        from .checkpoint_model import load_model
         return load_model(target, layers), declared_inputs
     if getattr(model, "training", False) and not _exported(model):
         model.eval()  # a server only infers: dropout off, batch norm on its running statistics

@@ -21,7 +21,7 @@ janitor forgets it before Redis does). Index entries whose hash Redis dropped ar
 when expire() or recover() comes across them.
 
 Outages: a command that cannot reach Redis raises StoreUnavailable (a StoreError) within
-about ``socket_timeout`` (a refused connection: at once), and for the next 0.1 s the store
+about ``socket_timeout_s`` (a refused connection: at once), and for the next 0.1 s the store
 fails at once without trying, so a worker holding a batch does not wait a timeout per job.
 redis-py reconnects by itself: after a Redis restart the next command goes through (a pooled
 connection the restart closed is retried once on a fresh one).
@@ -149,7 +149,7 @@ return 0
 
 class RedisStore(Store):
     """Jobs in Redis at ``url`` (redis://host:port/db, rediss:// or unix://), under keys
-    starting with ``prefix``. ``socket_timeout``: seconds a command (and a connect) may
+    starting with ``prefix``. ``socket_timeout_s``: seconds a command (and a connect) may
     take before it raises StoreUnavailable. ``ttl_s``: how long Redis keeps an unfinished
     job after its last write. Several services may share one Redis if each has its own
     prefix; two services on one prefix would each recover the other's jobs.
@@ -161,12 +161,12 @@ class RedisStore(Store):
     writes_batches = True
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "fastloop:", *,
-                 socket_timeout: float = 1.0, ttl_s: float = 86400.0) -> None:
-        if socket_timeout <= 0 or ttl_s <= 0:
-            raise ValueError("socket_timeout and ttl_s must be > 0")
+                 socket_timeout_s: float = 1.0, ttl_s: float = 86400.0) -> None:
+        if socket_timeout_s <= 0 or ttl_s <= 0:
+            raise ValueError("socket_timeout_s and ttl_s must be > 0")
         self.url, self.prefix = url, prefix
         self.ttl_s = float(ttl_s)
-        self.redis = RedisConnection(url, socket_timeout)  # RedisQueue shares it (and its outage state)
+        self.redis = RedisConnection(url, socket_timeout_s)  # RedisQueue shares it (and its outage state)
         self.keys = RedisKeys(prefix)
         self._client = self.redis.client
         self._create = self._client.register_script(CREATE_SCRIPT)

@@ -1,13 +1,13 @@
 """SharedInferenceService: an InferenceService whose queue lives in Redis (a RedisQueue), so
 that any process sharing the RedisStore accepts, runs, answers and cancels any job.
 
-    >>> svc = InferenceService(model, store=RedisStore(url), queue=RedisQueue())  # this class
+    >>> svc = create_service(model, store=RedisStore(url), queue=RedisQueue())  # this class
     >>> job = svc.submit(x, priority="high")   # any process may run it
     >>> svc.result(job)                        # from any process
 
 What changes from the in-memory queue: submit() creates and queues a job in one Redis script
 (QueueFull when ``max_queue`` jobs wait or are held by workers, across all processes);
-workers take batches from Redis (up to max_batch, waiting at most max_delay_ms after the
+workers take batches from Redis (up to max_batch, waiting at most max_delay_s after the
 first, highest priority first); status, result and cancel read and write Redis, so they
 answer for jobs of every process. close() does not fail what is queued: the queue belongs to
 every process sharing it (entries this process took but had not started go back at once).
@@ -33,7 +33,9 @@ from .jobs import DONE, FAILED, QUEUED, RUNNING, JobRecord, StoreError, check_jo
 from .priority import apply_to_this_thread
 from .redisqueue import LEVELS, Entry, RedisQueue, Started, check_level
 from .rows import assemble
-from .service import _DEADLINE_TICK_S, Admission, InferenceService, _check_timeout, _join
+from ._admission import Admission
+from ._deadlines import _DEADLINE_TICK_S, _check_timeout
+from .service import InferenceService, _join
 
 __all__ = ["SharedInferenceService"]
 
@@ -43,10 +45,13 @@ _WAIT_WINDOW = 10000  # queue waits kept per priority level for the percentiles
 
 
 class SharedInferenceService(InferenceService):
-    """InferenceService(..., queue=RedisQueue(...)) returns one of these; see the module."""
+    """An InferenceService whose queue is a RedisQueue (create_service(..., queue=RedisQueue())
+    builds one); see the module."""
 
-    def __init__(self, model: Callable[[np.ndarray], Any], workers: int = 2, max_queue: int = 1024,
-                 max_batch: int = 32, max_delay_ms: float = 2.0, store: Any = None, *, queue: RedisQueue,
+    _least_workers = 0  # a front-only process of a shared queue runs no worker
+
+    def __init__(self, model: Callable[[np.ndarray], Any], num_workers: int = 2, max_queue: int = 1024,
+                 max_batch: int = 32, max_delay_s: float = 0.002, store: Any = None, *, queue: RedisQueue,
                  **kwargs: Any) -> None:
         if not isinstance(queue, RedisQueue):
             raise TypeError(f"queue must be a fastloop.serve.RedisQueue, not {type(queue).__name__}")
@@ -61,21 +66,21 @@ class SharedInferenceService(InferenceService):
         self._remote_thread: threading.Thread | None = None
         self._pubsub: Any = None
         self._running = 0  # jobs started here and not yet stored
-        super().__init__(model, workers=workers, max_queue=max_queue, max_batch=max_batch,
-                         max_delay_ms=max_delay_ms, store=store, queue=queue, **kwargs)
+        super().__init__(model, num_workers=num_workers, max_queue=max_queue, max_batch=max_batch,
+                         max_delay_s=max_delay_s, store=store, **kwargs)
         self._keeper = threading.Thread(target=self._keep_queue, name="fastloop-serve-keeper", daemon=True)
         self._publisher = threading.Thread(target=self._publish, name="fastloop-serve-publisher", daemon=True)
         self._keeper.start()
         self._publisher.start()
 
     # ------------------------------------------------------------ the public calls
-    def submit(self, inputs: Any, job_id: str | None = None, timeout_s: float | None = None,
+    def submit(self, inputs: Any, job_id: str | None = None, timeout: float | None = None,
                priority: str = "normal", admission: Admission | None = None) -> str:
         """Creates and queues a job in Redis; returns its id. ``priority``: "high", "normal"
         or "low" (workers take higher levels first). QueueFull when max_queue jobs wait or
         are held across all processes (an ``admission`` reserves nothing here: Redis
         decides); StoreUnavailable when Redis cannot be reached.
-        ``timeout_s`` (default: the service's): the deadline, stored with the job (it holds
+        ``timeout`` (default: the service's): the deadline, stored with the job (it holds
         across processes and restarts): a job not yet started by then fails "deadline
         exceeded" and never runs (the process that takes it fails it, or any process's
         keeper within about a second when none takes it); a job still in a model call then
@@ -83,14 +88,14 @@ class SharedInferenceService(InferenceService):
         Several rows along a leading axis are one job, as with the in-memory queue, except
         that max_queue counts it once (the queue in Redis counts entries)."""
         job_id = self.new_id() if job_id is None else check_job_id(job_id)
-        timeout_s = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
         level = check_level(priority)
         x, rows = self._spec.check_rows(inputs)
         if self._closed:
             raise Closed("submit() on a closed InferenceService")
         record = JobRecord.new(job_id, time.time(), x.shape, x.dtype.str, rows=rows)
-        if timeout_s is not None:
-            record.deadline = record.submitted + timeout_s
+        if timeout is not None:
+            record.deadline = record.submitted + timeout
         answer = self.queue.push(record, x, level, self.max_queue)
         if answer < 0:
             self._stats.count("rejected")
@@ -135,7 +140,7 @@ class SharedInferenceService(InferenceService):
 
     def stats(self) -> dict[str, Any]:
         """InferenceService.stats(), with queue_depth across all processes (also by
-        priority: queue_depth_by_priority), wait_ms_by_priority (submit to start, jobs
+        priority: queue_depth_by_priority), wait_s_by_priority (submit to start, jobs
         started here) and reclaimed ({"rerun": n, "failed": n}, by this process)."""
         snap = super().stats()
         try:
@@ -147,11 +152,11 @@ class SharedInferenceService(InferenceService):
         snap["running"] = self._running
         waits = {}
         for level, window in self._waits.items():
-            ms = np.array(window, dtype=np.float64) * 1e3
-            waits[level] = ({"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
-                             "max": float(ms.max()), "samples": int(ms.size)} if ms.size else
+            s = np.array(window, dtype=np.float64)
+            waits[level] = ({"p50": float(np.percentile(s, 50)), "p99": float(np.percentile(s, 99)),
+                             "max": float(s.max()), "samples": int(s.size)} if s.size else
                             {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0})
-        snap["wait_ms_by_priority"] = waits
+        snap["wait_s_by_priority"] = waits
         snap["reclaimed"] = dict(self._reclaimed)
         return snap
 
@@ -167,8 +172,8 @@ class SharedInferenceService(InferenceService):
                 self._remote_thread.start()
         return unsubscribe
 
-    def close(self, drain_s: float = 10.0) -> None:
-        """Stops accepting jobs and taking them; waits up to `drain_s` for the batches in
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops accepting jobs and taking them; waits up to `timeout` for the batches in
         progress; gives back entries taken but not started. Jobs still running after that
         are reclaimed (failed) by another process after the visibility timeout."""
         with self._lock:
@@ -176,7 +181,7 @@ class SharedInferenceService(InferenceService):
                 return
             self._closed = True
         self._stop.set()
-        _join(self._threads, time.monotonic() + max(0.0, drain_s))
+        _join(self._threads, time.monotonic() + max(0.0, timeout))
         try:
             self.queue.requeue(list(self._held_back))
         except StoreError as error:
@@ -193,7 +198,7 @@ class SharedInferenceService(InferenceService):
             self._pubsub.close()
         stuck = [t.name for t in self._threads if t.is_alive()]
         if stuck:
-            warnings.warn(f"InferenceService.close(): {stuck} still inside the model after drain_s; another "
+            warnings.warn(f"InferenceService.close(): {stuck} still inside the model after the close timeout; another "
                           "process fails their jobs after the visibility timeout", RuntimeWarning, stacklevel=2)
         self.store.close()
 
@@ -382,11 +387,11 @@ class SharedInferenceService(InferenceService):
                 self.queue.heartbeat()
                 self._depth = self.queue.depth()
                 self._failed_late(self.queue.fail_late())
-                if self.workers:
+                if self.num_workers:
                     resumed = self.queue.orphans(1.5 * period)
                     self._held_back.extend(resumed)
                     self._reclaimed["resumed"] += len(resumed)
-                if self.workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
+                if self.num_workers and time.monotonic() >= next_reclaim:  # a front-only process leaves it to workers
                     next_reclaim = time.monotonic() + self.queue.visibility_timeout_s / 2
                     rerun, failed = self.queue.reclaim()
                     self._held_back.extend(rerun)

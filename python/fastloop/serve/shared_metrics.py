@@ -39,9 +39,9 @@ def shared_families(sources: list[tuple[dict[str, str], dict[str, Any]]]) -> Ite
         values = list(labels.values())
         for level, n in stats["queue_depth_by_priority"].items():
             depth.add_metric(values + [level], n)
-        for level, measured in stats["wait_ms_by_priority"].items():
+        for level, measured in stats["wait_s_by_priority"].items():
             for quantile, key in (("0.5", "p50"), ("0.99", "p99")):
-                wait.add_metric(values + [level, quantile], measured[key] / 1e3)
+                wait.add_metric(values + [level, quantile], measured[key])
             count.add_metric(values + [level], measured["samples"])
         for outcome, n in stats["reclaimed"].items():
             reclaimed.add_metric(values + [outcome], n)

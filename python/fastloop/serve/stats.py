@@ -1,8 +1,8 @@
 """Counters of an InferenceService: jobs by outcome, batch sizes, latencies.
 
     >>> s = ServiceStats(); s.count("submitted"); s.batch(8); s.latency(0.004)
-    >>> s.snapshot()["latency_ms"]["p50"]
-    4.0
+    >>> s.snapshot()["latency_s"]["p50"]
+    0.004
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ class ServiceStats:
         with self._lock:
             counts = dict(self._counts)
             sizes = dict(sorted(self._batch_sizes.items()))
-            latencies = np.array(self._latencies, dtype=np.float64) * 1e3
+            latencies = np.array(self._latencies, dtype=np.float64)
         batches = sum(sizes.values())
         counts["batches"] = batches
         counts["batch_sizes"] = sizes
         counts["mean_batch_size"] = sum(k * v for k, v in sizes.items()) / batches if batches else 0.0
         if latencies.size:
             p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
-            counts["latency_ms"] = {"p50": float(p50), "p90": float(p90), "p99": float(p99),
+            counts["latency_s"] = {"p50": float(p50), "p90": float(p90), "p99": float(p99),
                                     "max": float(latencies.max()), "samples": int(latencies.size)}
         else:
-            counts["latency_ms"] = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "samples": 0}
+            counts["latency_s"] = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "samples": 0}
         return counts
