@@ -241,7 +241,7 @@ def test_8_threads_close_an_inference_service_while_2_submit(tmp_path):
     model = fastloop.nn.Sequential(fastloop.nn.Linear(8, 4))
     rows = np.ones((1, 8), np.float32)
     for round_ in range(max(1, ROUNDS // 4)):  # a service starts threads and a store: heavier rounds
-        svc = InferenceService(model, workers=2, max_batch=8, store=FileStore(str(tmp_path / f"r{round_}")))
+        svc = InferenceService(model, num_workers=2, max_batch=8, store=FileStore(str(tmp_path / f"r{round_}")))
         busy, submitted, lock = threading.Event(), [], threading.Lock()
         unfinished: list[str] = []
 
@@ -251,7 +251,7 @@ def test_8_threads_close_an_inference_service_while_2_submit(tmp_path):
                 submitted.append(job)
 
         def close():
-            svc.close(drain_s=0.05)
+            svc.close(timeout=0.05)
             left = [j for j in list(submitted) if svc.status(j) in ("queued", "running")]
             unfinished.extend(left)
 

@@ -181,7 +181,7 @@ def test_one_inference_service_takes_jobs_from_many_submitters(tmp_path):
     fl.nn.manual_seed(7)
     model = fl.nn.Sequential(fl.nn.Linear(8, 16), fl.nn.ReLU(), fl.nn.Linear(16, 2))
     rows = np.random.default_rng(8).standard_normal((THREADS, 20, 8)).astype(np.float32)
-    with InferenceService(model, workers=4, max_batch=16, store=FileStore(str(tmp_path))) as svc:
+    with InferenceService(model, num_workers=4, max_batch=16, store=FileStore(str(tmp_path))) as svc:
         def body(i: int) -> np.ndarray:
             ids = [svc.submit(row) for row in rows[i]]
             return np.stack([svc.result(job, timeout=30.0) for job in ids])

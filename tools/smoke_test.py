@@ -148,7 +148,7 @@ def check_serve(tmp: str) -> None:
     fastloop.nn.manual_seed(0)
     model = fastloop.nn.Sequential(fastloop.nn.Linear(16, 32), fastloop.nn.ReLU(), fastloop.nn.Linear(32, 4))
     inputs = np.random.default_rng(1).standard_normal((5, 16)).astype(np.float32)
-    with InferenceService(model, workers=2, max_batch=8, store=FileStore(os.path.join(tmp, "jobs"))) as svc:
+    with InferenceService(model, num_workers=2, max_batch=8, store=FileStore(os.path.join(tmp, "jobs"))) as svc:
         ids = [svc.submit(row) for row in inputs]
         results = np.stack([svc.result(job, timeout=30.0) for job in ids])
     np.testing.assert_allclose(results, model(inputs), rtol=1e-5, atol=1e-6)

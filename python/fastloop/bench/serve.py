@@ -81,7 +81,7 @@ def mlp(hidden: int = 512, seed: int = 0) -> fl.nn.Sequential:
 
 
 def measure(model: fl.nn.Sequential, variant: str, max_batch: int, store: Store, *, seconds: float,
-            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_s: float = 2.0,
+            warmup_s: float, clients: int = CLIENTS, workers: int = 2, max_delay_s: float = 0.002,
             rows: np.ndarray | None = None, name: str | None = None, **options: object) -> Run:
     """Closed loop: `clients` threads submit and wait, for warmup_s + seconds; jobs that
     finish within the last `seconds` count. `rows`: one input per client (default: normal

@@ -146,7 +146,7 @@ class Process:
 
 def fastloop_args(port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "fastloop", "serve", "--model", "bench_model:build", "--port", str(port),
-            "--torch-threads", "1", "--num-workers", "2", "--max-batch", "32", "--max-delay-s", "2",
+            "--torch-threads", "1", "--num-workers", "2", "--max-batch", "32", "--max-delay-s", "0.002",
             "--log-level", "warning", *extra]
 
 
