@@ -221,6 +221,9 @@ class V2Routes:
         try:
             body = _decompress(body, encoding, self.app.max_body_bytes)
             request = read_request(body, header_length)
+            name, version = request.model
+            if name not in (None, front.name) or version not in (None, "", VERSION):
+                raise BadInput(f"the body names model {name!r} version {version!r}; the path names {front.name!r}")
             inputs = self._inputs(front, request)
             if request.timeout_us:  # Triton's timeout: microseconds (0: none given)
                 timeout_s = request.timeout_us / 1e6

@@ -40,7 +40,7 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in DATATYPES.items() if name not in ("BF16", "BYTES")}
 
-_REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
+_REQUEST_KEYS = {"id", "parameters", "inputs", "outputs", "model_name", "model_version"}  # the last two: KServe's client
 _REQUEST_PARAMETERS = {"binary_data_output", "timeout", "priority"}
 _TENSOR_KEYS = {"name", "shape", "datatype", "parameters", "data"}
 
@@ -74,6 +74,7 @@ class Request(NamedTuple):
     binary_output: bool  # parameters.binary_data_output: the default for outputs not listed
     timeout_us: int | None  # parameters.timeout (Triton's: microseconds)
     priority: int  # parameters.priority (Triton's: 0 the default level, 1 the highest)
+    model: tuple[str | None, str | None] = (None, None)  # the body's model_name and model_version, if given
 
 
 def _shape(value: Any, label: str) -> tuple[int, ...]:
@@ -170,9 +171,10 @@ def read_request(body: bytes, header_length: int | None) -> Request:
     if unknown:
         raise BadInput(f"unknown request fields {unknown}: an infer request has 'id', 'parameters', 'inputs' "
                        "and 'outputs'")
+    for key in ("id", "model_name", "model_version"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BadInput(f"{key!r} must be a string, not {type(data[key]).__name__}")
     request_id = data.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise BadInput(f"'id' must be a string, not {type(request_id).__name__}")
     parameters = _object(data.get("parameters", {}), "'parameters'")
     unknown = sorted(set(parameters) - _REQUEST_PARAMETERS)
     if unknown:
@@ -198,7 +200,8 @@ def read_request(body: bytes, header_length: int | None) -> Request:
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise BadInput(f"inputs are named more than once: {names}")
-    return Request(request_id, tensors, _read_outputs(data.get("outputs")), binary_output, timeout, priority)
+    return Request(request_id, tensors, _read_outputs(data.get("outputs")), binary_output, timeout, priority,
+                   (data.get("model_name"), data.get("model_version")))
 
 
 def _read_input(item: dict[str, Any], body: bytes, offset: int) -> tuple[Tensor, int]:
