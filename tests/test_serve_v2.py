@@ -224,6 +224,20 @@ def test_errors_are_json_with_the_protocol_status(models, path, body, status, me
     assert set(answer) == {"error"}
 
 
+def test_the_openapi_document_lists_the_v2_routes(models):
+    pytest.importorskip("fastapi", reason="/openapi.json needs FastAPI: pip install fastapi")
+    base, _ = models
+    status, schema = call_json(base, "GET", "/openapi.json")
+    assert status == 200
+    for path, method in (("/v2", "get"), ("/v2/health/ready", "get"), ("/v2/models/affine", "get"),
+                         ("/v2/models/scaled/ready", "get"), ("/v2/models/scaled/infer", "post")):
+        assert method in schema["paths"][path], path
+    infer = schema["paths"]["/v2/models/affine/infer"]["post"]
+    assert {"200", "400", "404", "503"} <= set(infer["responses"])
+    assert "application/octet-stream" in infer["requestBody"]["content"]
+    assert "/v1/models/affine/predict" in schema["paths"]  # the v1 routes stay
+
+
 def test_unknown_model_metadata_and_readiness_are_404(models):
     base, _ = models
     for path in ("/v2/models/nope", "/v2/models/nope/ready"):

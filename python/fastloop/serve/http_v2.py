@@ -185,8 +185,9 @@ class V2Routes:
         encoding = _header(scope, b"content-encoding").strip().lower()
         admission = front.service.admit()  # a full queue is answered before any parsing
         if admission is None:
-            raise Reply(503, {"error": f"the model's queue is full ({front.service.max_queue} requests waiting): "
-                                       "retry later"}, [("retry-after", str(app.retry_after_s))], rejection="queue_full")
+            raise Reply(503, {"error": f"the model's queue is full ({front.service.max_queue} requests "
+                                       "waiting): retry later"},
+                        [("retry-after", str(app.retry_after_s))], rejection="queue_full")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()
 
@@ -281,10 +282,14 @@ class V2Routes:
             return 500, {"error": f"the result of the request is gone (kept {front.service.result_ttl_s:g} s)"}, []
         failed = row_errors_of(record)
         if failed:
-            return 500, {"error": "the model failed on rows " + "; ".join(f"{i}: {e}" for i, e in sorted(failed.items()))}, []
+            reasons = "; ".join(f"{i}: {e}" for i, e in sorted(failed.items()))
+            return 500, {"error": f"the model failed on rows {reasons}"}, []
         tensors = output_tensors(row, record.rows)
-        self.outputs[front.name] = [{"name": n, "datatype": datatype_of(a.dtype), "shape": [-1, *a.shape[1:]]}
-                                    for n, a in tensors]
+        try:
+            self.outputs[front.name] = [{"name": n, "datatype": datatype_of(a.dtype), "shape": [-1, *a.shape[1:]]}
+                                        for n, a in tensors]
+        except BadInput as error:  # an output no datatype holds (complex numbers)
+            return 500, {"error": str(error)}, []
         chosen = [(name, array, request.binary_output) for name, array in tensors]
         if request.outputs is not None:
             have = dict(tensors)
