@@ -186,6 +186,10 @@ def test_json_infer_echoes_the_id_and_answers_the_requested_outputs(models):
                       "outputs": [{"name": "twice", "datatype": "INT64", "shape": [2], "data": [6, -2]}]}
     status, meta = call_json(base, "GET", "/v2/models/scaled")
     assert {o["name"]: o["datatype"] for o in meta["outputs"]} == {"scaled": "FP32", "twice": "INT64"}
+    _, services = models
+    assert services["scaled"].stats()["done"] >= 1  # a job of the model's service, as /v1's
+    status, _, metrics = call(base, "GET", "/metrics")
+    assert status == 200 and 'fastloop_serve_jobs_total{model="scaled",outcome="done"}' in metrics.decode()
 
 
 def test_binary_infer_by_hand_and_gzip(models):

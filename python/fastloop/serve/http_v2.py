@@ -215,9 +215,9 @@ class V2Routes:
         return await app._call(self.answer, front, request, record, row)
 
     def submit(self, front: ModelFront, body: bytes, header_length: int | None, encoding: str, admission: Any,
-               on_end: Callable[[JobRecord, Any], None], timeout_s: float) -> tuple[Request, str, float, bool]:
+               on_end: Callable[[JobRecord, Any], None], timeout: float) -> tuple[Request, str, float, bool]:
         """Reads the request and submits its job (in the pool): the request, the job's id, its
-        deadline (seconds) and whether on_end will be called."""
+        deadline (seconds from now: the request's, else `timeout`) and whether on_end will be called."""
         service = front.service
         try:
             body = _decompress(body, encoding, self.app.max_body_bytes)
@@ -227,9 +227,9 @@ class V2Routes:
                 raise BadInput(f"the body names model {name!r} version {version!r}; the path names {front.name!r}")
             inputs = self._inputs(front, request)
             if request.timeout_us:  # Triton's timeout: microseconds (0: none given)
-                timeout_s = request.timeout_us / 1e6
+                timeout = request.timeout_us / 1e6
             priority = _PRIORITIES.get(request.priority, "low")
-            job_id = service.submit(inputs, timeout=timeout_s, priority=priority, admission=admission)
+            job_id = service.submit(inputs, timeout=timeout, priority=priority, admission=admission)
         except Reply:
             raise
         except Exception as error:
@@ -237,7 +237,7 @@ class V2Routes:
             if isinstance(reply, Reply) and reply.status == 429:
                 reply.status = 503  # Triton answers a full queue 503 (UNAVAILABLE)
             raise reply from None
-        return request, job_id, timeout_s, service.watch(job_id, on_end)
+        return request, job_id, timeout, service.watch(job_id, on_end)
 
     def _inputs(self, front: ModelFront, request: Request) -> Any:
         """The request's tensors as the service's submit takes them, checked against the
