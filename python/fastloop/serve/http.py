@@ -34,6 +34,7 @@ from .http_inputs import NPY_TYPE
 from .http_model import ModelFront, Reply
 from .http_requests import (Answer, Receive, Scope, Send, _header, _jobs_path, _query_wait, _route_path, _settle,
                             _submit_query, _timed_out)
+from .http_v2 import V2Routes, openapi_paths
 from .http_websocket import _EventRoutes
 from .jobs import JobRecord, StoreError, check_job_id
 from .service import InferenceService
@@ -118,6 +119,7 @@ class App(_EventRoutes):
         self.max_websockets, self._ws_open = max_websockets, 0
         self._result_reads: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}  # ?result=1: one read per job
         self._openapi: dict[str, Any] | None = None
+        self.v2 = V2Routes(self)  # the Open Inference Protocol's /v2 routes (http_v2.py)
         from .metrics import CONTENT_TYPE, models_registry  # prometheus_client: the serve extra
 
         self._metrics_type = CONTENT_TYPE
@@ -127,7 +129,7 @@ class App(_EventRoutes):
         # The hot routes, answered without Starlette's middleware and route matching (about a
         # tenth of the event loop's time per predict); everything else, and every error, through it.
         self._fast = {("POST", "/v1/predict"): self._ep_predict, ("POST", "/v1/jobs"): self._ep_submit,
-                      ("GET", "/healthz"): self._ep_healthz}
+                      ("GET", "/healthz"): self._ep_healthz, **self.v2.fast()}
 
     @property
     def models(self) -> dict[str, InferenceService]:
@@ -168,6 +170,7 @@ class App(_EventRoutes):
                 WebSocketRoute(f"{prefix}/events", self._ep_websocket),
                 WebSocketRoute(f"{prefix}/jobs/{{job_id}}/events", self._ep_websocket),
             ]
+        routes += self.v2.routes(raw)
         routes.append(WebSocketRoute("/{path:path}", self._ep_no_websocket))  # refused as before: 1008, not 1000
         return Starlette(routes=routes, exception_handlers={HTTPException: not_routed}, lifespan=self._lifespan)
 
@@ -236,8 +239,8 @@ class App(_EventRoutes):
         self._count(self._responses, status)
         if isinstance(body, str):
             return body.encode(), self._metrics_type
-        if isinstance(body, bytes):  # a result asked for as .npy
-            return body, NPY_TYPE
+        if isinstance(body, bytes):  # a result asked for as .npy, or a v2 body (a Payload: its own type)
+            return body, getattr(body, "content_type", NPY_TYPE)
         return json.dumps(body, allow_nan=False).encode(), "application/json"
 
     def _respond(self, status: int, body: Any, headers: list[tuple[str, str]] | None = None) -> Any:
@@ -294,6 +297,7 @@ class App(_EventRoutes):
 
             try:
                 self._openapi = await self._call(openapi_schema, self.fronts, self.default.name)
+                self._openapi["paths"].update(openapi_paths(list(self.fronts)))
             except ImportError as error:
                 raise Reply(501, {"error": f"/openapi.json needs FastAPI (pip install fastapi): {error}"}) from None
         from .http_openapi import with_root_path
