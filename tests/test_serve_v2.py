@@ -10,7 +10,6 @@ import contextlib
 import gzip
 import http.client
 import json
-import socket
 import struct
 import threading
 import urllib.parse
@@ -24,25 +23,8 @@ from fastloop.serve import Input, InferenceService, MemoryStore  # noqa: E402
 from fastloop.serve.http import App  # noqa: E402
 from fastloop.serve.v2_tensors import (BadInput, decode_binary, decode_bytes, encode_bytes,  # noqa: E402
                                        read_request, write_response)
+from test_serve_http import serving  # noqa: E402
 from waiting import wait_for  # noqa: E402
-
-
-@contextlib.contextmanager
-def serving(app: App):
-    """Runs `app` under uvicorn in a thread on a free loopback port; yields the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started or not thread.is_alive())
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def affine(batch: np.ndarray) -> np.ndarray:
