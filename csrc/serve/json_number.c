@@ -26,7 +26,7 @@ static const double exact_powers[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  
  * exact value lies in [mantissa, mantissa + 1) * 10^exponent. */
 typedef struct decimal {
     uint64_t mantissa; /* the first MAX_DIGITS significant digits */
-    int digits;        /* significant digits seen (leading zeros are not), saturating */
+    int digits;        /* significant digits (not leading zeros), MAX_DIGITS + 1 past MAX_DIGITS */
     int64_t exponent;  /* 64 bits: a body of millions of zero digits cannot overflow it */
     int negative;
     int integer;   /* no fraction, no exponent */
@@ -35,26 +35,63 @@ typedef struct decimal {
 
 static int is_digit(unsigned char ch) { return (unsigned)(ch - '0') < 10; }
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define EIGHT_AT_ONCE 1
+#define BYTES(b) (UINT64_C(0x0101010101010101) * (b))
+
+/* 1 when all 8 bytes of v (as read from memory) are ASCII digits: each byte's high nibble is
+ * 3, and adding 6 leaves it 3 (a low nibble <= 9). A carry out of a byte only comes from one
+ * that already fails. */
+static int eight_digits(uint64_t v) {
+    return ((v & BYTES(0xF0)) | (((v + BYTES(0x06)) & BYTES(0xF0)) >> 4)) == BYTES(0x33);
+}
+
+/* The number the 8 digit bytes of v spell, the first byte the most significant. */
+static uint64_t eight_digits_value(uint64_t v) {
+    v -= BYTES('0');
+    v = v * 10 + (v >> 8); /* bytes 0, 2, 4, 6: the pairs d0d1, d2d3, d4d5, d6d7 */
+    const uint64_t mask = UINT64_C(0x000000FF000000FF);
+    uint64_t pairs_0_2 = v & mask, pairs_1_3 = (v >> 16) & mask;
+    /* bits 32..63 of the sum: d0d1 * 10^6 + d2d3 * 10^4 + d4d5 * 100 + d6d7 */
+    return (pairs_0_2 * (100 + (UINT64_C(1000000) << 32)) +
+            pairs_1_3 * (1 + (UINT64_C(10000) << 32))) >>
+           32;
+}
+#else
+#define EIGHT_AT_ONCE 0
+#endif
+
 /* Reads digits at the cursor into d (`fraction`: after the point, each scales by 1/10); 0
- * when there is none. */
+ * when there is none. Counts in locals: a store through d per digit could alias the text. */
 static int read_digits(json_cursor *c, decimal *d, int fraction) {
-    const unsigned char *p = c->at, *first = p;
+    const unsigned char *p = c->at, *end = c->end, *first = p;
     uint64_t m = d->mantissa;
-    int digits = d->digits;
-    /* the common case: every digit still fits, no branch per digit besides the loop's */
-    while (p < c->end && is_digit(*p) && digits < MAX_DIGITS) {
-        m = m * 10 + (uint64_t)(*p - '0');
-        digits += m != 0; /* leading zeros are not significant */
-        d->exponent -= fraction;
-        p++;
-    }
-    for (; p < c->end && is_digit(*p); p++) { /* past MAX_DIGITS: dropped, but they scale */
-        d->truncated |= *p != '0';
-        d->exponent += !fraction;
-        digits += digits < INT32_MAX;
-    }
+    if (m == 0) /* leading zeros (of a fraction: "0.001") are not significant digits */
+        while (p < end && *p == '0')
+            p++;
+    const unsigned char *significant = p;
+    int room = MAX_DIGITS - d->digits; /* digits the mantissa still takes */
+    const unsigned char *stop = end - p > room ? p + room : end;
+#if EIGHT_AT_ONCE
+    for (uint64_t v; stop - p >= 8 && (memcpy(&v, p, 8), eight_digits(v)); p += 8)
+        m = m * 100000000 + eight_digits_value(v);
+#endif
+    while (p < stop && is_digit(*p))
+        m = m * 10 + (uint64_t)(*p++ - '0');
+    d->digits += (int)(p - significant);
     d->mantissa = m;
-    d->digits = digits;
+    const unsigned char *dropped = p; /* past MAX_DIGITS: not kept, but they scale */
+    unsigned char nonzero = 0;
+    while (p < end && is_digit(*p))
+        nonzero |= *p++ ^ '0';
+    if (p > dropped) {
+        d->truncated |= nonzero != 0;
+        d->digits = MAX_DIGITS + 1;
+        if (!fraction)
+            d->exponent += p - dropped;
+    }
+    if (fraction) /* leading zeros and kept digits scale; dropped ones do not */
+        d->exponent -= dropped - first;
     c->at = p;
     return p > first;
 }
