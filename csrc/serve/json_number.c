@@ -70,7 +70,7 @@ static int read_digits(json_cursor *c, decimal *d, int fraction) {
         while (p < end && *p == '0')
             p++;
     const unsigned char *significant = p;
-    int room = MAX_DIGITS - d->digits; /* digits the mantissa still takes */
+    int room = d->digits < MAX_DIGITS ? MAX_DIGITS - d->digits : 0; /* what m still takes */
     const unsigned char *stop = end - p > room ? p + room : end;
 #if EIGHT_AT_ONCE
     for (uint64_t v; stop - p >= 8 && (memcpy(&v, p, 8), eight_digits(v)); p += 8)
