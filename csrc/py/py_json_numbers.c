@@ -1,6 +1,6 @@
 /* py_json_numbers.c - fastloop._core.parse_json_inputs(): the HTTP front's usual JSON body
- * ("inputs" a rectangular array of numbers) parsed in C (serve/fl_json_numbers) without the
- * GIL; None tells the caller to run its general parser. */
+ * ("inputs" a rectangular array of numbers) parsed in C (serve/fl_json_numbers), a large one
+ * without the GIL; None tells the caller to run its general parser. */
 #include "fl_module.h"
 #include "fl_numpy.h"
 
@@ -94,7 +94,7 @@ static PyMethodDef json_numbers_functions[] = {
     {"parse_json_inputs", parse_json_inputs, METH_O,
      "parse_json_inputs(body, /)\n--\n\n"
      "The HTTP front's usual JSON body -- an object whose \"inputs\" is a rectangular nested\n"
-     "array of numbers -- parsed in C with the GIL released: (inputs as a float64 array,\n"
+     "array of numbers -- parsed in C (the GIL released from 64 KB): (inputs as a float64 array,\n"
      "{other key: its raw JSON value as bytes}). None for any other body (named inputs, nulls,\n"
      "ragged rows, a syntax error, a number past float64 or an integer >= 2**53, ...): the\n"
      "caller's json.loads path then decides, with its own messages.\n\n"
