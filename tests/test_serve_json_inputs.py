@@ -350,3 +350,20 @@ def test_a_number_past_float64s_range_is_refused_not_read_as_inf(body, dtype):
 def test_a_timeout_past_float64s_range_is_refused():
     with pytest.raises(BadInput, match="timeout_s"):
         parse_body(b'{"inputs": [1.0], "timeout_s": 1e400}', np.dtype(np.float32))
+
+
+def test_the_power_of_ten_table_is_what_its_generator_writes():
+    # csrc/serve/json_pow10.inc is generated (tools/gen_json_pow10.py); an edit by hand, or a
+    # generator changed without regenerating, would round numbers wrongly
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table = os.path.join(root, "csrc", "serve", "json_pow10.inc")
+    if not os.path.exists(table):
+        pytest.skip("no C sources here (an installed wheel)")
+    written = subprocess.run([sys.executable, os.path.join(root, "tools", "gen_json_pow10.py")], check=True,
+                             capture_output=True, text=True).stdout
+    with open(table) as f:
+        assert f.read() == written
