@@ -10,6 +10,7 @@ import math
 import random
 import struct
 import threading
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -88,6 +89,7 @@ FAST_BODIES = [
     body_of("[9007199254740991, -9007199254740991, 16777217, 65504, 65519, 65520, 2049, 3.4028235e38]"),
     body_of("[0.1000000000000000055511151231257827, 3.141592653589793238462643383279, "
             "9007199254740993.0, 1.00000000000000011102230246251565404236316680908203125]"),
+    body_of("[" + "0." + "0" * 200 + "1, 1." + "0" * 300 + ", 0." + "3" * 400 + "]"),  # long, and still exact
     body_of("[[1, 2.5], [3, 4]]"),
     body_of("[[[1], [2]], [[3], [4]], [[5], [6]]]"),
     body_of("[" * 32 + "1" + "]" * 32),
@@ -113,7 +115,7 @@ SLOW_BODIES = [
     body_of("[1e999]"), body_of("[-1e999]"), body_of("[1e309, 1]"), body_of("[" + "9" * 400 + "]"),
     body_of("[" + "1" * 400 + ".5]"), body_of("[9007199254740992]"), body_of("[-9007199254740992]"),
     body_of(f"[{2**63}]"), body_of(f"[{2**64 + 1}]"), body_of(f"[{-2**70}]"), body_of(f"[{2**1024}]"),
-    body_of("[" + "0." + "0" * 200 + "1]"),
+    body_of("[" + "0." + "0" * 320 + "5]"),  # a subnormal (strtod's) past JSON_NUMBER_MAX_CHARS
     # not JSON
     body_of("[NaN]"), body_of("[Infinity]"), body_of("[-Infinity]"), body_of("[nan]"), body_of("[01]"),
     body_of("[-01]"), body_of("[1.]"), body_of("[.5]"), body_of("[+1]"), body_of("[1e]"), body_of("[1e+]"),
@@ -225,6 +227,49 @@ def test_numbers_are_correctly_rounded_as_pythons_float():
             assert struct.pack("<d", got[0][0]) == struct.pack("<d", want), (text, got[0][0], want)
 
 
+def hard_number_texts(r: random.Random, n: int) -> list[str]:
+    """Texts of every conversion path: shortest reprs of random doubles of any magnitude (17
+    digits: Eisel-Lemire), their 15- and 9-digit roundings, float32 reprs, subnormals, exact
+    halfway points between neighbouring doubles written out in full (and a digit past them),
+    19/20-digit mantissas (the truncation check), huge exponents, negative zeros."""
+    texts = []
+    for _ in range(n):
+        x = struct.unpack("<d", r.getrandbits(64).to_bytes(8, "little"))[0]
+        if not math.isfinite(x):
+            continue
+        y = math.nextafter(x, math.inf)
+        half = (Decimal(x) + Decimal(y)) / 2 if math.isfinite(y) else Decimal(x)
+        texts += [repr(x), f"{x:.15e}", f"{x:.8e}", repr(float(np.float32(r.uniform(-1e4, 1e4)))),
+                  f"{half:e}" if len(f"{half:e}") < 120 else f"{x:.16e}", f"{half:.19e}", f"{half:.20e}",
+                  f"{r.getrandbits(64)}e{r.randrange(-360, 330)}", f"{r.randrange(1, 10)}e-{r.randrange(300, 330)}"]
+    return texts + ["-0.0", "-0e0", "-0.000e-999", "0e99999", "1e-99999", "4.9e-324", "2.4703282292062328e-324",
+                    "2.4703282292062327e-324", "1.7976931348623157e308", "17976931348623158e292", "1.1754943508222875e-38",
+                    "3.4028235677973366e38", "1.0000000596046448", "0.1" + "0" * 30 + "1", "9" * 19 + "e-19",
+                    "9" * 20 + "e-20", "18446744073709551615e0", "18446744073709551616.5"]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float64), np.dtype(np.float32)])
+def test_hard_numbers_match_pythons_float_and_numpys_cast_bit_for_bit(dtype):
+    # float32: the value NumPy gives the nested list (np.float32(float(text)), and also
+    # np.float32(text)): the correctly rounded double, cast.
+    texts = hard_number_texts(random.Random(5), 4000)
+    for start in range(0, len(texts), 500):
+        chunk = texts[start:start + 500]
+        with np.errstate(over="ignore"):  # past float32: json.loads's path refuses those
+            want = np.array([float(t) for t in chunk]).astype(dtype)
+        finite = np.isfinite(want)
+        chunk = [t for t, ok in zip(chunk, finite) if ok]
+        got = parse_body(body_of("[" + ", ".join(chunk) + "]"), dtype)["inputs"]
+        assert isinstance(got, np.ndarray), "the fast path read the chunk"
+        want = want[finite]
+        wrong = [(t, g, w) for t, g, w in zip(chunk, got.tolist(), want.tolist())
+                 if struct.pack("<d", g) != struct.pack("<d", w)]
+        assert wrong == []
+        assert got.tobytes() == want.tobytes()
+        if dtype == np.float32:
+            assert got.tobytes() == np.array([np.float32(t) for t in chunk]).tobytes()
+
+
 def test_large_bodies_are_parsed_with_the_gil_released_by_many_threads_at_once():
     bodies = [json.dumps({"inputs": np.random.default_rng(i).standard_normal((8, 784)).tolist()}).encode()
               for i in range(8)]
@@ -305,3 +350,20 @@ def test_a_number_past_float64s_range_is_refused_not_read_as_inf(body, dtype):
 def test_a_timeout_past_float64s_range_is_refused():
     with pytest.raises(BadInput, match="timeout_s"):
         parse_body(b'{"inputs": [1.0], "timeout_s": 1e400}', np.dtype(np.float32))
+
+
+def test_the_power_of_ten_table_is_what_its_generator_writes():
+    # csrc/serve/json_pow10.inc is generated (tools/gen_json_pow10.py); an edit by hand, or a
+    # generator changed without regenerating, would round numbers wrongly
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table = os.path.join(root, "csrc", "serve", "json_pow10.inc")
+    if not os.path.exists(table):
+        pytest.skip("no C sources here (an installed wheel)")
+    written = subprocess.run([sys.executable, os.path.join(root, "tools", "gen_json_pow10.py")], check=True,
+                             capture_output=True, text=True).stdout
+    with open(table) as f:
+        assert f.read() == written

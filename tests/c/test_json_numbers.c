@@ -4,6 +4,7 @@
  * body is parsed from an exact-size heap copy, so ASan sees one byte too far); threads parse
  * at once (TSan). */
 #include <locale.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -143,9 +144,124 @@ static void test_numbers_left_to_python_are_refused(void) {
     strcat(body, "]}");
     CHECK(refused(body));
     strcpy(body, "{\"inputs\": [0.");
+    memset(body + strlen(body), '0', 320);
+    strcat(body, "5]}");
+    CHECK(refused(body)); /* a subnormal (strtod_l's) longer than JSON_NUMBER_MAX_CHARS */
+}
+
+static void test_long_numbers_read_exactly_without_strtod_when_sure(void) {
+    char body[600] = "{\"inputs\": [0.";
     memset(body + strlen(body), '0', 200);
-    strcat(body, "1]}");
-    CHECK(refused(body)); /* longer than JSON_NUMBER_MAX_CHARS */
+    strcat(body, "1, 1.");
+    memset(body + strlen(body), '0', 300);
+    strcat(body, "]}");
+    fl_json_inputs out;
+    CHECK(parse(body, &out) == FL_OK && same_bits(out.values[0], 1e-201) && out.values[1] == 1.0);
+    if (out.values == NULL)
+        fprintf(stderr, "  refused: %s\n", fl_error_detail());
+    fl_json_inputs_free(&out);
+}
+
+/* xorshift64*: the same numbers on every run */
+static uint64_t next_random(uint64_t *state) {
+    *state ^= *state >> 12, *state ^= *state << 25, *state ^= *state >> 27;
+    return *state * UINT64_C(2685821657736338717);
+}
+
+/* One random number's text, of a kind that takes each conversion path: the shortest
+ * round-trip forms (15-17 digits, as Python's repr and JSON encoders write them), float32's
+ * 9 digits, random digit strings of 1-40 digits with random exponents, and decimal
+ * expansions of the halfway points between neighbouring doubles (the hardest to round). */
+static void random_number(uint64_t *state, char *text, size_t size) {
+    uint64_t r = next_random(state), bits = next_random(state);
+    double value;
+    memcpy(&value, &bits, sizeof value);
+    if (!isfinite(value))
+        value = 0.5;
+    switch (r % 6) {
+    case 0: snprintf(text, size, "%.17e", value); break;
+    case 1: snprintf(text, size, "%.15e", value); break;
+    case 2: snprintf(text, size, "%.8e", (double)(float)((double)(int64_t)bits / 9.2e18)); break;
+    case 3: {
+        int digits = 1 + (int)((r >> 8) % 40), at = 0;
+        if ((r >> 16) & 1)
+            text[at++] = '-';
+        text[at++] = (char)('1' + (r >> 17) % 9);
+        text[at++] = '.';
+        for (int i = 0; i < digits; i++)
+            text[at++] = (char)('0' + next_random(state) % 10);
+        snprintf(text + at, size - (size_t)at, "e%d", (int)((r >> 24) % 700) - 350);
+        break;
+    }
+    case 4: { /* a halfway point, written out in full (long double holds it exactly) */
+        double next = nextafter(value, INFINITY);
+        long double mid = ((long double)value + (long double)next) / 2;
+        snprintf(text, size, "%.60Le", mid);
+        break;
+    }
+    default: snprintf(text, size, "%.16e", value * 1e-3); break;
+    }
+}
+
+static void test_random_numbers_match_strtod_bit_for_bit(void) {
+    uint64_t state = 88172645463325252u;
+    enum { PER_BODY = 1000 };
+    int bodies = (int)(300 * test_scale()) + 1;
+    char (*texts)[96] = malloc(PER_BODY * sizeof *texts);
+    char *body = malloc(PER_BODY * 100 + 32);
+    for (int b = 0; b < bodies; b++) {
+        char *at = body + sprintf(body, "{\"inputs\": [");
+        int n = 0;
+        while (n < PER_BODY) {
+            random_number(&state, texts[n], sizeof texts[n]);
+            double expected = strtod(texts[n], NULL);
+            if (isinf(expected) || (expected != 0 && fabs(expected) < 2.2250738585072014e-308))
+                continue; /* left to Python (inf), or strtod_l's (a subnormal: too long here) */
+            at += sprintf(at, n + 1 < PER_BODY ? "%s," : "%s", texts[n]);
+            n++;
+        }
+        strcpy(at, "]}");
+        fl_json_inputs out;
+        if (parse(body, &out) != FL_OK)
+            fprintf(stderr, "  refused: %s: %.60s\n", fl_error_detail(),
+                    body + atoi(fl_error_detail() + 5));
+        for (int i = 0; out.values != NULL && i < PER_BODY; i++)
+            if (!same_bits(out.values[i], strtod(texts[i], NULL))) {
+                fprintf(stderr, "  %s: %.17g, strtod %.17g\n", texts[i], out.values[i],
+                        strtod(texts[i], NULL));
+                CHECK(0);
+            }
+        fl_json_inputs_free(&out);
+    }
+    free(texts);
+    free(body);
+}
+
+static void test_hard_cases_round_correctly(void) {
+    const char *texts[] = {
+        "2.2250738585072012e-308", "2.2250738585072014e-308",
+        "2.225073858507201136057409796709131975934819546351645648e-308", "1.7976931348623158e308",
+        "1.7976931348623157e308", "9007199254740993e0", "9007199254740992.999999999999999999",
+        "9007199254740993.000000000000000001", "4.9406564584124654e-324",
+        "2.4703282292062328e-324", "1e-342", "1e-343", "1e308", "8.98846567431158e307", "0.1e1",
+        "7.3177701707893310e+15", "1.00000000000000011102230246251565404236316680908203125",
+        "1.00000000000000011102230246251565404236316680908203124",
+        "1.00000000000000011102230246251565404236316680908203126",
+        "1090544144181609348835077142190e0",
+        "1.0000000000000000000000000000000000000000000000001e0", "-0.0e-999",
+        "123456789012345678901234567890e-30", "0.000000000000000000000000000000000000000000001e45",
+        "5e-324", "3e-324",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"inputs\": [%s]}", texts[i]);
+        fl_json_inputs out;
+        int rc = parse(body, &out);
+        CHECK(rc == FL_OK && same_bits(out.values[0], strtod(texts[i], NULL)));
+        if (rc != FL_OK || !same_bits(out.values[0], strtod(texts[i], NULL)))
+            fprintf(stderr, "  %s\n", texts[i]);
+        fl_json_inputs_free(&out);
+    }
 }
 
 static void test_syntax_errors_are_refused(void) {
@@ -286,6 +402,9 @@ int main(void) {
     RUN(test_numbers_ignore_the_locale);
     RUN(test_other_shapes_of_inputs_are_refused);
     RUN(test_numbers_left_to_python_are_refused);
+    RUN(test_long_numbers_read_exactly_without_strtod_when_sure);
+    RUN(test_random_numbers_match_strtod_bit_for_bit);
+    RUN(test_hard_cases_round_correctly);
     RUN(test_syntax_errors_are_refused);
     RUN(test_valid_other_values_are_kept_as_written);
     RUN(test_nesting_past_the_limits_is_refused);

@@ -3,7 +3,8 @@
 ``.npy`` file named by a path under the configured input root. Everything here raises
 BadInput (a ValueError) with the reason the client gets in its 400, or TooLarge for its 413;
 nothing is read with pickle. The usual body, "inputs" a rectangular array of numbers for a
-float model, is parsed in C without the GIL (fastloop._core.parse_json_inputs); every other
+float model, is parsed in C (fastloop._core.parse_json_inputs: ~15 us for 784 floats, the GIL
+released from 64 KB); every other
 body goes through json.loads, as before.
 
     >>> payload = parse_body(b'{"path": "images/cat.npy"}')
@@ -49,7 +50,7 @@ def parse_body(body: bytes, dtype: np.dtype | None = None) -> dict[str, Any]:
     and "priority" (the service checks it).
 
     ``dtype``: the model's. When it is a float dtype, a body whose "inputs" is a rectangular
-    array of numbers is parsed in C without the GIL and its "inputs" comes back as an array of
+    array of numbers is parsed in C (the GIL released for large bodies) and its "inputs" comes back as an array of
     that dtype holding the values the nested list would have become; any other body takes the
     json.loads path, so what is accepted or refused, and every message, stays the same."""
     if dtype is not None and dtype.kind == "f":
@@ -74,7 +75,7 @@ def parse_body(body: bytes, dtype: np.dtype | None = None) -> dict[str, Any]:
 
 
 def _parse_numbers_body(body: bytes, dtype: np.dtype) -> dict[str, Any] | None:
-    """parse_body's result for the usual body, "inputs" read in C (GIL released) and cast to
+    """parse_body's result for the usual body, "inputs" read in C (large bodies without the GIL) and cast to
     `dtype`; None for any other body, or any doubt, so json.loads decides and words the error.
     The C parser leaves integer literals >= 2**53 to json.loads: below that a double holds an
     int exactly, so casting the float64 array rounds each number as NumPy rounds the list's."""
