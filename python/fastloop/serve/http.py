@@ -34,7 +34,7 @@ from .http_inputs import NPY_TYPE
 from .http_model import ModelFront, Reply
 from .http_requests import (Answer, Receive, Scope, Send, _header, _jobs_path, _query_wait, _route_path, _settle,
                             _submit_query, _timed_out)
-from .http_v2 import V2Routes, openapi_paths
+from .http_v2 import V2Routes
 from .http_websocket import _EventRoutes
 from .jobs import JobRecord, StoreError, check_job_id
 from .service import InferenceService
@@ -292,15 +292,10 @@ class App(_EventRoutes):
                                 for front in self.fronts.values()]}, []
 
     async def _ep_openapi(self, scope: Scope, receive: Receive) -> Answer:
-        if self._openapi is None:
-            from .http_openapi import openapi_schema
+        from .http_openapi import openapi_schema, with_root_path
 
-            try:
-                self._openapi = await self._call(openapi_schema, self.fronts, self.default.name)
-                self._openapi["paths"].update(openapi_paths(list(self.fronts)))
-            except ImportError as error:
-                raise Reply(501, {"error": f"/openapi.json needs FastAPI (pip install fastapi): {error}"}) from None
-        from .http_openapi import with_root_path
+        if self._openapi is None:
+            self._openapi = await self._call(openapi_schema, self.fronts, self.default.name, self.input_root is not None)
 
         return 200, with_root_path(self._openapi, scope.get("root_path", "")), []
 

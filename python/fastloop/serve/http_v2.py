@@ -32,7 +32,7 @@ from .http_requests import Answer, Receive, Scope, _header, _settle
 from .jobs import DEADLINE_EXCEEDED, FAILED, JobRecord
 from .rows import row_errors_of
 from .stores import MemoryStore
-from .v2_tensors import DATATYPES, Request, datatype_of, read_request, write_response
+from .v2_tensors import Request, datatype_of, read_request, write_response
 
 __all__ = ["V2Routes", "Payload", "VERSION", "output_tensors"]
 
@@ -306,42 +306,3 @@ class V2Routes:
             return 200, Payload(body, "application/json"), []
         return 200, Payload(body, "application/octet-stream"), [("inference-header-content-length", str(header_length))]
 
-
-def openapi_paths(names: list[str]) -> dict[str, Any]:
-    """The v2 routes of the models `names` as OpenAPI path items (the bodies described as
-    the protocol's JSON; the binary extension as application/octet-stream)."""
-    error = {"description": "{\"error\": reason}", "content": {"application/json": {"schema": {
-        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
-    tensor = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
-        "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "datatype": {"type": "string", "enum": list(DATATYPES)}, "parameters": {"type": "object"},
-        "data": {"type": "array"}}}
-    infer_request = {"type": "object", "required": ["inputs"], "properties": {
-        "id": {"type": "string"}, "parameters": {"type": "object"},
-        "inputs": {"type": "array", "minItems": 1, "items": tensor},
-        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string"}, "parameters": {"type": "object"}}}}}}
-    infer_response = {"type": "object", "required": ["model_name", "outputs"], "properties": {
-        "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
-        "outputs": {"type": "array", "items": tensor}}}
-    ok = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
-    paths: dict[str, Any] = {
-        "/v2": {"get": {"summary": "Server metadata (Open Inference Protocol)", "responses": {"200": ok}}},
-        "/v2/health/live": {"get": {"summary": "Liveness", "responses": {"200": ok}}},
-        "/v2/health/ready": {"get": {"summary": "Readiness", "responses": {"200": ok, "503": error}}},
-    }
-    for name in names:
-        base = f"/v2/models/{name}"
-        paths[base] = {"get": {"summary": f"{name}: metadata", "tags": [name], "responses": {"200": ok, "404": error}}}
-        paths[f"{base}/ready"] = {"get": {"summary": f"{name}: readiness", "tags": [name],
-                                          "responses": {"200": ok, "404": error, "503": error}}}
-        paths[f"{base}/infer"] = {"post": {
-            "summary": f"{name}: infer (Open Inference Protocol; binary tensors with Inference-Header-Content-Length)",
-            "tags": [name], "requestBody": {"required": True, "content": {
-                "application/json": {"schema": infer_request},
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-            "responses": {"200": {"description": "the outputs", "content": {
-                "application/json": {"schema": infer_response},
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                "400": error, "404": error, "413": error, "500": error, "503": error}}}
-    return paths

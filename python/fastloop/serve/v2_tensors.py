@@ -77,11 +77,24 @@ class Request(NamedTuple):
     model: tuple[str | None, str | None] = (None, None)  # the body's model_name and model_version, if given
 
 
+MAX_WHOLE = 2 ** 63 - 1  # the largest timeout or priority (Triton's are 64-bit)
+
+
+def whole(value: Any) -> int | None:
+    """`value` as an int if it is a JSON integer from 0 to MAX_WHOLE (2.0 included: JSON, and
+    JSON Schema's "integer", do not tell 2.0 from 2), else None."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_WHOLE:
+        return None
+    return value
+
+
 def _shape(value: Any, label: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                              for s in value):
+    sizes = [whole(s) for s in value] if isinstance(value, list) else [None]
+    if None in sizes:
         raise BadInput(f"{label}: 'shape' must be a list of sizes (ints >= 0), not {value!r:.60}")
-    return tuple(value)
+    return tuple(sizes)  # type: ignore[arg-type]
 
 
 def _object(value: Any, label: str) -> dict[str, Any]:
@@ -180,10 +193,11 @@ def read_request(body: bytes, header_length: int | None) -> Request:
     if unknown:
         raise BadInput(f"unsupported request parameters {unknown}: this server takes "
                        f"{sorted(_REQUEST_PARAMETERS)} (no sequence batching, no custom parameters)")
-    timeout, priority = parameters.get("timeout"), parameters.get("priority", 0)
+    timeout, priority = parameters.get("timeout"), parameters.get("priority")
     for name, value in (("timeout", timeout), ("priority", priority)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise BadInput(f"parameter {name!r} must be an integer >= 0, not {value!r:.40}")
+        if value is not None and whole(value) is None:
+            raise BadInput(f"parameter {name!r} must be an integer from 0 to 2**63-1, not {value!r:.40}")
+    timeout, priority = (None if timeout is None else whole(timeout)), (0 if priority is None else whole(priority))
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise BadInput(f"parameter 'binary_data_output' must be true or false, not {binary_output!r:.40}")
