@@ -292,11 +292,61 @@ class SlowCreateStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
+        self.entered = threading.Event()  # set once a create() of "slow" waits
 
     def create(self, record, inputs):
         if record.id == "slow":
+            self.entered.set()
             assert self.release.wait(20), "the test never released the store"
         return super().create(record, inputs)
+
+
+def test_a_store_that_blocks_is_written_in_the_pool_and_never_stalls_the_loop():
+    # A MemoryStore subclass may block (a durable write, a network): its submits go through
+    # the pool, so while one waits there the loop answers /healthz and takes other jobs.
+    store = SlowCreateStore()
+    service = InferenceService(lambda batch: batch * 2, num_workers=1, max_delay_s=0, store=store)
+    answers = {}
+    with serving(App(service)) as base, contextlib.ExitStack() as undo:
+        undo.callback(store.release.set)
+        slow = threading.Thread(target=lambda: answers.update(slow=call(base, "POST", "/v1/predict",
+                                                                         {"inputs": [1.0], "id": "slow"})))
+        slow.start()
+        assert store.entered.wait(10)  # the slow predict's create() waits in the store now
+        assert call(base, "GET", "/healthz")[0] == 200
+        status, _, body = call(base, "POST", "/v1/predict", {"inputs": [2.0]})
+        assert status == 200 and body["result"] == [4.0]
+        assert "slow" not in answers
+        store.release.set()
+        slow.join(10)
+        assert answers["slow"][0] == 200 and answers["slow"][2]["result"] == [2.0], answers
+    service.close(timeout=5)
+
+
+def test_small_json_bodies_are_submitted_on_the_loop_large_ones_and_paths_in_the_pool(inputs_dir):
+    # The memory store never blocks: a JSON body under 64 KB is parsed and submitted on the
+    # event loop. One of 64 KB or more (parsed in C without the GIL), and a "path" input
+    # (a file read), go through the pool. The "queued" event comes from the submitting thread.
+    service = InferenceService(lambda batch: batch[:, :1], max_delay_s=0, store=MemoryStore())
+    submitted_on: dict[str, str] = {}
+
+    def listener(job_id: str, status: str) -> None:
+        if status == "queued":
+            submitted_on[job_id] = threading.current_thread().name
+
+    service.subscribe(listener)
+    with serving(App(service, input_root=str(inputs_dir))) as base:
+        small, large = [0.5] * 64, [0.5] * (20 << 10)
+        assert len(json.dumps({"inputs": large})) >= 64 << 10 > len(json.dumps({"inputs": small}))
+        for job_id, body in [("small", {"inputs": small}), ("large", {"inputs": large}),
+                             ("path", {"path": "x.npy"})]:
+            status, _, answer = call(base, "POST", f"/v1/predict?id={job_id}", body)
+            assert status == 200 and answer["id"] == job_id, answer
+        status, _, answer = call(base, "POST", "/v1/jobs", {"path": "missing.npy"})  # refused in the pool
+        assert status == 400 and "missing.npy" in answer["error"]
+    service.close(timeout=5)
+    assert not submitted_on["small"].startswith("fastloop-http"), submitted_on
+    assert submitted_on["large"].startswith("fastloop-http") and submitted_on["path"].startswith("fastloop-http")
 
 
 def test_a_request_admitted_on_the_loop_keeps_its_slot_while_it_waits_for_the_pool():

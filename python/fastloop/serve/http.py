@@ -6,9 +6,10 @@ FastAPI/Starlette app.
     >>> app = App({"mnist": mnist_service, "resnet": resnet_service})   # several models
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)   # or: python -m fastloop serve ...
 
-The front is thin: every call into a service (submit, status, result, cancel: they may touch
-the store's disk or network) runs in a small thread pool (http_model.py), never on the event
-loop, and never waits for a model call. ``POST /v1/predict`` answers with the result: the
+The front is thin: every call into a service that may touch the store's disk or network
+(submit, status, result, cancel) runs in a small thread pool (http_model.py), never on the
+event loop, and never waits for a model call. A JSON body under 64 KB for a service on the
+memory store, which never blocks, is parsed and submitted on the loop instead. ``POST /v1/predict`` answers with the result: the
 request waits on the loop (a future the service settles when the job ends, ``service.watch``),
 holding no thread; ``POST /v1/jobs`` answers the job's id, and clients poll, long-poll or
 listen on a WebSocket. ``drain()`` (a server's SIGTERM) makes new submits answer 503 while
@@ -38,14 +39,14 @@ from .http_v2 import V2Routes
 from .http_websocket import _EventRoutes
 from .jobs import JobRecord, StoreError, check_job_id
 from .service import InferenceService
-from .stores import MemoryStore
 
 __all__ = ["App"]
 
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
 _PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
-_INLINE_MAX_BYTES = 64 << 10  # a lone request's body up to this is read and submitted on the loop
+_INLINE_MAX_BYTES = 64 << 10  # a smaller JSON body is parsed (C, the GIL held) and submitted on the loop
+_JSON = json.JSONEncoder(allow_nan=False)  # json.dumps(allow_nan=False) builds one per call
 MAX_WEBSOCKETS = 1024  # App(max_websockets=)'s default: open event streams at once
 DEFAULT_NAME = "default"  # the name of a model given alone
 
@@ -241,7 +242,7 @@ class App(_EventRoutes):
             return body.encode(), self._metrics_type
         if isinstance(body, bytes):  # a result asked for as .npy, or a v2 body (a Payload: its own type)
             return body, getattr(body, "content_type", NPY_TYPE)
-        return json.dumps(body, allow_nan=False).encode(), "application/json"
+        return _JSON.encode(body).encode(), "application/json"
 
     def _respond(self, status: int, body: Any, headers: list[tuple[str, str]] | None = None) -> Any:
         """A Starlette Response (for the 404/405 handler)."""
@@ -318,12 +319,13 @@ class App(_EventRoutes):
             _header(scope, b"content-type").split(";")[0].strip().lower() == NPY_TYPE
         # A full queue is answered here, on the loop, before any parsing: a 429 must be
         # fast when the service is busiest. (A request naming its own id goes the long way,
-        # so resubmitting a known job stays idempotent.)
-        # An admitted request holds a queue slot until its submit in the pool uses it, so it
-        # is never refused later (a 429 that waited behind the pool's parsing).
-        named = "id" in query or (not raw and b'"id"' in body)
+        # so resubmitting a known job stays idempotent. The body is searched for one only
+        # when the queue looks full: 8 us for a 16 KB row.) An admitted request holds a queue
+        # slot until its submit uses it, so it is never refused later (a 429 that waited
+        # behind parsing).
+        named = "id" in query or (not raw and front.looks_full() and b'"id"' in body)
         admission = None if named else front.service.admit()
-        if admission is None and not named:
+        if admission is None and not named and (raw or b'"id"' not in body):  # (filled since the look)
             raise Reply(429, {"error": f"the service's queue is full ({front.service.max_queue} jobs "
                                        "waiting): retry later"},
                         [("retry-after", str(self.retry_after_s))], rejection="queue_full")
@@ -331,11 +333,15 @@ class App(_EventRoutes):
             if raw:
                 return await self._call(front.submit_raw, body, query.get("id"), query.get("timeout_s", timeout_s),
                                         query.get("priority", "normal"), admission, on_end)
-            if self._in_flight == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES:
-                # A lone request and the memory store (a subclass may block): the trip through
-                # the pool (two thread switches) would only add latency (one client: p50 ~10%
-                # lower, measured); with others in progress the loop has better things to do
-                return self._inline(front.submit, body, admission, on_end, timeout_s, query)
+            if front.submits_on_loop and len(body) < _INLINE_MAX_BYTES:
+                # Parsed and submitted on the loop: a small body parses in tens of us (in C, the
+                # GIL held), the memory store never blocks, and the trip through the pool (a
+                # thread switch there and back) cost more than that. A "path" input reads a file:
+                # the pool does that.
+                data = self._inline(front.parse, body, query)
+                if "path" not in data:
+                    return self._inline(front.submit_parsed, data, admission, on_end, timeout_s)
+                return await self._call(front.submit_parsed, data, admission, on_end, timeout_s)
             return await self._call(front.submit, body, admission, on_end, timeout_s, query)
         finally:
             if admission is not None:
@@ -346,7 +352,7 @@ class App(_EventRoutes):
         (as GET .../result), 422 for a failed one, 504 when its deadline passes first."""
         front = self._front(scope)
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()
+        done: asyncio.Future[tuple[JobRecord, Any] | None] = loop.create_future()  # None: wait_s passed
 
         def on_end(record: JobRecord, row: Any) -> None:  # on the worker that ended the job
             loop.call_soon_threadsafe(_settle, done, (record, row))
@@ -359,10 +365,14 @@ class App(_EventRoutes):
         if not watching:  # ended already, or held by another process
             answer = await self._wait_result(front, job_id, as_npy, wait_s, predict=True)
             return _timed_out(job_id, wait_s) if answer[0] == 202 else answer
+        timer = loop.call_later(wait_s, _settle, done, None)  # cheaper than asyncio.wait_for
         try:
-            record, row = await asyncio.wait_for(done, wait_s)
-        except asyncio.TimeoutError:
+            outcome = await done
+        finally:
+            timer.cancel()
+        if outcome is None:
             return _timed_out(job_id, wait_s)
+        record, row = outcome
         if front.hooked and not as_npy:  # the model's postprocess: its code, in the pool
             return await self._call(front.outcome_reply, job_id, record, row, as_npy, True)
         return front.outcome_reply(job_id, record, row, as_npy, predict=True)

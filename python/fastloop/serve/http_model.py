@@ -21,6 +21,8 @@ from .jobs import DEADLINE_EXCEEDED, DONE, EXPIRED, FAILED, QUEUED, RUNNING, Job
 from .outputs import as_json, unpack
 from .rows import row_errors_of
 from .service import Admission, InferenceService
+from .shared import SharedInferenceService
+from .stores import MemoryStore
 
 __all__ = ["ModelFront", "Reply", "submit_reply", "describe_inputs"]
 
@@ -73,11 +75,22 @@ class ModelFront:
                  retry_after_s: float) -> None:
         self.name, self.service = name, service
         self.input_root, self.max_body_bytes, self.retry_after_s = input_root, max_body_bytes, retry_after_s
+        # The memory store (not a subclass: it may block) never waits on a disk or a network,
+        # so a submit of a parsed input may run on the event loop; a durable store's may not.
+        self.submits_on_loop = type(service.store) is MemoryStore
 
     @property
     def hooked(self) -> bool:
         """Whether the model reads its own bodies (preprocess) or shapes its answers (postprocess)."""
         return self.service.preprocess is not None or self.service.postprocess is not None
+
+    def looks_full(self) -> bool:
+        """Whether admit() would find the queue full: a look without its lock that counts no
+        rejection, so the front searches a body for an "id" only when it may need to."""
+        service = self.service
+        if isinstance(service, SharedInferenceService):
+            return sum(service._depth.values()) >= service.max_queue
+        return service._queued + service._admitted >= service.max_queue
 
     def describe(self) -> dict[str, Any]:
         """The model as GET /v1/models lists it."""
@@ -92,12 +105,27 @@ class ModelFront:
         """A JSON body's job: its id, and whether `on_end` will be called (service.watch).
         ``query``: the options the request's query gives (id, timeout_s, priority); one the
         body gives too is refused (400), not silently chosen between."""
+        return self.submit_parsed(self.parse(body, query), admission, on_end, timeout_s)
+
+    def parse(self, body: bytes, query: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A JSON body read, with the query's options added (400 for one given in both):
+        reads no file and touches no store (submit_parsed does), so a small body may be
+        parsed on the event loop."""
         try:
             data = parse_body(body, self.service._spec.dtype)
             for name, value in (query or {}).items():
                 if name in data:
                     raise BadInput(f"{name!r} is given both in the body and in the query (?{name}=): give it once")
                 data[name] = value
+        except Exception as error:
+            raise submit_reply(error, self.retry_after_s) from None
+        return data
+
+    def submit_parsed(self, data: dict[str, Any], admission: Admission | None = None, on_end: OnEnd | None = None,
+                      timeout_s: float | None = None) -> tuple[str, bool]:
+        """parse()'s job submitted. A "path" input reads its file here: call it in the pool
+        then, and whenever the store may block (submits_on_loop False)."""
+        try:
             if "path" in data:
                 inputs: Any = self.as_model_ints(load_npy_under(self.input_root, data["path"], self.max_body_bytes))
             else:

@@ -172,17 +172,27 @@ class MemoryStore(Store):
             self._results.pop(job_id, None)
 
     def expire(self, now: float, ttl_s: float, forget_after_s: float) -> list[str]:
+        # In chunks, the lock let go between them: the HTTP front submits on its event loop
+        # to this store, and one hold over every record (0.4 us each: ~0.5 s at 1.2M, ten
+        # minutes of results at 2,000 jobs/s) would stall the loop that long.
         expired = []
         with self._lock:
-            for job_id, fields in list(self._records.items()):
-                rec = JobRecord(*fields)
-                if rec.status in FINISHED and rec.finished is not None and rec.finished <= now - ttl_s:
-                    rec.status, rec.expired_at = EXPIRED, now
-                    self._records[job_id] = _fields(rec)
-                    self._results.pop(job_id, None)
-                    expired.append(job_id)
-                elif rec.status == EXPIRED and (rec.expired_at or 0.0) <= now - forget_after_s:
-                    del self._records[job_id]
+            ids = list(self._records)
+        for start in range(0, len(ids), _SWEEP_CHUNK):
+            with self._lock:
+                for job_id in ids[start:start + _SWEEP_CHUNK]:
+                    fields = self._records.get(job_id)
+                    if fields is None:
+                        continue
+                    status, finished = fields[_STATUS], fields[_FINISHED]
+                    if status in FINISHED and finished is not None and finished <= now - ttl_s:
+                        rec = JobRecord(*fields)
+                        rec.status, rec.expired_at = EXPIRED, now
+                        self._records[job_id] = _fields(rec)
+                        self._results.pop(job_id, None)
+                        expired.append(job_id)
+                    elif status == EXPIRED and (fields[_EXPIRED_AT] or 0.0) <= now - forget_after_s:
+                        del self._records[job_id]
         return expired
 
     def recover(self) -> list[JobRecord]:
@@ -195,6 +205,8 @@ class MemoryStore(Store):
 
 
 _FIELDS = tuple(field.name for field in dataclasses.fields(JobRecord))
+_STATUS, _FINISHED, _EXPIRED_AT = (_FIELDS.index(name) for name in ("status", "finished", "expired_at"))
+_SWEEP_CHUNK = 4096  # records MemoryStore.expire looks at per hold of its lock (~1 ms)
 
 
 def _fields(record: JobRecord) -> tuple[Any, ...]:
