@@ -444,9 +444,12 @@ def test_delete_cancels_a_queued_job(gate_server):
     second = call(base, "POST", "/v1/jobs", {"inputs": [2.0]})[2]["id"]
     assert call(base, "DELETE", f"/v1/jobs/{second}")[:3:2] == (200, {"id": second, "cancelled": True,
                                                                      "status": "failed"})
-    assert call(base, "DELETE", f"/v1/jobs/{first}")[2]["cancelled"] is False  # running
+    status, _, answer = call(base, "DELETE", f"/v1/jobs/{first}")  # running: nothing deleted
+    assert (status, answer["cancelled"], answer["status"]) == (409, False, "running") and "queued" in answer["error"]
     status, _, answer = call(base, "GET", f"/v1/jobs/{second}/result")
     assert status == 422 and answer["cancelled"] is True
+    status, _, answer = call(base, "GET", f"/v1/jobs/{second}")  # deleted: gone from then on
+    assert status == 410 and answer["cancelled"] is True and answer["status"] == "failed"
     gate.open.set()
 
 

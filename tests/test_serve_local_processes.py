@@ -387,7 +387,7 @@ def test_delete_cancels_a_queued_job_from_either_process_and_an_unknown_id_is_40
             assert (status, body) == (200, {"id": queued[p], "cancelled": True, "status": "failed"})
             assert served_by(response) == p
             status, response, body = server.on(other, "DELETE", f"/v1/jobs/{held[p]}")  # running: not cancelled
-            assert (status, body["cancelled"], served_by(response)) == (200, False, p), body
+            assert (status, body["cancelled"], served_by(response)) == (409, False, p), body
             status, response, body = server.on(other, "GET", f"/v1/jobs/{queued[p]}/result")
             assert status == 422 and body["cancelled"] is True and served_by(response) == p, body
             with pytest.raises(JobCancelled):

@@ -77,16 +77,14 @@ def masked(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 # - 503 and 504 are not server errors here: 504 answers a predict whose deadline (timeout_s,
 #   any number > 0) passed, 503 a v2 infer's (Triton's UNAVAILABLE);
 # - 410 and 422 answer a valid request about a job that expired or failed (its deadline
-#   passed, or it was cancelled): the request is right, the job's outcome is the answer;
-# - use_after_free is off: DELETE .../jobs/{job_id} cancels a job, it does not remove it, so
-#   GET answers its status (failed, cancelled) afterwards, as documented.
+#   passed, or it was cancelled): the request is right, the job's outcome is the answer.
+# use_after_free is on: a DELETE that answers 200 cancelled a queued job, and GET answers 410
+# for it from then on; a DELETE of a running or ended job answers 409 and deletes nothing.
 CONFIG = """
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", "503", "504"]
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "410", "422", "429", "5xx"]
-[checks.use_after_free]
-enabled = false
 """
 
 

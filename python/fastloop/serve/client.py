@@ -146,7 +146,7 @@ class Client:
 
     def cancel(self, job_id: str) -> bool:
         """Takes a queued job off the queue; False when it is already running or finished."""
-        return bool(self._request("DELETE", f"/v1/jobs/{job_id}")[1]["cancelled"])
+        return bool(self._request("DELETE", f"/v1/jobs/{job_id}", ok=(200, 409))[1]["cancelled"])
 
     def healthz(self) -> bool:
         """True when the server answers /healthz with 200."""

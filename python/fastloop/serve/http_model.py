@@ -174,7 +174,8 @@ class ModelFront:
             body.update(error=record.error, cancelled=record.cancelled)
         if record.row_errors:
             body["errors"] = row_errors(record)
-        return (410 if record.status == EXPIRED else 200), body, []
+        gone = record.status == EXPIRED or record.cancelled  # a DELETE took it: 410 from then on
+        return (410 if gone else 200), body, []
 
     def result(self, job_id: str, as_npy: bool = False, predict: bool = False) -> Answer:
         """The answer to GET .../result: one store read (record and result together)."""
@@ -223,4 +224,8 @@ class ModelFront:
             cancelled = self.service.cancel(job_id)
         except KeyError:
             raise Reply(404, {"id": job_id, "error": f"unknown job {job_id!r}"}) from None
-        return 200, {"id": job_id, "cancelled": cancelled, "status": self.service.status(job_id)}, []
+        status = self.service.status(job_id)
+        if not cancelled:  # running or ended: nothing was deleted, so the DELETE did not happen
+            return 409, {"id": job_id, "cancelled": False, "status": status,
+                         "error": f"job {job_id!r} is {status}: only a queued job can be cancelled"}, []
+        return 200, {"id": job_id, "cancelled": True, "status": status}, []

@@ -62,6 +62,9 @@ _STATUS = {"type": "object", "required": ["id", "status"], "properties": {
     "submitted": {"type": "number"}, "started": {"type": ["number", "null"]},
     "finished": {"type": ["number", "null"]}, "rows": {"type": "integer"}, "error": {"type": ["string", "null"]},
     "cancelled": {"type": "boolean"}, "errors": {"type": "array", "items": {"type": ["string", "null"]}}}}
+_CANCEL = {"type": "object", "required": ["id", "cancelled", "status"], "properties": {
+    "id": {"type": "string"}, "cancelled": {"type": "boolean"}, "status": {"type": "string"},
+    "error": {"type": "string"}}}
 _RESULT = {"type": "object", "required": ["id", "status", "result"], "properties": {
     "id": {"type": "string"}, "status": {"const": "done"},
     "result": {"description": "the output (one row, or the rows; NaN and infinities as null), or what the "
@@ -109,13 +112,13 @@ def _model_paths(prefix: str, front: ModelFront, body: dict[str, Any], tag: str)
             "parameters": [_JOB_ID],
             "get": {"operationId": f"{op}_job", "tags": [tag], "summary": f"{name}: a job's status",
                     "responses": {"200": _json("the job's status", _STATUS), "404": _UNKNOWN_JOB,
-                                  "410": _json("the job expired", _STATUS), "503": _UNAVAILABLE}},
-            "delete": {"operationId": f"{op}_cancel", "tags": [tag], "summary": f"{name}: cancel a job",
-                       "responses": {"200": _json("whether it was cancelled (false: it had ended)", {
-                           "type": "object", "required": ["id", "cancelled", "status"], "properties": {
-                               "id": {"type": "string"}, "cancelled": {"type": "boolean"},
-                               "status": {"type": "string"}}}),
-                           "404": _UNKNOWN_JOB, "503": _UNAVAILABLE}}},
+                                  "410": _json("the job expired, or a DELETE cancelled it", _STATUS),
+                                  "503": _UNAVAILABLE}},
+            "delete": {"operationId": f"{op}_cancel", "tags": [tag],
+                       "summary": f"{name}: cancel a queued job (it never runs; GET answers 410 from then on)",
+                       "responses": {"200": _json("cancelled", _CANCEL), "404": _UNKNOWN_JOB,
+                                     "409": _json("not cancelled: the job is running or has ended", _CANCEL),
+                                     "503": _UNAVAILABLE}}},
         f"{prefix}/jobs/{{job_id}}/result": {"get": {
             "operationId": f"{op}_result", "tags": [tag], "summary": f"{name}: a job's result",
             "parameters": [_JOB_ID, {"name": "wait_s", "in": "query", "required": False,
