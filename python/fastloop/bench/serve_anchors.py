@@ -181,7 +181,7 @@ def _v1(row: np.ndarray) -> tuple[bytes, str]:
 
 
 def _v2_json(row: np.ndarray) -> tuple[bytes, str]:
-    return json.dumps({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32",
+    return json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32",
                                    "data": row.tolist()}]}).encode(), ""
 
 
@@ -189,7 +189,7 @@ def _v2_binary(row: np.ndarray) -> tuple[bytes, str]:
     """Triton's binary tensor extension, as tritonclient's set_data_from_numpy sends it (the
     output asked for binary too)."""
     raw = row.astype("<f4").tobytes()
-    head = json.dumps({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32",
+    head = json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32",
                                    "parameters": {"binary_data_size": len(raw)}}],
                        "outputs": [{"name": "output0", "parameters": {"binary_data": True}}]}).encode()
     return head + raw, (f"inference-header-content-length: {len(head)}\r\n"
