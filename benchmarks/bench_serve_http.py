@@ -9,6 +9,12 @@ As a script: prints the tables and the command.
 ``--predict``: the one-call targets instead (fastloop.bench.serve_predict): POST /v1/predict
 against a plain FastAPI POST /predict on a torch MLP, one client's p50, the in-process rate,
 and a SIGTERM under load.
+    python benchmarks/bench_serve_http.py --anchors [--quick] [--markdown] [--litserve-python PY]
+        [--mlserver-python PY] [--torch-python PY]
+``--anchors``: issue 36's side-by-side (fastloop.bench.serve_anchors) on a torch MLP: LitServe
+(batching, 1 and 2 workers), MLServer (a custom runtime, v2 JSON), fastloop /v1/predict and /v2
+infer with JSON and binary tensors, at 64 clients and one; each from its own Python (a venv with
+it and torch), a row skipped, saying why, where its Python lacks it.
 Under pytest: runs the quick suite and checks every row was measured (the targets are
 reported, not asserted: a loaded test machine must not fail them). Skipped without uvicorn.
 """
@@ -50,6 +56,41 @@ def test_quick_predict_suite_measures_every_row_and_loses_no_job():
     assert all(math.isfinite(r.measured) for r in serve_predict.results(suite))
 
 
+def test_quick_anchor_suite_measures_every_row_it_can_start():
+    """The smoke: every server that starts is measured; one whose library is missing is skipped with
+    the reason (the interpreters come from $FASTLOOP_BENCH_*_PYTHON, else this one)."""
+    pytest.importorskip("uvicorn")
+    from fastloop.bench import serve_anchors
+
+    suite = serve_anchors.compare(quick=True, litserve_workers=(1,))
+    started = {r.server for r in suite.runs}
+    assert all(r.jobs > 0 and math.isfinite(r.p50_ms) for r in suite.runs)
+    assert all(reason for reason in suite.skipped.values()) and not started & set(suite.skipped)
+    if not suite.runs:
+        pytest.skip(f"no server could run the torch model: {suite.skipped}")
+
+
+def _option(name: str) -> str | None:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+
+def _anchors(quick: bool, markdown: bool) -> None:
+    from fastloop.bench import serve_anchors
+
+    suite = serve_anchors.compare(quick=quick, litserve_python=_option("--litserve-python"),
+                                  mlserver_python=_option("--mlserver-python"),
+                                  torch_python=_option("--torch-python"))
+    print(format_table(serve_anchors.HEADERS, [r.row() for r in suite.runs], markdown=markdown))
+    print()
+    print(format_table(targets.HEADERS, targets.table_rows(serve_anchors.results(suite)), markdown=markdown))
+    for name, reason in suite.skipped.items():
+        print(f"skipped {name}: {reason}")
+    idle = ", ".join(f"{name} {share * 100:.0f}%" for name, share in suite.idle_cpu.items())
+    print(f"versions: {suite.versions}; idle CPU of each server (of one core): {idle}")
+    print(f"command: {serve_anchors.COMMAND}{' --quick' if quick else ''}; load average (1 min) at the start "
+          f"{suite.load[0]:.1f}, at the end {suite.load[1]:.1f}; {machine_summary()}")
+
+
 if __name__ == "__main__":
     try:
         import uvicorn  # noqa: F401
@@ -59,6 +100,9 @@ if __name__ == "__main__":
 
     quick = "--quick" in sys.argv
     markdown = "--markdown" in sys.argv
+    if "--anchors" in sys.argv:
+        _anchors(quick, markdown)
+        sys.exit(0)
     if "--predict" in sys.argv:
         from fastloop.bench import serve_predict
 

@@ -151,10 +151,12 @@ class Conn:
         self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self
 
-    async def request(self, method: str, path: str, body: bytes = b"", accept: str = "") -> tuple[int, bytes]:
-        """(status, body); a body starting with .npy's magic goes as application/x-npy."""
-        head = f"{method} {path} HTTP/1.1\r\nhost: b\r\ncontent-length: {len(body)}\r\n"
-        if body:
+    async def request(self, method: str, path: str, body: bytes = b"", accept: str = "",
+                      headers: str = "") -> tuple[int, bytes]:
+        """(status, body); a body starting with .npy's magic goes as application/x-npy.
+        `headers`: more header lines, each ending in CRLF (a content-type there replaces ours)."""
+        head = f"{method} {path} HTTP/1.1\r\nhost: b\r\ncontent-length: {len(body)}\r\n{headers}"
+        if body and "content-type:" not in headers.lower():
             kind = NPY_TYPE if body.startswith(NPY_MAGIC) else "application/json"
             head += f"content-type: {kind}\r\n"
         if accept:

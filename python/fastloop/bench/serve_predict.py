@@ -106,25 +106,27 @@ def _free_port() -> int:
 
 
 class Process:
-    """A server in a child process on a free port, up once /healthz answers 200."""
+    """A server in a child process on a free port, up once `health` (GET) answers 200."""
 
-    def __init__(self, args: list[str], cwd: str, port: int) -> None:
+    def __init__(self, args: list[str], cwd: str, port: int, health: str = "/healthz", start_s: float = 60,
+                 pythonpath: str = "") -> None:
         self.port = port
-        env = dict(os.environ, PYTHONPATH=cwd + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        path = os.pathsep.join(p for p in (cwd, pythonpath, os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, PYTHONPATH=path)
         self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{args[:6]} exited with {self.proc.returncode}: "
                                    f"{self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
             with contextlib.suppress(OSError):
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+                    s.sendall(f"GET {health} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode())
                     if s.recv(64).startswith(b"HTTP/1.1 200"):
                         return
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"{args[:6]} did not answer /healthz within 60 s")
+        raise RuntimeError(f"{args[:6]} did not answer {health} within {start_s:g} s")
 
     def cpu_s(self) -> float:
         return cpu_s(self.proc.pid)

@@ -210,9 +210,8 @@ class V2Routes:
                 record, row = await app._call(front.service._outcome, job_id)
         except asyncio.TimeoutError:
             raise Reply(503, {"error": f"{DEADLINE_EXCEEDED}: no result within {wait_s:g} s"}) from None
-        if inline:
-            return self.answer(front, request, record, row)
-        return await app._call(self.answer, front, request, record, row)
+        # on the loop, as /v1/predict's answer: a few outputs to encode, cheaper than a trip through the pool
+        return self.answer(front, request, record, row)
 
     def submit(self, front: ModelFront, body: bytes, header_length: int | None, encoding: str, admission: Any,
                on_end: Callable[[JobRecord, Any], None], timeout: float) -> tuple[Request, str, float, bool]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import v2_json
 from .http_inputs import BadInput, check_numbers
 from .spec import _cast_list
 
@@ -40,6 +41,7 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in DATATYPES.items() if name not in ("BF16", "BYTES")}
 
+_FLOATS = {"FP16", "FP32", "FP64", "BF16"}  # datatypes whose JSON data the C parser reads
 _REQUEST_KEYS = {"id", "parameters", "inputs", "outputs", "model_name", "model_version"}  # the last two: KServe's client
 _REQUEST_PARAMETERS = {"binary_data_output", "timeout", "priority"}
 _TENSOR_KEYS = {"name", "shape", "datatype", "parameters", "data"}
@@ -105,7 +107,15 @@ def _object(value: Any, label: str) -> dict[str, Any]:
 
 def decode_json(datatype: str, shape: tuple[int, ...], data: Any, label: str) -> np.ndarray:
     """A tensor's "data" (row-major, flat or nested) as an array of `shape`; BadInput naming
-    `label` for elements the datatype cannot hold exactly or a count the shape does not have."""
+    `label` for elements the datatype cannot hold exactly or a count the shape does not have.
+    `data` may be a v2_json.Numbers (an array of numbers read in C)."""
+    if isinstance(data, v2_json.Numbers) and datatype in _FLOATS:
+        try:
+            array = v2_json.cast_floats(data.values, DATATYPES[datatype], label)
+        except ValueError as error:
+            raise BadInput(str(error)) from None
+        return _reshaped(array, shape, label)
+    data = v2_json.as_list(data)
     if datatype == "BYTES":
         flat = np.array(data, dtype=object).ravel()
         if not all(isinstance(item, str) for item in flat):
@@ -122,6 +132,10 @@ def decode_json(datatype: str, shape: tuple[int, ...], data: Any, label: str) ->
             array = _cast_list(data, DATATYPES[datatype], label)
         except (TypeError, ValueError) as error:
             raise BadInput(str(error)) from None
+    return _reshaped(array, shape, label)
+
+
+def _reshaped(array: np.ndarray, shape: tuple[int, ...], label: str) -> np.ndarray:
     if array.size != math.prod(shape):
         raise BadInput(f"{label}: shape {list(shape)} holds {math.prod(shape)} elements, 'data' has {array.size}")
     return array.reshape(shape)
@@ -176,7 +190,7 @@ def read_request(body: bytes, header_length: int | None) -> Request:
         raise BadInput(f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
     try:
-        data = json.loads(head)
+        data = v2_json.loads(head)  # each input's numeric "data" read in C
     except (ValueError, RecursionError) as error:
         raise BadInput(f"the request's JSON is not valid: {error}") from None
     data = _object(data, "the request")
