@@ -34,7 +34,7 @@ from fastloop.serve import Client, JobCancelled  # noqa: E402
 from fastloop.serve import arch_of  # noqa: E402
 from fastloop.serve.http_inputs import NPY_TYPE  # noqa: E402
 from fastloop.serve.peers import owner_of  # noqa: E402
-from test_serve_http import ROOT, free_port, mlp, npy, sample, ws_url  # noqa: E402,F401 (mlp: a fixture)
+from test_serve_http import IN, ROOT, free_port, mlp, npy, sample, ws_url  # noqa: E402,F401 (mlp: a fixture)
 from waiting import read_until, wait_for, wait_until  # noqa: E402
 from websockets.exceptions import InvalidStatus  # noqa: E402
 
@@ -609,3 +609,29 @@ def test_keep_alive_clients_are_moved_until_the_processes_hold_even_shares(check
             conn.close()
         held, _ = rounds[-1]
         assert abs(held[0] - held[1]) <= 2, rounds  # each at most one over the fair 12
+
+
+def test_tritonclient_infers_against_the_fastloop_serve_command(checkpoint, mlp):
+    """Triton's own HTTP client, unchanged, against `python -m fastloop serve` (2 processes):
+    health, the checkpoint's model metadata, and JSON and binary infers of a row and a batch,
+    each answered with the model's own outputs, whichever process takes the connection."""
+    httpclient = pytest.importorskip("tritonclient.http",
+                                     reason="tritonclient is not installed: pip install 'tritonclient[http]'")
+    with fleet("--model", checkpoint, "--store", "memory", "--num-workers", "1") as server:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        try:
+            assert client.is_server_live() and client.is_server_ready()
+            (name,) = [model["name"] for model in server.on(0, "GET", "/v1/models")[2]["models"]]
+            metadata = client.get_model_metadata(name)
+            (given,) = metadata["inputs"]
+            assert given["datatype"] == "FP32" and given["shape"] == [-1, IN]
+            for rows, binary in ((1, False), (5, True)):
+                x = np.stack([sample(300 + rows + i) for i in range(rows)])
+                tensor = httpclient.InferInput(given["name"], list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x, binary_data=binary)
+                answer = client.infer(name, [tensor], request_id=f"cli-{rows}")
+                assert answer.get_response()["id"] == f"cli-{rows}"
+                (output,) = answer.get_response()["outputs"]
+                np.testing.assert_allclose(answer.as_numpy(output["name"]), mlp(x), rtol=1e-5, atol=1e-6)
+        finally:
+            client.close()
