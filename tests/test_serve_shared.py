@@ -183,12 +183,13 @@ def test_the_reclaimer_counts_what_it_reclaimed_in_stats_and_metrics(server, pre
 
 def test_a_live_worker_slower_than_the_visibility_timeout_keeps_its_job(front, server, prefix, children):
     # the model takes 3x the timeout; the heartbeat keeps the entry, so the second process
-    # (idle, reclaiming every half timeout) leaves it alone
-    children.append(Child(server, prefix, "--num-workers", "1", "--model", "slow", "--model-s", "1.5",
-                          "--visibility-timeout-s", "0.5"))
+    # (idle, reclaiming every half timeout) leaves it alone. A timeout of 2 s: on a loaded
+    # 2-core machine (free-threaded build, other suites beside it) a 0.5 s one saw a heartbeat late.
+    children.append(Child(server, prefix, "--num-workers", "1", "--model", "slow", "--model-s", "6",
+                          "--visibility-timeout-s", "2"))
     job = front.submit(x(3))
     wait_for(lambda: front.status(job) == "running")
-    children.append(Child(server, prefix, "--num-workers", "1", "--visibility-timeout-s", "0.5"))
+    children.append(Child(server, prefix, "--num-workers", "1", "--visibility-timeout-s", "2"))
     np.testing.assert_array_equal(front.result(job, timeout=20), x(3) * 2 + 1)
 
 
