@@ -82,7 +82,10 @@ def test_one_queue_get_many_and_put_from_many_threads_with_close_during_traffic(
 
     def body(i: int) -> int:
         if i == 0:  # closes once enough has gone through
-            while sum(taken.values()) < 5000:
+            while True:
+                with lock:  # the consumers update the Counter under it: read it under it too
+                    if sum(taken.values()) >= 5000:  # (unlocked, 3.13t raised "changed size")
+                        break
                 q.put(-1, timeout=30.0)
             q.close()
             return 0
