@@ -9,7 +9,7 @@ As a script: prints the tables and the command.
 ``--predict``: the one-call targets instead (fastloop.bench.serve_predict): POST /v1/predict
 against a plain FastAPI POST /predict on a torch MLP, one client's p50, the in-process rate,
 and a SIGTERM under load.
-    python benchmarks/bench_serve_http.py --anchors [--quick] [--markdown] [--litserve-python PY]
+    python benchmarks/bench_serve_http.py --anchors [--quick] [--fastloop-only] [--markdown] [--litserve-python PY]
         [--mlserver-python PY] [--torch-python PY]
 ``--anchors``: issue 36's side-by-side (fastloop.bench.serve_anchors) on a torch MLP: LitServe
 (batching, 1 and 2 workers), MLServer (a custom runtime, v2 JSON), fastloop /v1/predict and /v2
@@ -77,9 +77,11 @@ def _option(name: str) -> str | None:
 def _anchors(quick: bool, markdown: bool) -> None:
     from fastloop.bench import serve_anchors
 
+    ours_only = "--fastloop-only" in sys.argv  # /v1 against /v2 alone: no LitServe, no MLServer
     suite = serve_anchors.compare(quick=quick, litserve_python=_option("--litserve-python"),
                                   mlserver_python=_option("--mlserver-python"),
-                                  torch_python=_option("--torch-python"))
+                                  torch_python=_option("--torch-python"),
+                                  **(dict(litserve_workers=(), mlserver_workers=()) if ours_only else {}))
     print(format_table(serve_anchors.HEADERS, [r.row() for r in suite.runs], markdown=markdown))
     print()
     print(format_table(targets.HEADERS, targets.table_rows(serve_anchors.results(suite)), markdown=markdown))
@@ -87,7 +89,7 @@ def _anchors(quick: bool, markdown: bool) -> None:
         print(f"skipped {name}: {reason}")
     idle = ", ".join(f"{name} {share * 100:.0f}%" for name, share in suite.idle_cpu.items())
     print(f"versions: {suite.versions}; idle CPU of each server (of one core): {idle}")
-    print(f"command: {serve_anchors.COMMAND}{' --quick' if quick else ''}; load average (1 min) at the start "
+    print(f"command: {serve_anchors.COMMAND}{' --quick' if quick else ''}{' --fastloop-only' if ours_only else ''}; load average (1 min) at the start "
           f"{suite.load[0]:.1f}, at the end {suite.load[1]:.1f}; {machine_summary()}")
 
 

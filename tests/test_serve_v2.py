@@ -391,3 +391,33 @@ def test_kserve_client_sees_an_unknown_model_and_a_wrong_shape(models):
             await client.close()
 
     asyncio.run(run())
+
+
+class DurableLike(MemoryStore):
+    """A MemoryStore subclass: the front cannot know it never blocks, so it submits in the pool."""
+
+
+def test_small_infers_are_submitted_on_the_loop_large_compressed_and_blocking_store_ones_in_the_pool():
+    # /v1/predict's rule (ModelFront.inline): a body under 64 KB on the plain MemoryStore is
+    # read and submitted on the event loop; anything else in the pool ("fastloop-http" threads).
+    # The "queued" event comes from the submitting thread; the requests go one at a time.
+    submitted_on: list[str] = []
+    row = Input("float32", (4096,), name="x")
+    services = {name: InferenceService(lambda batch: batch[:, :1], inputs=row, store=store, max_delay_s=0)
+                for name, store in (("memory", MemoryStore()), ("durable", DurableLike()))}
+    for service in services.values():
+        service.subscribe(lambda job_id, status: status == "queued" and submitted_on.append(
+            threading.current_thread().name))
+    one, four = np.full((1, 4096), 0.5, np.float32), np.full((4, 4096), 0.5, np.float32)
+    small, large = json.dumps(v2_request(one)).encode(), json.dumps(v2_request(four)).encode()
+    assert len(large) >= 64 << 10 > len(small)
+    with serving(App(services)) as base:
+        for model, body, headers in [("memory", small, {}), ("memory", large, {}),
+                                     ("memory", gzip.compress(small), {"content-encoding": "gzip"}),
+                                     ("durable", small, {})]:
+            status, answer = call_json(base, "POST", f"/v2/models/{model}/infer", body, headers)
+            assert status == 200 and answer["outputs"][0]["data"] == [0.5] * (1 + 3 * (body is large)), answer
+    for service in services.values():
+        service.close(timeout=5)
+    in_pool = [name.startswith("fastloop-http") for name in submitted_on]
+    assert in_pool == [False, True, True, True], submitted_on

@@ -45,7 +45,6 @@ __all__ = ["App"]
 _UNAVAILABLE = (StoreError, ConnectionError, Closed, OSError)
 _PREDICT_MARGIN_S = 1.0  # a predict waits this long past its job's deadline for the janitor's verdict
 _RECHECK_S = 1.0  # a long poll re-reads the job this often, whatever the events say
-_INLINE_MAX_BYTES = 64 << 10  # a smaller JSON body is parsed (C, the GIL held) and submitted on the loop
 _JSON = json.JSONEncoder(allow_nan=False)  # json.dumps(allow_nan=False) builds one per call
 MAX_WEBSOCKETS = 1024  # App(max_websockets=)'s default: open event streams at once
 DEFAULT_NAME = "default"  # the name of a model given alone
@@ -333,11 +332,7 @@ class App(_EventRoutes):
             if raw:
                 return await self._call(front.submit_raw, body, query.get("id"), query.get("timeout_s", timeout_s),
                                         query.get("priority", "normal"), admission, on_end)
-            if front.submits_on_loop and len(body) < _INLINE_MAX_BYTES:
-                # Parsed and submitted on the loop: a small body parses in tens of us (in C, the
-                # GIL held), the memory store never blocks, and the trip through the pool (a
-                # thread switch there and back) cost more than that. A "path" input reads a file:
-                # the pool does that.
+            if front.inline(body):  # a small body on the memory store: on the loop, but a "path" input's file read
                 data = self._inline(front.parse, body, query)
                 if "path" not in data:
                     return self._inline(front.submit_parsed, data, admission, on_end, timeout_s)

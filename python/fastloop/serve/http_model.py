@@ -24,10 +24,11 @@ from .service import Admission, InferenceService
 from .shared import SharedInferenceService
 from .stores import MemoryStore
 
-__all__ = ["ModelFront", "Reply", "submit_reply", "describe_inputs"]
+__all__ = ["ModelFront", "Reply", "submit_reply", "describe_inputs", "INLINE_MAX_BYTES"]
 
 Answer = tuple[int, Any, list[tuple[str, str]]]  # status, JSON body (or .npy bytes), extra headers
 OnEnd = Callable[[JobRecord, Any], None]
+INLINE_MAX_BYTES = 64 << 10  # a smaller body is parsed (C, the GIL held) and submitted on the loop
 
 
 class Reply(Exception):
@@ -78,6 +79,14 @@ class ModelFront:
         # The memory store (not a subclass: it may block) never waits on a disk or a network,
         # so a submit of a parsed input may run on the event loop; a durable store's may not.
         self.submits_on_loop = type(service.store) is MemoryStore
+
+    def inline(self, body: bytes) -> bool:
+        """Whether a request with this (JSON or v2) body is read and submitted on the event
+        loop: a body under INLINE_MAX_BYTES parses in tens of us, the memory store never
+        blocks, and a trip through the pool (a thread switch there and back) costs more than
+        that. A larger body, or a store that may block, goes through the pool; so does a
+        request that reads a file (a "path" input: the caller looks once it has parsed)."""
+        return self.submits_on_loop and len(body) < INLINE_MAX_BYTES
 
     @property
     def hooked(self) -> bool:

@@ -31,7 +31,6 @@ from .http_model import ModelFront, Reply, describe_inputs, submit_reply
 from .http_requests import Answer, Receive, Scope, _header, _settle
 from .jobs import DEADLINE_EXCEEDED, FAILED, JobRecord
 from .rows import row_errors_of
-from .stores import MemoryStore
 from .v2_tensors import Request, datatype_of, read_request, write_response
 
 __all__ = ["V2Routes", "Payload", "VERSION", "output_tensors"]
@@ -39,7 +38,6 @@ __all__ = ["V2Routes", "Payload", "VERSION", "output_tensors"]
 VERSION = "1"  # a service has one version of its model
 EXTENSIONS = ["binary_tensor_data"]
 _MARGIN_S = 1.0  # an infer waits this long past its job's deadline for the janitor's verdict
-_INLINE_MAX_BYTES = 64 << 10  # as App's: a lone small request is parsed on the loop
 _PRIORITIES = {0: "normal", 1: "high", 2: "normal", 3: "low"}  # Triton's levels (1: highest) -> fastloop's
 
 
@@ -105,6 +103,7 @@ class V2Routes:
     def __init__(self, app: Any) -> None:  # an App (http.py imports this module)
         self.app = app
         self.outputs: dict[str, list[dict[str, Any]]] = {}  # model -> its outputs, once it has answered
+        self.declared: dict[str, list[dict[str, Any]]] = {}  # model -> input_metadata (fixed): read once
 
     def routes(self, raw: Callable[[Any], Any]) -> list[Any]:
         from starlette.routing import Route
@@ -189,27 +188,33 @@ class V2Routes:
                                        "waiting): retry later"},
                         [("retry-after", str(app.retry_after_s))], rejection="queue_full")
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[JobRecord, Any]] = loop.create_future()
+        done: asyncio.Future[tuple[JobRecord, Any] | None] = loop.create_future()  # None: wait_s passed
 
         def on_end(record: JobRecord, row: Any) -> None:  # on the worker that ended the job
             loop.call_soon_threadsafe(_settle, done, (record, row))
 
         timeout_s = front.service.timeout or app.predict_timeout_s
         args = (front, body, header_length, encoding, admission, on_end, timeout_s)
-        inline = app._in_flight == 1 and type(front.service.store) is MemoryStore and len(body) <= _INLINE_MAX_BYTES
+        # /v1/predict's rule (ModelFront.inline): a small body on the memory store is read and
+        # submitted on the loop; a large or compressed one, or a store that may block, in the pool.
+        inline = encoding in ("", "identity") and front.inline(body)
         try:
             request, job_id, timeout_s, watching = app._inline(self.submit, *args) if inline else \
                 await app._call(self.submit, *args)
         finally:
             admission.release()  # unused: the submit failed before it
         wait_s = timeout_s + _MARGIN_S
-        try:
-            if watching:
-                record, row = await asyncio.wait_for(done, wait_s)
-            else:  # ended already: read it
-                record, row = await app._call(front.service._outcome, job_id)
-        except asyncio.TimeoutError:
-            raise Reply(503, {"error": f"{DEADLINE_EXCEEDED}: no result within {wait_s:g} s"}) from None
+        if watching:
+            timer = loop.call_later(wait_s, _settle, done, None)  # cheaper than asyncio.wait_for
+            try:
+                outcome = await done
+            finally:
+                timer.cancel()
+        else:  # ended already: read it
+            outcome = await app._call(front.service._outcome, job_id)
+        if outcome is None:
+            raise Reply(503, {"error": f"{DEADLINE_EXCEEDED}: no result within {wait_s:g} s"})
+        record, row = outcome
         # on the loop, as /v1/predict's answer: a few outputs to encode, cheaper than a trip through the pool
         return self.answer(front, request, record, row)
 
@@ -241,7 +246,9 @@ class V2Routes:
     def _inputs(self, front: ModelFront, request: Request) -> Any:
         """The request's tensors as the service's submit takes them, checked against the
         model's declared inputs: names, datatypes and shapes (batch axis first)."""
-        declared = input_metadata(front)
+        declared = self.declared.get(front.name)
+        if declared is None:
+            declared = self.declared[front.name] = input_metadata(front)
         spec = front.service._spec
         typed = hasattr(spec, "names")  # declared Inputs (else fastloop.nn's or a callable's: the service checks)
         by_name = {t.name: t for t in request.inputs}
