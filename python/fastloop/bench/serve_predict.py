@@ -8,7 +8,7 @@ this process on asyncio with raw keep-alive connections (serve_http.Conn), each 
 JSON row (784 numbers) and reading the answer, in a closed loop. Rounds alternate the
 servers, so both see the same disturbances of a shared machine; each keeps its best round.
 
-1. 64 clients: jobs/s, p50/p99, server CPU per job. Target: /v1/predict >= 2x FastAPI.
+1. 64 clients: jobs/s, p50/p99, server CPU per job. Target: /v1/predict >= 3x FastAPI (issue 37).
    For reference, the two-request way (POST /v1/jobs, then GET .../result?wait_s=).
 2. One client: p50 (the best of 5 rounds: on a shared machine one request's latency is
    mostly the scheduler's). Target: /v1/predict at most 1.1x FastAPI's.
@@ -380,8 +380,8 @@ def results(suite: Suite) -> list[Result]:
     share = ours.jobs_per_s / alone
     drain = suite.drain
     rows = [
-        Result(f"HTTP POST /v1/predict / plain FastAPI POST /predict, {CLIENTS} clients", ratio, "x", ">= 2",
-               ratio >= 2, f"{ours.jobs_per_s:.0f} vs {theirs.jobs_per_s:.0f} jobs/s; server CPU "
+        Result(f"HTTP POST /v1/predict / plain FastAPI POST /predict, {CLIENTS} clients", ratio, "x", ">= 3",
+               ratio >= 3, f"{ours.jobs_per_s:.0f} vs {theirs.jobs_per_s:.0f} jobs/s; server CPU "
                            f"{ours.cpu_ms_per_job:.2f} vs {theirs.cpu_ms_per_job:.2f} ms/job"),
         Result("HTTP p50 with one client: /v1/predict / plain FastAPI", latency, "x", "<= 1.1", latency <= 1.1,
                f"{one_ours.p50_ms:.2f} vs {one_theirs.p50_ms:.2f} ms"),
