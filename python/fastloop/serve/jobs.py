@@ -14,8 +14,8 @@ the id is unknown (KeyError).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-import uuid
 from typing import Any
 
 from ..errors import Error
@@ -34,8 +34,9 @@ _ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" would 
 
 
 def new_job_id() -> str:
-    """A fresh random id (32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh random id (32 hex digits): 128 random bits from os.urandom, as uuid4 draws
+    them (without uuid.UUID's object, a third of the cost, per submit)."""
+    return os.urandom(16).hex()
 
 
 def check_job_id(job_id: Any) -> str:

@@ -41,6 +41,12 @@ class ServiceStats:
         with self._lock:
             self._latencies.append(seconds)
 
+    def done(self, seconds: float) -> None:
+        """count("done") and latency(seconds) under one hold of the lock (once per job)."""
+        with self._lock:
+            self._counts["done"] += 1
+            self._latencies.append(seconds)
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             counts = dict(self._counts)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import operator
 import threading
 from typing import Any, Callable
 
@@ -209,6 +210,9 @@ _STATUS, _FINISHED, _EXPIRED_AT = (_FIELDS.index(name) for name in ("status", "f
 _SWEEP_CHUNK = 4096  # records MemoryStore.expire looks at per hold of its lock (~1 ms)
 
 
+_fields_of = operator.attrgetter(*_FIELDS)  # one C call, not a generator of getattr (per status change)
+
+
 def _fields(record: JobRecord) -> tuple[Any, ...]:
     """The record's field values in declaration order (JobRecord(*fields) rebuilds it)."""
-    return tuple(getattr(record, name) for name in _FIELDS)
+    return _fields_of(record)
