@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .serve_http import CLIENTS, Conn
-from .serve_predict import Process, _free_port
+from .serve_predict import Process, Run, _free_port
 from .targets import Result
 
 HIDDEN = 1024
@@ -194,26 +194,6 @@ def _v2_binary(row: np.ndarray) -> tuple[bytes, str]:
                        "outputs": [{"name": "output0", "parameters": {"binary_data": True}}]}).encode()
     return head + raw, (f"inference-header-content-length: {len(head)}\r\n"
                         "content-type: application/octet-stream\r\n")
-
-
-@dataclass
-class Run:
-    server: str
-    route: str
-    clients: int
-    jobs: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    cpu_ms_per_job: float
-
-    @property
-    def jobs_per_s(self) -> float:
-        return self.jobs / self.seconds
-
-    def row(self) -> list[object]:
-        return [self.server, self.route, self.clients, round(self.jobs_per_s), round(self.p50_ms, 2),
-                round(self.p99_ms, 2), round(self.cpu_ms_per_job, 3), self.jobs]
 
 
 async def _closed_loop(target: Target, clients: int, seconds: float, warmup_s: float) -> Run:
