@@ -233,3 +233,43 @@ def test_plain_callables_without_declared_inputs_keep_returning_arrays():
         y = svc.result(svc.submit(np.arange(3.0)), timeout=10)
     assert isinstance(y, np.ndarray)
     np.testing.assert_array_equal(y, [0, 2, 4])
+
+
+def _openmp_threads_of_this_thread():
+    """OpenMP's thread count for the calling thread (its own setting: OpenMP keeps one per
+    thread), read from the libgomp torch loaded; None where torch uses another runtime."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "libgomp" in line:
+                return ctypes.CDLL(line.split()[-1]).omp_get_max_threads()
+    return None
+
+
+class ThreadCounting(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.seen = mlp(), []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(_openmp_threads_of_this_thread())
+        return self.inner(x)
+
+
+def test_the_workers_run_the_model_with_torchs_thread_count():
+    """torch.set_num_threads(n) before serving holds in the worker threads too: without it a
+    worker's BLAS calls use OpenMP's default (every core), whatever torch was told."""
+    if _openmp_threads_of_this_thread() is None:
+        pytest.skip("this torch does not use libgomp")
+    before = torch.get_num_threads()
+    wanted = before + 1  # differs from OpenMP's default for a new thread (the core count, or OMP_NUM_THREADS)
+    torch.set_num_threads(wanted)
+    try:
+        model = ThreadCounting().eval()
+        with InferenceService(model, inputs=Input(torch.float32, (16,)), store=MemoryStore(), num_workers=2) as svc:
+            for x in rows(6, (16,)):
+                svc.result(svc.submit(x), timeout=10)
+        assert model.seen and set(model.seen) == {wanted}
+    finally:
+        torch.set_num_threads(before)
