@@ -3,6 +3,12 @@
  * Locking: `mutex` protects every field below it. Waiters are counted so that put/get
  * signal a condition variable only when a thread actually sleeps on it, which keeps the
  * uncontended path at one lock/unlock pair.
+ *
+ * Items leave oldest first, but a put wakes the sleeping getter that took an item most
+ * recently, not the one asleep longest (what one shared condition variable gives): a pool
+ * of workers fed one job at a time then keeps running it on the same warm thread, its
+ * caches and any thread pool it drives (torch's OpenMP team) still hot. Each sleeping
+ * getter has its own condition variable for that.
  */
 #include "base/fl_queue.h"
 
@@ -17,10 +23,21 @@
 
 enum { INITIAL_SLOTS = 64 };
 
+/* A getter asleep in get/get_many, on its caller's stack while it waits. */
+typedef struct sleeper {
+    pthread_cond_t wake;
+    double last_take; /* when its thread last took an item from any queue (0: never) */
+    int woken;        /* a put chose it and it has not run since */
+    struct sleeper *next;
+} sleeper;
+
+/* The monotonic time of this thread's latest take, which ranks it among sleeping getters. */
+static _Thread_local double thread_last_take;
+
 struct fl_queue {
     atomic_int refs; /* acq_rel on release: the last owner must see every other's writes */
     pthread_mutex_t mutex;
-    pthread_cond_t not_empty;
+    sleeper *sleepers; /* getters waiting for an item, newest first */
     pthread_cond_t not_full;
     pthread_cond_t all_done;
     unsigned char *ring;
@@ -54,10 +71,8 @@ int fl_queue_new(size_t maxsize, size_t item_size, fl_queue **out) {
         goto fail_alloc;
     if (pthread_mutex_init(&q->mutex, NULL) != 0)
         goto fail_ring;
-    if (fl_cond_init(&q->not_empty) != 0)
-        goto fail_mutex;
     if (fl_cond_init(&q->not_full) != 0)
-        goto fail_not_empty;
+        goto fail_mutex;
     if (fl_cond_init(&q->all_done) != 0)
         goto fail_not_full;
     *out = q;
@@ -65,8 +80,6 @@ int fl_queue_new(size_t maxsize, size_t item_size, fl_queue **out) {
 
 fail_not_full:
     pthread_cond_destroy(&q->not_full);
-fail_not_empty:
-    pthread_cond_destroy(&q->not_empty);
 fail_mutex:
     pthread_mutex_destroy(&q->mutex);
 fail_ring:
@@ -86,7 +99,6 @@ void fl_queue_free(fl_queue *q) {
         return;
     pthread_cond_destroy(&q->all_done);
     pthread_cond_destroy(&q->not_full);
-    pthread_cond_destroy(&q->not_empty);
     pthread_mutex_destroy(&q->mutex);
     free(q->ring);
     free(q);
@@ -140,8 +152,54 @@ static int wait_for(fl_queue *q, pthread_cond_t *cond, int *waiters, int (*ready
     return (ready(q) || q->closed) ? FL_OK : rc;
 }
 
+/* Wakes the sleeping getter not yet woken whose thread took an item last (ties: the newest
+ * sleeper); called with the mutex held. */
+static void wake_warmest_getter(fl_queue *q) {
+    sleeper *chosen = NULL;
+    for (sleeper *s = q->sleepers; s != NULL; s = s->next)
+        if (!s->woken && (chosen == NULL || s->last_take > chosen->last_take))
+            chosen = s;
+    if (chosen != NULL) {
+        chosen->woken = 1;
+        pthread_cond_signal(&chosen->wake);
+    }
+}
+
+static void unlink_sleeper(fl_queue *q, sleeper *me) {
+    for (sleeper **link = &q->sleepers; *link != NULL; link = &(*link)->next)
+        if (*link == me) {
+            *link = me->next;
+            return;
+        }
+}
+
+/* wait_for() for a getter: sleeps on its own condition variable, listed in q->sleepers, until
+ * an item is queued or the queue closes. Called with the mutex held; same return codes. */
+static int wait_for_item(fl_queue *q, double timeout_s) {
+    if (q->count > 0 || q->closed)
+        return FL_OK;
+    if (timeout_s == 0)
+        return FL_EAGAIN;
+    sleeper me = {.last_take = thread_last_take, .woken = 0, .next = q->sleepers};
+    int made = fl_cond_init(&me.wake);
+    if (made != FL_OK)
+        return made;
+    struct timespec deadline = fl_deadline_after(timeout_s);
+    const struct timespec *until = timeout_s < 0 ? NULL : &deadline;
+    int rc = FL_OK;
+    q->sleepers = &me;
+    q->getters_waiting++;
+    while (q->count == 0 && !q->closed && rc == FL_OK) {
+        me.woken = 0; /* woken for an item another getter took first: sleep again, choosable */
+        rc = fl_cond_wait_until(&me.wake, &q->mutex, until);
+    }
+    q->getters_waiting--;
+    unlink_sleeper(q, &me);
+    pthread_cond_destroy(&me.wake);
+    return (q->count > 0 || q->closed) ? FL_OK : rc;
+}
+
 static int has_room(fl_queue *q) { return !is_full(q); }
-static int has_items(fl_queue *q) { return q->count > 0; }
 static int tasks_done(fl_queue *q) { return q->unfinished == 0; }
 
 int fl_queue_put(fl_queue *q, const void *item, double timeout_s) {
@@ -156,7 +214,7 @@ int fl_queue_put(fl_queue *q, const void *item, double timeout_s) {
         q->count++;
         q->unfinished++;
         if (q->getters_waiting > 0)
-            pthread_cond_signal(&q->not_empty);
+            wake_warmest_getter(q);
     }
     pthread_mutex_unlock(&q->mutex);
     return rc;
@@ -186,12 +244,14 @@ int fl_queue_get_many(fl_queue *q, void *items_out, size_t max_items, double tim
     if (max_items == 0)
         return fl_error_set(FL_EINVAL, "max_items must be > 0");
     pthread_mutex_lock(&q->mutex);
-    int rc = wait_for(q, &q->not_empty, &q->getters_waiting, has_items, timeout_s);
+    int rc = wait_for_item(q, timeout_s);
     if (rc == FL_OK && q->count == 0) /* woken by close with nothing left */
         rc = FL_ECLOSED;
     if (rc == FL_OK)
         *n_out = take_locked(q, items_out, max_items);
     pthread_mutex_unlock(&q->mutex);
+    if (*n_out > 0)
+        thread_last_take = fl_monotonic();
     return rc;
 }
 
@@ -209,10 +269,18 @@ size_t fl_queue_size(fl_queue *q) {
 
 size_t fl_queue_maxsize(const fl_queue *q) { return q->maxsize; }
 
+size_t fl_queue_getters_waiting(fl_queue *q) {
+    pthread_mutex_lock(&q->mutex);
+    size_t n = (size_t)q->getters_waiting;
+    pthread_mutex_unlock(&q->mutex);
+    return n;
+}
+
 void fl_queue_close(fl_queue *q) {
     pthread_mutex_lock(&q->mutex);
     q->closed = 1;
-    pthread_cond_broadcast(&q->not_empty);
+    for (sleeper *s = q->sleepers; s != NULL; s = s->next)
+        pthread_cond_signal(&s->wake);
     pthread_cond_broadcast(&q->not_full);
     pthread_mutex_unlock(&q->mutex);
 }

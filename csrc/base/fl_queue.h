@@ -9,6 +9,9 @@
  * long (FL_ETIMEDOUT). Callers that must stay interruptible wait in short slices.
  * Semantics follow Python's queue.Queue, plus close(): once closed, put fails with
  * FL_ECLOSED and get returns the items still queued, then FL_ECLOSED.
+ *
+ * Items leave oldest first; a put wakes the waiting getter whose thread took an item most
+ * recently (its caches warm), not the one that has waited longest.
  */
 #ifndef FL_QUEUE_H
 #define FL_QUEUE_H
@@ -36,7 +39,8 @@ fl_queue *fl_queue_retain(fl_queue *q);
 int fl_queue_put(fl_queue *q, const void *item, double timeout_s);
 
 /* Copies the oldest item into `item_out`. Blocks while empty, up to timeout_s. Returns 0,
- * FL_EAGAIN (timeout 0 and empty), FL_ETIMEDOUT, or FL_ECLOSED (closed and empty). */
+ * FL_EAGAIN (timeout 0 and empty), FL_ETIMEDOUT, FL_ECLOSED (closed and empty), or FL_ESYS
+ * when the system refuses the wait's condition variable. */
 int fl_queue_get(fl_queue *q, void *item_out, double timeout_s);
 
 /* Like fl_queue_get() for up to max_items items: waits (up to timeout_s) for the first, then
@@ -47,6 +51,9 @@ int fl_queue_get_many(fl_queue *q, void *items_out, size_t max_items, double tim
 
 /* Number of items queued now (a snapshot). Never fails. */
 size_t fl_queue_size(fl_queue *q);
+
+/* Number of threads blocked in get/get_many now, waiting for an item (a snapshot). */
+size_t fl_queue_getters_waiting(fl_queue *q);
 
 /* The bound given to fl_queue_new() (0: none). Never fails. */
 size_t fl_queue_maxsize(const fl_queue *q);

@@ -197,6 +197,71 @@ static void test_close_during_traffic_loses_nothing_put(void) {
         check_load(4, 4, items, 128, 1);
 }
 
+/* A getter thread: takes items until the queue closes, noting which thread took each. */
+typedef struct {
+    fl_queue *queue;
+    pthread_mutex_t lock;
+    int taken_by[64];
+    int taken;
+} warm_run;
+
+typedef struct {
+    warm_run *run;
+    int id;
+} warm_getter;
+
+static void *take_and_note(void *arg) {
+    warm_getter *me = arg;
+    int item;
+    while (fl_queue_get(me->run->queue, &item, -1) == FL_OK) {
+        pthread_mutex_lock(&me->run->lock);
+        me->run->taken_by[item] = me->id;
+        me->run->taken++;
+        pthread_mutex_unlock(&me->run->lock);
+    }
+    return NULL;
+}
+
+/* Polls until `taken` items were noted and both getters sleep again (5 s: a hang, failed). */
+static int until_both_sleep_after(warm_run *run, int taken) {
+    for (double start = fl_monotonic(); fl_monotonic() - start < 5.0;) {
+        pthread_mutex_lock(&run->lock);
+        int noted = run->taken;
+        pthread_mutex_unlock(&run->lock);
+        if (noted == taken && fl_queue_getters_waiting(run->queue) == 2)
+            return 1;
+        struct timespec nap = {0, 200000};
+        nanosleep(&nap, NULL);
+    }
+    return 0;
+}
+
+/* Items fed one at a time to two sleeping getters all go to the one that took the last:
+ * the warm thread, not the one asleep longest. */
+static void test_a_put_wakes_the_getter_that_took_last(void) {
+    warm_run run = {.taken = 0};
+    pthread_mutex_init(&run.lock, NULL);
+    CHECK(fl_queue_new(0, sizeof(int), &run.queue) == FL_OK);
+    warm_getter getters[2] = {{&run, 0}, {&run, 1}};
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&threads[i], NULL, take_and_note, &getters[i]) == 0);
+    int items = 20;
+    for (int i = 0; i < items; i++) {
+        CHECK(until_both_sleep_after(&run, i));
+        CHECK(fl_queue_put(run.queue, &i, 0) == FL_OK);
+    }
+    CHECK(until_both_sleep_after(&run, items));
+    for (int i = 1; i < items; i++)
+        CHECK(run.taken_by[i] == run.taken_by[0]);
+    fl_queue_close(run.queue);
+    for (int i = 0; i < 2; i++)
+        pthread_join(threads[i], NULL);
+    CHECK(fl_queue_getters_waiting(run.queue) == 0);
+    fl_queue_free(run.queue);
+    pthread_mutex_destroy(&run.lock);
+}
+
 int main(void) {
     RUN(test_fifo_order_and_size);
     RUN(test_timeouts_wait_about_as_long_as_asked);
@@ -207,5 +272,6 @@ int main(void) {
     RUN(test_get_many_foreach_and_drain);
     RUN(test_4_producers_4_consumers_lose_nothing);
     RUN(test_close_during_traffic_loses_nothing_put);
+    RUN(test_a_put_wakes_the_getter_that_took_last);
     return check_failures != 0;
 }

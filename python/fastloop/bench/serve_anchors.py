@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .serve_http import CLIENTS, Conn
-from .serve_predict import Process, Run, _free_port
+from .serve_predict import ONE_THREAD, Process, Run, _free_port
 from .targets import Result
 
 HIDDEN = 1024
@@ -306,7 +306,7 @@ def compare(quick: bool = False, litserve_python: str | None = None, mlserver_py
                 versions["litserve"] = _version(ls_py, "litserve")
                 port = _free_port()
                 proc = _start(lambda: Process([ls_py, "bench_litserve.py", str(port), str(workers)], tmp, port,
-                                              health="/health", start_s=120), skipped, name)
+                                              health="/health", start_s=120, env=ONE_THREAD), skipped, name)
                 if proc is not None:
                     procs.append(proc)
                     targets.append(Target(name, "/predict", proc, _v1))
@@ -320,7 +320,7 @@ def compare(quick: bool = False, litserve_python: str | None = None, mlserver_py
                 cli = os.path.join(os.path.dirname(ml_py), "mlserver")
                 cli = cli if os.path.exists(cli) else shutil.which("mlserver") or cli
                 proc = _start(lambda: Process([cli, "start", folder], tmp, port, health="/v2/models/mlp/ready",
-                                              start_s=180), skipped, name)
+                                              start_s=180, env=ONE_THREAD), skipped, name)
                 if proc is not None:
                     procs.append(proc)
                     targets.append(Target(name, "/v2/models/mlp/infer (JSON)", proc, _v2_json))
