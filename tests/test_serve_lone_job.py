@@ -22,6 +22,33 @@ def test_new_job_ids_are_32_hex_digits_valid_and_distinct():
     assert len(set(ids)) == len(ids)
 
 
+def test_job_ids_from_many_threads_and_a_forked_child_are_all_distinct():
+    """The ids are cut from a pool of random bytes: threads never get the same slice, and a
+    forked child draws its own (the parent's pool, copied, would repeat the parent's ids)."""
+    import os
+
+    new_job_id()  # the pool holds unused bytes at the fork
+    got: list[str] = []
+    threads = [threading.Thread(target=lambda: got.extend(new_job_id() for _ in range(600))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        try:
+            os.write(write, " ".join(new_job_id() for _ in range(8)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    assert os.waitpid(pid, 0)[1] == 0
+    mine = [new_job_id() for _ in range(8)]
+    assert len(child) == 8 and len(set(got + mine + child)) == len(got) + 16
+
+
 def test_finished_latch_times_out_unset_and_wakes_every_waiter_once_set():
     latch = _Finished()
     assert not latch.is_set() and latch.wait(0) is False and latch.wait(0.01) is False

@@ -167,7 +167,8 @@ def encode_bytes(array: np.ndarray) -> bytes:
 
 
 def decode_binary(datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview, label: str) -> np.ndarray:
-    """A binary tensor's bytes as an array of `shape` (a copy: the body is not kept)."""
+    """A binary tensor's bytes as an array of `shape`: read-only, over `buffer` (no copy: the
+    service's submit makes its own, private one)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         return decode_bytes(buffer, count, label).reshape(shape)
@@ -177,7 +178,7 @@ def decode_binary(datatype: str, shape: tuple[int, ...], buffer: bytes | memoryv
                        f"binary_data_size gives {len(buffer)}")
     if datatype == "BF16":  # the upper half of a float32
         return (np.frombuffer(buffer, "<u2").astype("<u4") << 16).view("<f4").reshape(shape)
-    array = np.frombuffer(buffer, DATATYPES[datatype]).reshape(shape).copy()
+    array = np.frombuffer(buffer, DATATYPES[datatype]).reshape(shape)
     if datatype == "BOOL" and array.size and np.frombuffer(buffer, np.uint8).max() > 1:
         raise BadInput(f"{label}: BOOL bytes must be 0 or 1")
     return array
