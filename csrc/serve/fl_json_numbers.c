@@ -123,39 +123,40 @@ static int read_other(json_cursor *c, fl_json_span name, fl_json_inputs *out) {
     return FL_OK;
 }
 
-/* One member of the top-level object: a key without escapes, ':', its value. */
-static int read_member(json_cursor *c, fl_json_inputs *out) {
-    const unsigned char *name = c->at + 1;
-    int escaped;
-    if (!json_skip_string(c, &escaped))
-        return not_here(c, "expected a key");
-    if (escaped) /* "\u0069nputs" is "inputs": the general path decodes it */
-        return not_here(c, "a key with escapes");
-    fl_json_span span = {(size_t)(name - c->start), (size_t)(c->at - 1 - name)};
-    json_skip_ws(c);
-    if (!json_peek(c, ':'))
-        return not_here(c, "expected ':'");
-    c->at++;
-    json_skip_ws(c);
-    if (span.len == 6 && memcmp(name, "inputs", 6) == 0) {
-        if (out->values != NULL)
-            return not_here(c, "a duplicate key");
-        return read_inputs(c, out);
-    }
-    return read_other(c, span, out);
+/* Reads one member's value; `name` is its key (no escapes), the cursor at its value. */
+typedef int (*member_reader)(json_cursor *c, fl_json_span name, void *ctx);
+
+static int is_key(const json_cursor *c, fl_json_span name, const char *key) {
+    size_t len = strlen(key);
+    return name.len == len && memcmp(c->start + name.start, key, len) == 0;
 }
 
-/* The whole body: ws '{' member (',' member)* '}' ws. */
-static int read_body(json_cursor *c, fl_json_inputs *out) {
-    json_skip_ws(c);
+/* An object at the cursor: '{' (key ':' value (',' key ':' value)*)? '}', each key a string
+ * without escapes ("\u0069nputs" is "inputs": the general path decodes it), each value read by
+ * `read`. */
+static int read_object(json_cursor *c, member_reader read, void *ctx) {
     if (!json_peek(c, '{'))
         return not_here(c, "not an object");
     c->at++;
     json_skip_ws(c);
-    if (json_peek(c, '}'))
-        return not_here(c, "no 'inputs'");
+    if (json_peek(c, '}')) {
+        c->at++;
+        return FL_OK;
+    }
     for (;;) {
-        int rc = read_member(c, out);
+        const unsigned char *name = c->at + 1;
+        int escaped;
+        if (!json_skip_string(c, &escaped))
+            return not_here(c, "expected a key");
+        if (escaped)
+            return not_here(c, "a key with escapes");
+        fl_json_span span = {(size_t)(name - c->start), (size_t)(c->at - 1 - name)};
+        json_skip_ws(c);
+        if (!json_peek(c, ':'))
+            return not_here(c, "expected ':'");
+        c->at++;
+        json_skip_ws(c);
+        int rc = read(c, span, ctx);
         if (rc != FL_OK)
             return rc;
         json_skip_ws(c);
@@ -167,13 +168,48 @@ static int read_body(json_cursor *c, fl_json_inputs *out) {
         json_skip_ws(c);
     }
     c->at++;
+    return FL_OK;
+}
+
+/* A member of an object whose numbers sit under the key `numbers_key`: those numbers, or any
+ * other member's span. */
+typedef struct numbers_object {
+    fl_json_inputs *out;
+    const char *numbers_key;
+} numbers_object;
+
+static int read_numbers_member(json_cursor *c, fl_json_span name, void *ctx) {
+    numbers_object *object = ctx;
+    if (is_key(c, name, object->numbers_key)) {
+        if (object->out->values != NULL)
+            return not_here(c, "a duplicate key");
+        return read_inputs(c, object->out);
+    }
+    return read_other(c, name, object->out);
+}
+
+/* An object holding `numbers_key` (its numbers into out, the other members' spans too). */
+static int read_numbers_object(json_cursor *c, fl_json_inputs *out, const char *numbers_key) {
+    numbers_object object = {out, numbers_key};
+    int rc = read_object(c, read_numbers_member, &object);
+    if (rc == FL_OK && out->values == NULL)
+        return not_here(c, numbers_key[0] == 'i' ? "no 'inputs'" : "an input without numeric 'data'");
+    return rc;
+}
+
+/* Whitespace, then the body's value by `read`, then only whitespace to the end. */
+static int read_whole(json_cursor *c, int (*read)(json_cursor *c, void *out), void *out) {
+    json_skip_ws(c);
+    int rc = read(c, out);
+    if (rc != FL_OK)
+        return rc;
     json_skip_ws(c);
     if (c->at != c->end)
         return not_here(c, "bytes after the object");
-    if (out->values == NULL)
-        return not_here(c, "no 'inputs'");
     return FL_OK;
 }
+
+static int read_body(json_cursor *c, void *out) { return read_numbers_object(c, out, "inputs"); }
 
 int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out) {
     memset(out, 0, sizeof *out);
@@ -181,7 +217,7 @@ int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out) {
         return fl_error_set(FL_ENOTSUP, "no body");
     const unsigned char *start = body;
     json_cursor c = {start, start + len, start};
-    int rc = read_body(&c, out);
+    int rc = read_whole(&c, read_body, out);
     if (rc != FL_OK)
         fl_json_inputs_free(out);
     return rc;
@@ -189,5 +225,69 @@ int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out) {
 
 void fl_json_inputs_free(fl_json_inputs *out) {
     free(out->values);
+    memset(out, 0, sizeof *out);
+}
+
+/* ---- an Open Inference Protocol infer request (fl_json_v2_request) */
+
+/* The "inputs" array: one object per input, each with numeric "data". */
+static int read_v2_inputs(json_cursor *c, fl_json_v2_request *out) {
+    if (!json_peek(c, '['))
+        return not_here(c, "'inputs' is not an array");
+    c->at++;
+    json_skip_ws(c);
+    if (json_peek(c, ']'))
+        return not_here(c, "no inputs");
+    for (;;) {
+        if (out->ninputs == FL_JSON_V2_MAX_INPUTS)
+            return not_here(c, "too many inputs");
+        int rc = read_numbers_object(c, &out->inputs[out->ninputs++], "data");
+        if (rc != FL_OK)
+            return rc;
+        json_skip_ws(c);
+        if (json_peek(c, ']'))
+            break;
+        if (!json_peek(c, ','))
+            return not_here(c, "expected ',' or ']'");
+        c->at++;
+        json_skip_ws(c);
+    }
+    c->at++;
+    return FL_OK;
+}
+
+static int read_v2_member(json_cursor *c, fl_json_span name, void *ctx) {
+    fl_json_v2_request *out = ctx;
+    if (is_key(c, name, "inputs")) {
+        if (out->ninputs != 0)
+            return not_here(c, "a duplicate key");
+        return read_v2_inputs(c, out);
+    }
+    return read_other(c, name, &out->rest);
+}
+
+static int read_v2(json_cursor *c, void *out) {
+    fl_json_v2_request *request = out;
+    int rc = read_object(c, read_v2_member, request);
+    if (rc == FL_OK && request->ninputs == 0)
+        return not_here(c, "no 'inputs'");
+    return rc;
+}
+
+int fl_json_parse_v2_request(const void *body, size_t len, fl_json_v2_request *out) {
+    memset(out, 0, sizeof *out);
+    if (body == NULL)
+        return fl_error_set(FL_ENOTSUP, "no body");
+    const unsigned char *start = body;
+    json_cursor c = {start, start + len, start};
+    int rc = read_whole(&c, read_v2, out);
+    if (rc != FL_OK)
+        fl_json_v2_request_free(out);
+    return rc;
+}
+
+void fl_json_v2_request_free(fl_json_v2_request *out) {
+    for (int i = 0; i < out->ninputs; i++)
+        fl_json_inputs_free(&out->inputs[i]);
     memset(out, 0, sizeof *out);
 }

@@ -51,4 +51,28 @@ int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out);
 /* Frees out->values and empties *out. Safe on a zeroed or already-freed struct. */
 void fl_json_inputs_free(fl_json_inputs *out);
 
+/* The same fast path for an Open Inference Protocol (KServe v2) infer request whose every
+ * input carries its elements as "data", a rectangular nested array of numbers:
+ *     {"inputs": [{"name": ..., "datatype": ..., "shape": ..., "data": [[...]]}, ...], ...}
+ * Each input object is read as a body above is, with "data" in place of "inputs": its numbers,
+ * and its other members (name, datatype, shape, parameters) as spans. The request's other
+ * members (id, outputs, parameters, ...) are spans too. What the caller checks -- names,
+ * datatypes, shapes -- is not checked here. An input without numeric "data" (binary data, a
+ * BYTES or BOOL tensor), no inputs, more than FL_JSON_V2_MAX_INPUTS, and everything refused
+ * above is FL_ENOTSUP: the caller's general parser takes the body. */
+enum { FL_JSON_V2_MAX_INPUTS = 16 };
+
+typedef struct fl_json_v2_request {
+    int ninputs; /* 1 .. FL_JSON_V2_MAX_INPUTS, in the order of the body */
+    fl_json_inputs inputs[FL_JSON_V2_MAX_INPUTS];
+    fl_json_inputs rest; /* the request's other members (its values stay NULL) */
+} fl_json_v2_request;
+
+/* Parses `body` as above. Returns 0 and fills *out (release it with fl_json_v2_request_free),
+ * FL_ENOTSUP (a detail says where and why; *out holds nothing) or FL_ENOMEM. */
+int fl_json_parse_v2_request(const void *body, size_t len, fl_json_v2_request *out);
+
+/* Frees every input's numbers and empties *out. Safe on a zeroed or already-freed struct. */
+void fl_json_v2_request_free(fl_json_v2_request *out);
+
 #endif

@@ -394,6 +394,89 @@ static void test_threads_parse_at_once(void) {
         pthread_join(threads[i], NULL);
 }
 
+/* ---- fl_json_parse_v2_request */
+
+static int parse_v2(const char *text, fl_json_v2_request *out) {
+    size_t len = strlen(text);
+    char *copy = malloc(len > 0 ? len : 1);
+    memcpy(copy, text, len);
+    fl_error_clear();
+    int rc = fl_json_parse_v2_request(copy, len, out);
+    free(copy);
+    return rc;
+}
+
+static int span_is(const char *body, fl_json_span span, const char *text) {
+    return span.len == strlen(text) && memcmp(body + span.start, text, span.len) == 0;
+}
+
+static void test_a_v2_request_gives_each_inputs_numbers_and_the_other_spans(void) {
+    const char *body = "{\"id\": \"r1\", \"inputs\": [{\"name\": \"x\", \"shape\": [2, 2], \"datatype\": \"FP32\", "
+                       "\"data\": [[1, 2.5], [3, -4]]}, {\"data\": [7], \"name\": \"y\", \"parameters\": {}}], "
+                       "\"outputs\": [{\"name\": \"output0\"}]}";
+    fl_json_v2_request out;
+    CHECK(parse_v2(body, &out) == FL_OK);
+    CHECK(out.ninputs == 2);
+    const fl_json_inputs *x = &out.inputs[0], *y = &out.inputs[1];
+    CHECK(x->ndim == 2 && x->shape[0] == 2 && x->shape[1] == 2 && x->count == 4);
+    CHECK(x->values[1] == 2.5 && x->values[3] == -4.0);
+    CHECK(x->nkeys == 3 && span_is(body, x->keys[0].name, "name") && span_is(body, x->keys[0].value, "\"x\""));
+    CHECK(span_is(body, x->keys[1].value, "[2, 2]") && span_is(body, x->keys[2].value, "\"FP32\""));
+    CHECK(y->ndim == 1 && y->count == 1 && y->values[0] == 7.0 && y->nkeys == 2);
+    CHECK(span_is(body, y->keys[1].name, "parameters") && span_is(body, y->keys[1].value, "{}"));
+    CHECK(out.rest.nkeys == 2 && out.rest.values == NULL);
+    CHECK(span_is(body, out.rest.keys[0].name, "id") && span_is(body, out.rest.keys[1].name, "outputs"));
+    CHECK(span_is(body, out.rest.keys[1].value, "[{\"name\": \"output0\"}]"));
+    fl_json_v2_request_free(&out);
+    CHECK(out.ninputs == 0);
+    fl_json_v2_request_free(&out); /* twice is safe */
+}
+
+static int v2_refused(const char *text) {
+    fl_json_v2_request out;
+    int rc = parse_v2(text, &out);
+    int ok = rc == FL_ENOTSUP && fl_error_detail()[0] != '\0' && out.ninputs == 0 && out.rest.nkeys == 0;
+    if (!ok)
+        fprintf(stderr, "  %s: %s\n", fl_err_name(rc), text);
+    fl_json_v2_request_free(&out);
+    return ok;
+}
+
+static void test_v2_requests_for_the_general_path_are_refused(void) {
+    CHECK(v2_refused("{}"));
+    CHECK(v2_refused("{\"inputs\": []}"));
+    CHECK(v2_refused("{\"inputs\": {}}"));
+    CHECK(v2_refused("{\"inputs\": [{\"name\": \"x\"}]}")); /* binary data, or none */
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [true]}]}")); /* BOOL */
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [\"a\"]}]}")); /* BYTES */
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [1], \"data\": [2]}]}"));
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [1]}], \"inputs\": [{\"data\": [2]}]}"));
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [1]}], \"id\": \"a\", \"id\": \"b\"}"));
+    CHECK(v2_refused("{\"inputs\": [{\"d\\u0061ta\": [1]}]}"));
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [1]}] x"));
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [1]},]}"));
+    CHECK(v2_refused("{\"inputs\": [{\"data\": [[1], 2]}]}"));
+    CHECK(v2_refused("[{\"inputs\": [{\"data\": [1]}]}]"));
+    char many[2048] = "{\"inputs\": [";
+    for (int i = 0; i <= FL_JSON_V2_MAX_INPUTS; i++)
+        strcat(many, i ? ", {\"data\": [1]}" : "{\"data\": [1]}");
+    strcat(many, "]}");
+    CHECK(v2_refused(many));
+}
+
+static void test_every_truncated_v2_request_is_refused(void) {
+    const char *body = "{\"inputs\": [{\"name\": \"x\", \"data\": [[1.5, 2], [3, 4]]}], \"id\": \"q\"}";
+    fl_json_v2_request out;
+    CHECK(parse_v2(body, &out) == FL_OK);
+    fl_json_v2_request_free(&out);
+    char cut[128];
+    for (size_t len = 0; len < strlen(body); len++) {
+        memcpy(cut, body, len);
+        cut[len] = '\0';
+        CHECK(v2_refused(cut));
+    }
+}
+
 int main(void) {
     RUN(test_a_row_of_numbers_parses_with_the_other_keys_spans);
     RUN(test_nested_arrays_give_their_shape_in_c_order);
@@ -412,5 +495,8 @@ int main(void) {
     RUN(test_every_truncation_is_refused);
     RUN(test_a_large_body_grows_its_buffer);
     RUN(test_threads_parse_at_once);
+    RUN(test_a_v2_request_gives_each_inputs_numbers_and_the_other_spans);
+    RUN(test_v2_requests_for_the_general_path_are_refused);
+    RUN(test_every_truncated_v2_request_is_refused);
     return check_failures != 0;
 }

@@ -253,7 +253,7 @@ class V2Routes:
         typed = hasattr(spec, "names")  # declared Inputs (else fastloop.nn's or a callable's: the service checks)
         by_name = {t.name: t for t in request.inputs}
         names = [d["name"] for d in declared]
-        if sorted(by_name) != sorted(names):
+        if by_name.keys() != set(names):
             raise _bad(f"model {front.name!r} takes inputs {names}, the request gives {sorted(by_name)}")
         arrays = {}
         for want in declared:
@@ -268,6 +268,8 @@ class V2Routes:
             if not shape or shape[0] == 0:
                 raise _bad(f"{label}: shape {shape} holds no rows (the batch axis comes first)")
             arrays[tensor.name] = tensor.array
+        if typed and spec.single and arrays[names[0]].shape[0] == 1:
+            return arrays[names[0]][0]  # one row: a job of one row, as /v1/predict's (answer() gives back the axis)
         if typed:  # a batch along the first axis
             return arrays[names[0]] if spec.single else arrays
         array = arrays[names[0]]

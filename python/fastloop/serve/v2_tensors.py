@@ -41,7 +41,6 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in DATATYPES.items() if name not in ("BF16", "BYTES")}
 
-_FLOATS = {"FP16", "FP32", "FP64", "BF16"}  # datatypes whose JSON data the C parser reads
 _REQUEST_KEYS = {"id", "parameters", "inputs", "outputs", "model_name", "model_version"}  # the last two: KServe's client
 _REQUEST_PARAMETERS = {"binary_data_output", "timeout", "priority"}
 _TENSOR_KEYS = {"name", "shape", "datatype", "parameters", "data"}
@@ -49,6 +48,9 @@ _TENSOR_KEYS = {"name", "shape", "datatype", "parameters", "data"}
 
 def datatype_of(dtype: np.dtype) -> str:
     """The protocol's name of a NumPy dtype (float32 -> "FP32"); BadInput for one it lacks."""
+    name = _NAMES.get(dtype)  # the usual case: a native dtype the table has
+    if name is not None:
+        return name
     name = _NAMES.get(np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).kind in "iuf" else np.dtype(dtype))
     if name is None:
         raise BadInput(f"dtype {np.dtype(dtype)} has no Open Inference Protocol datatype")
@@ -108,14 +110,13 @@ def _object(value: Any, label: str) -> dict[str, Any]:
 def decode_json(datatype: str, shape: tuple[int, ...], data: Any, label: str) -> np.ndarray:
     """A tensor's "data" (row-major, flat or nested) as an array of `shape`; BadInput naming
     `label` for elements the datatype cannot hold exactly or a count the shape does not have.
-    `data` may be a v2_json.Numbers (an array of numbers read in C)."""
-    if isinstance(data, v2_json.Numbers) and datatype in _FLOATS:
+    `data` may be a v2_json.Numbers (an array of numbers read in C, of a float datatype)."""
+    if isinstance(data, v2_json.Numbers):
         try:
             array = v2_json.cast_floats(data.values, DATATYPES[datatype], label)
         except ValueError as error:
             raise BadInput(str(error)) from None
         return _reshaped(array, shape, label)
-    data = v2_json.as_list(data)
     if datatype == "BYTES":
         flat = np.array(data, dtype=object).ravel()
         if not all(isinstance(item, str) for item in flat):
@@ -195,27 +196,14 @@ def read_request(body: bytes, header_length: int | None) -> Request:
     except (ValueError, RecursionError) as error:
         raise BadInput(f"the request's JSON is not valid: {error}") from None
     data = _object(data, "the request")
-    unknown = sorted(set(data) - _REQUEST_KEYS)
-    if unknown:
-        raise BadInput(f"unknown request fields {unknown}: an infer request has 'id', 'parameters', 'inputs' "
-                       "and 'outputs'")
+    if not _REQUEST_KEYS.issuperset(data):
+        raise BadInput(f"unknown request fields {sorted(set(data) - _REQUEST_KEYS)}: an infer request has 'id', "
+                       "'parameters', 'inputs' and 'outputs'")
     for key in ("id", "model_name", "model_version"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise BadInput(f"{key!r} must be a string, not {type(data[key]).__name__}")
     request_id = data.get("id")
-    parameters = _object(data.get("parameters", {}), "'parameters'")
-    unknown = sorted(set(parameters) - _REQUEST_PARAMETERS)
-    if unknown:
-        raise BadInput(f"unsupported request parameters {unknown}: this server takes "
-                       f"{sorted(_REQUEST_PARAMETERS)} (no sequence batching, no custom parameters)")
-    timeout, priority = parameters.get("timeout"), parameters.get("priority")
-    for name, value in (("timeout", timeout), ("priority", priority)):
-        if value is not None and whole(value) is None:
-            raise BadInput(f"parameter {name!r} must be an integer from 0 to 2**63-1, not {value!r:.40}")
-    timeout, priority = (None if timeout is None else whole(timeout)), (0 if priority is None else whole(priority))
-    binary_output = parameters.get("binary_data_output", False)
-    if not isinstance(binary_output, bool):
-        raise BadInput(f"parameter 'binary_data_output' must be true or false, not {binary_output!r:.40}")
+    timeout, priority, binary_output = _read_parameters(data["parameters"]) if "parameters" in data else (None, 0, False)
     inputs = data.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadInput("'inputs' must be a non-empty list of tensors")
@@ -233,24 +221,34 @@ def read_request(body: bytes, header_length: int | None) -> Request:
                    (data.get("model_name"), data.get("model_version")))
 
 
+def _read_parameters(value: Any) -> tuple[int | None, int, bool]:
+    """The request's parameters: (timeout, priority, binary_data_output)."""
+    parameters = _object(value, "'parameters'")
+    if not _REQUEST_PARAMETERS.issuperset(parameters):
+        raise BadInput(f"unsupported request parameters {sorted(set(parameters) - _REQUEST_PARAMETERS)}: this server "
+                       f"takes {sorted(_REQUEST_PARAMETERS)} (no sequence batching, no custom parameters)")
+    timeout, priority = parameters.get("timeout"), parameters.get("priority")
+    for name, value in (("timeout", timeout), ("priority", priority)):
+        if value is not None and whole(value) is None:
+            raise BadInput(f"parameter {name!r} must be an integer from 0 to 2**63-1, not {value!r:.40}")
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise BadInput(f"parameter 'binary_data_output' must be true or false, not {binary_output!r:.40}")
+    return (None if timeout is None else whole(timeout)), (0 if priority is None else whole(priority)), binary_output
+
+
 def _read_input(item: dict[str, Any], body: bytes, offset: int) -> tuple[Tensor, int]:
     name = item.get("name")
     if not isinstance(name, str):
         raise BadInput(f"each input needs a 'name' (a string), not {name!r:.40}")
     label = f"input {name!r}"
-    unknown = sorted(set(item) - _TENSOR_KEYS)
-    if unknown:
-        raise BadInput(f"{label}: unknown fields {unknown}")
+    if not _TENSOR_KEYS.issuperset(item):
+        raise BadInput(f"{label}: unknown fields {sorted(set(item) - _TENSOR_KEYS)}")
     datatype = item.get("datatype")
     if datatype not in DATATYPES:
         raise BadInput(f"{label}: datatype {datatype!r:.40} is not one of {', '.join(DATATYPES)}")
     shape = _shape(item.get("shape"), label)
-    parameters = _object(item.get("parameters", {}), f"{label} 'parameters'")
-    unknown = sorted(set(parameters) - {"binary_data_size"})
-    if unknown:
-        hint = " (shared memory is not supported)" if any("shared_memory" in key for key in unknown) else ""
-        raise BadInput(f"{label}: unsupported parameters {unknown}{hint}")
-    size = parameters.get("binary_data_size")
+    size = _binary_size(item["parameters"], label) if "parameters" in item else None
     if size is None:
         if "data" not in item:
             raise BadInput(f"{label} has neither 'data' nor parameters.binary_data_size")
@@ -262,6 +260,16 @@ def _read_input(item: dict[str, Any], body: bytes, offset: int) -> tuple[Tensor,
                        "binary bytes (is Inference-Header-Content-Length set?)")
     view = memoryview(body)[offset:offset + size]
     return Tensor(name, datatype, decode_binary(datatype, shape, view, label)), offset + size
+
+
+def _binary_size(value: Any, label: str) -> Any:
+    """An input's parameters: its binary_data_size (None: none given; checked by the caller)."""
+    parameters = _object(value, f"{label} 'parameters'")
+    unknown = sorted(set(parameters) - {"binary_data_size"})
+    if unknown:
+        hint = " (shared memory is not supported)" if any("shared_memory" in key for key in unknown) else ""
+        raise BadInput(f"{label}: unsupported parameters {unknown}{hint}")
+    return parameters.get("binary_data_size")
 
 
 def _read_outputs(outputs: Any) -> list[Requested] | None:
