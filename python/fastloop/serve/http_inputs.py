@@ -79,14 +79,18 @@ def _parse_numbers_body(body: bytes, dtype: np.dtype) -> dict[str, Any] | None:
     `dtype`; None for any other body, or any doubt, so json.loads decides and words the error.
     The C parser leaves integer literals >= 2**53 to json.loads: below that a double holds an
     int exactly, so casting the float64 array rounds each number as NumPy rounds the list's."""
-    parsed = _core.parse_json_inputs(body)
+    float32 = dtype == np.float32  # the usual model: narrowed in C, None past float32's range
+    parsed = _core.parse_json_inputs(body, float32=float32)
     if parsed is None:
         return None
     inputs, raw = parsed
     try:
         data = {key: json.loads(value) for key, value in raw.items()}
-        with np.errstate(over="raise"):  # 1e300 as float32: the general path names the input
-            data["inputs"] = inputs.astype(dtype, copy=False)
+        if float32:
+            data["inputs"] = inputs
+        else:
+            with np.errstate(over="raise"):  # 1e300 as float16: the general path names the input
+                data["inputs"] = inputs.astype(dtype, copy=False)
     except (ValueError, RecursionError, FloatingPointError):
         return None
     _check_keys(data)

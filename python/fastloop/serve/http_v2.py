@@ -79,6 +79,14 @@ def output_tensors(row: np.ndarray, rows: int | None) -> list[tuple[str, np.ndar
     return [(f"output{name}" if tuple_like else name, np.ascontiguousarray(row[name])) for name in names]
 
 
+def _fits(declared: list[int], shape: list[int]) -> bool:
+    """Whether `shape` has the declared sizes (-1: any), both of one rank."""
+    for want, got in zip(declared, shape):
+        if want != -1 and want != got:
+            return False
+    return True
+
+
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     """A Content-Encoding: gzip or deflate (zlib) body, at most `limit` bytes once inflated."""
     if encoding in ("", "identity"):
@@ -262,9 +270,8 @@ class V2Routes:
             if want["datatype"] and tensor.datatype != want["datatype"]:
                 raise _bad(f"{label}: datatype {tensor.datatype}, the model takes {want['datatype']}")
             shape, rank = list(tensor.array.shape), len(want["shape"])
-            if typed:
-                if len(shape) != rank or any(w != -1 and w != g for w, g in zip(want["shape"], shape)):
-                    raise _bad(f"{label}: shape {shape}, the model takes {want['shape']} (-1: any size)")
+            if typed and (len(shape) != rank or not _fits(want["shape"], shape)):
+                raise _bad(f"{label}: shape {shape}, the model takes {want['shape']} (-1: any size)")
             if not shape or shape[0] == 0:
                 raise _bad(f"{label}: shape {shape} holds no rows (the batch axis comes first)")
             arrays[tensor.name] = tensor.array

@@ -81,6 +81,7 @@ class Request(NamedTuple):
     model: tuple[str | None, str | None] = (None, None)  # the body's model_name and model_version, if given
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False)  # one for every response (json.dumps builds one a call for allow_nan)
 MAX_WHOLE = 2 ** 63 - 1  # the largest timeout or priority (Triton's are 64-bit)
 
 
@@ -325,7 +326,7 @@ def write_response(model_name: str, version: str, request_id: str | None,
     if request_id is not None:
         response["id"] = request_id
     response["outputs"] = tensors
-    head = json.dumps(response, allow_nan=False).encode()
+    head = _ENCODER.encode(response).encode()
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)
