@@ -24,10 +24,11 @@ def body(*inputs, **extra) -> bytes:
 
 
 def outcome(raw: bytes, monkeypatch, fast: bool):
-    """(arrays by name, or the BadInput message) of read_request(raw), with the C path or without."""
+    """(arrays by name, or the BadInput message) of read_request(raw), with the C paths or without."""
     with monkeypatch.context() as patch:
         if not fast:
             patch.setattr(v2_json, "loads", json.loads)
+            patch.setattr(v2_json, "read_plain", lambda head: None)
         try:
             request = read_request(raw, None)
         except BadInput as error:
@@ -102,6 +103,29 @@ def test_the_checks_and_their_messages_stay(monkeypatch):
         with pytest.raises(BadInput, match="not valid"):
             read_request(broken, None)
         assert outcome(broken, monkeypatch, True) == outcome(broken, monkeypatch, False)
+
+
+def test_the_usual_request_is_read_plain_and_any_other_the_general_way(monkeypatch):
+    """read_plain takes the usual request (inputs of name, datatype, shape and data; an id) and
+    leaves every other to loads() and the general checks: both give the same for every case."""
+    usual = [body(tensor(ROW.tolist(), shape=[1, 100]), id="r1"), body(tensor(ROW.tolist(), "FP64", shape=[100])),
+             body(tensor(ROW.tolist(), shape=[100]), tensor(ROW.tolist(), "FP16", shape=[4, 25], name="y")),
+             body(tensor(ROW.tolist(), shape=[99]))]  # plain, and refused for its count
+    for raw in usual:
+        assert v2_json.read_plain(raw) is not None
+        same(raw, monkeypatch)
+    other = [body(tensor(ROW.tolist(), shape=[1, 100]), id=7), body(tensor(ROW.tolist(), shape=[1.0, 100])),
+             body(tensor(ROW.tolist(), shape=[2 ** 64, 100])), body(tensor(ROW.tolist(), shape=[True, 100])),
+             body(tensor(ROW.tolist(), shape=[-1, 100])), body(tensor(ROW.tolist(), shape="100")),
+             body(tensor(ROW.tolist(), "INT32", shape=[100])), body(tensor(ROW.tolist(), "FP8", shape=[100])),
+             body(tensor(ROW.tolist(), shape=[100], parameters={})), body(tensor(ROW.tolist(), shape=[100]), outputs=[]),
+             body(tensor(ROW.tolist(), shape=[100]), model_name="m"), body(tensor(ROW.tolist(), shape=[100], name="x\\y")),
+             body({"name": "x", "datatype": "FP32", "data": ROW.tolist()})]  # no shape
+    for raw in other:
+        assert v2_json.read_plain(raw) is None
+        same(raw, monkeypatch)
+    twice = body(tensor(ROW.tolist(), shape=[100]), tensor(ROW.tolist(), shape=[100]))  # plain, but a name twice
+    assert same(twice, monkeypatch) == "inputs are named more than once: ['x', 'x']"
 
 
 def test_an_overflow_names_the_input(monkeypatch):

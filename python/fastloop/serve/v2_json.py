@@ -25,10 +25,14 @@ import numpy as np
 
 from .. import _core
 
-__all__ = ["Numbers", "loads", "cast_floats"]
+__all__ = ["Numbers", "loads", "read_plain", "cast_floats"]
 
 _DECODER = json.JSONDecoder()
 _FLOAT_DATATYPES = {b'"FP16"', b'"FP32"', b'"FP64"', b'"BF16"'}  # as written: an escape goes the general way
+_PLAIN_DATATYPES = {text: text[1:-1].decode() for text in _FLOAT_DATATYPES}
+_SHAPES: dict[bytes, tuple[int, ...]] = {}  # a shape's JSON text -> its sizes (a few per model: bounded below)
+_MAX_SHAPES = 256
+_MAX_SIZE = 2 ** 63 - 1  # v2_tensors.MAX_WHOLE: a larger size goes the general way, which refuses it
 
 
 class Numbers(NamedTuple):
@@ -57,6 +61,48 @@ def loads(head: bytes) -> Any:
         return json.loads(head)
     data["inputs"] = tensors
     return data
+
+
+def read_plain(head: bytes) -> tuple[list[tuple[str, str, tuple[int, ...], np.ndarray]], str | None] | None:
+    """The usual request, read without building its JSON: inputs with exactly a plain "name",
+    a float "datatype", a "shape" of sizes and numeric "data", and beside "inputs" at most a
+    plain "id" (no parameters, no outputs). (inputs as (name, datatype, shape, values), id), or
+    None for any other request: loads() and read_request's checks take it, and decide exactly
+    what they would decide for this one (test_serve_v2_json compares the two)."""
+    parsed = _core.parse_json_v2(head)
+    if parsed is None:
+        return None
+    inputs, rest = parsed
+    request_id = None
+    if rest:
+        text = rest.get("id")
+        if len(rest) != 1 or text is None or text[:1] != b'"' or b"\\" in text:
+            return None
+        request_id = text[1:-1].decode()
+    plain = []
+    for values, members in inputs:
+        name, datatype, shape = members.get("name"), _PLAIN_DATATYPES.get(members.get("datatype")), \
+            _sizes(members.get("shape"))
+        if len(members) != 3 or name is None or name[:1] != b'"' or b"\\" in name or datatype is None or shape is None:
+            return None
+        plain.append((name[1:-1].decode(), datatype, shape, values))
+    return plain, request_id
+
+
+def _sizes(text: bytes | None) -> tuple[int, ...] | None:
+    """A "shape" written as a list of JSON integers >= 0, as a tuple; None for anything else."""
+    sizes = _SHAPES.get(text)  # type: ignore[arg-type]
+    if sizes is not None or text is None:
+        return sizes
+    try:
+        value = _DECODER.decode(text.decode())
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not all(type(size) is int and 0 <= size <= _MAX_SIZE for size in value):
+        return None
+    if len(_SHAPES) < _MAX_SHAPES:
+        _SHAPES[text] = tuple(value)
+    return tuple(value)
 
 
 def _value(text: bytes) -> Any:

@@ -192,6 +192,10 @@ def read_request(body: bytes, header_length: int | None) -> Request:
     if header_length is not None and not 0 < header_length <= len(body):
         raise BadInput(f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
+    if header_length is None:
+        request = _read_plain(head)
+        if request is not None:
+            return request
     try:
         data = v2_json.loads(head)  # each input's numeric "data" read in C
     except (ValueError, RecursionError) as error:
@@ -220,6 +224,19 @@ def read_request(body: bytes, header_length: int | None) -> Request:
         raise BadInput(f"inputs are named more than once: {names}")
     return Request(request_id, tensors, _read_outputs(data.get("outputs")), binary_output, timeout, priority,
                    (data.get("model_name"), data.get("model_version")))
+
+
+def _read_plain(head: bytes) -> Request | None:
+    """The usual JSON request (v2_json.read_plain) as read_request reads it, or None."""
+    plain = v2_json.read_plain(head)
+    if plain is None:
+        return None
+    inputs, request_id = plain
+    tensors = [Tensor(name, datatype, decode_json(datatype, shape, v2_json.Numbers(values), f"input {name!r}"))
+               for name, datatype, shape, values in inputs]
+    if len(tensors) > 1 and len({t.name for t in tensors}) != len(tensors):
+        return None  # read_request words it
+    return Request(request_id, tensors, None, False, None, 0)
 
 
 def _read_parameters(value: Any) -> tuple[int | None, int, bool]:
