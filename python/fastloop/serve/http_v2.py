@@ -28,7 +28,7 @@ import numpy as np
 from .._version import __version__
 from .http_inputs import BadInput
 from .http_model import ModelFront, Reply, describe_inputs, submit_reply
-from .http_requests import Answer, Receive, Scope, _header, _settle
+from .http_requests import Answer, Receive, Scope, _settle
 from .jobs import DEADLINE_EXCEEDED, FAILED, JobRecord
 from .rows import row_errors_of
 from .v2_tensors import Request, datatype_of, read_request, write_response
@@ -79,7 +79,18 @@ def output_tensors(row: np.ndarray, rows: int | None) -> list[tuple[str, np.ndar
     return [(f"output{name}" if tuple_like else name, np.ascontiguousarray(row[name])) for name in names]
 
 
-def _fits(declared: list[int], shape: list[int]) -> bool:
+def _headers(scope: Scope) -> tuple[str, str]:
+    """The request's Inference-Header-Content-Length and Content-Encoding (lower case): "" if absent."""
+    length = encoding = None
+    for key, value in scope.get("headers", []):
+        if key == b"inference-header-content-length" and length is None:
+            length = value.decode("latin-1")
+        elif key == b"content-encoding" and encoding is None:
+            encoding = value.decode("latin-1").strip().lower()
+    return length or "", encoding or ""
+
+
+def _fits(declared: list[int], shape: Any) -> bool:
     """Whether `shape` has the declared sizes (-1: any), both of one rank."""
     for want, got in zip(declared, shape):
         if want != -1 and want != got:
@@ -185,11 +196,10 @@ class V2Routes:
         front = self._front(scope)
         body = await app._read_body(scope, receive)
         app._refuse_if_draining()
-        text = _header(scope, b"inference-header-content-length")
+        text, encoding = _headers(scope)
         if text and not text.strip().isdigit():
             raise _bad(f"Inference-Header-Content-Length must be a number of bytes, not {text!r:.40}")
         header_length = int(text) if text else None
-        encoding = _header(scope, b"content-encoding").strip().lower()
         admission = front.service.admit()  # a full queue is answered before any parsing
         if admission is None:
             raise Reply(503, {"error": f"the model's queue is full ({front.service.max_queue} requests "
@@ -259,6 +269,12 @@ class V2Routes:
             declared = self.declared[front.name] = input_metadata(front)
         spec = front.service._spec
         typed = hasattr(spec, "names")  # declared Inputs (else fastloop.nn's or a callable's: the service checks)
+        if typed and spec.single and len(request.inputs) == 1:  # the usual request: one row of the one input
+            want, tensor = declared[0], request.inputs[0]
+            shape = tensor.array.shape
+            if tensor.name == want["name"] and tensor.datatype == want["datatype"] and shape[:1] == (1,) \
+                    and len(shape) == len(want["shape"]) and _fits(want["shape"], shape):
+                return tensor.array[0]  # a job of one row, as /v1/predict's (answer() gives back the axis)
         by_name = {t.name: t for t in request.inputs}
         names = [d["name"] for d in declared]
         if by_name.keys() != set(names):
