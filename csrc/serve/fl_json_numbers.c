@@ -197,15 +197,19 @@ static int read_numbers_object(json_cursor *c, fl_json_inputs *out, const char *
     return rc;
 }
 
-/* Whitespace, then the body's value by `read`, then only whitespace to the end. */
-static int read_whole(json_cursor *c, int (*read)(json_cursor *c, void *out), void *out) {
-    json_skip_ws(c);
-    int rc = read(c, out);
+/* The whole body: whitespace, its value by `read`, then only whitespace to the end. */
+static int read_whole(const void *body, size_t len, int (*read)(json_cursor *c, void *out), void *out) {
+    if (body == NULL)
+        return fl_error_set(FL_ENOTSUP, "no body");
+    const unsigned char *start = body;
+    json_cursor c = {start, start + len, start};
+    json_skip_ws(&c);
+    int rc = read(&c, out);
     if (rc != FL_OK)
         return rc;
-    json_skip_ws(c);
-    if (c->at != c->end)
-        return not_here(c, "bytes after the object");
+    json_skip_ws(&c);
+    if (c.at != c.end)
+        return not_here(&c, "bytes after the object");
     return FL_OK;
 }
 
@@ -213,11 +217,7 @@ static int read_body(json_cursor *c, void *out) { return read_numbers_object(c, 
 
 int fl_json_parse_inputs(const void *body, size_t len, fl_json_inputs *out) {
     memset(out, 0, sizeof *out);
-    if (body == NULL)
-        return fl_error_set(FL_ENOTSUP, "no body");
-    const unsigned char *start = body;
-    json_cursor c = {start, start + len, start};
-    int rc = read_whole(&c, read_body, out);
+    int rc = read_whole(body, len, read_body, out);
     if (rc != FL_OK)
         fl_json_inputs_free(out);
     return rc;
@@ -276,11 +276,7 @@ static int read_v2(json_cursor *c, void *out) {
 
 int fl_json_parse_v2_request(const void *body, size_t len, fl_json_v2_request *out) {
     memset(out, 0, sizeof *out);
-    if (body == NULL)
-        return fl_error_set(FL_ENOTSUP, "no body");
-    const unsigned char *start = body;
-    json_cursor c = {start, start + len, start};
-    int rc = read_whole(&c, read_v2, out);
+    int rc = read_whole(body, len, read_v2, out);
     if (rc != FL_OK)
         fl_json_v2_request_free(out);
     return rc;

@@ -14,16 +14,21 @@
 #include "base/fl_error.h"
 #include "serve/fl_json_numbers.h"
 
-/* Parses an exact-size heap copy of text (no NUL after it). */
-static int parse(const char *text, fl_json_inputs *out) {
+/* Runs a parser on an exact-size heap copy of text (no NUL after it). */
+static int parse_copy(const char *text, int (*parser)(const void *, size_t, void *), void *out) {
     size_t len = strlen(text);
     char *copy = malloc(len > 0 ? len : 1);
     memcpy(copy, text, len);
     fl_error_clear();
-    int rc = fl_json_parse_inputs(copy, len, out);
+    int rc = parser(copy, len, out);
     free(copy);
     return rc;
 }
+
+static int inputs_parser(const void *body, size_t len, void *out) { return fl_json_parse_inputs(body, len, out); }
+static int v2_parser(const void *body, size_t len, void *out) { return fl_json_parse_v2_request(body, len, out); }
+
+static int parse(const char *text, fl_json_inputs *out) { return parse_copy(text, inputs_parser, out); }
 
 /* 1 when text is refused with FL_ENOTSUP and a detail, and leaves *out empty. */
 static int refused(const char *text) {
@@ -396,15 +401,7 @@ static void test_threads_parse_at_once(void) {
 
 /* ---- fl_json_parse_v2_request */
 
-static int parse_v2(const char *text, fl_json_v2_request *out) {
-    size_t len = strlen(text);
-    char *copy = malloc(len > 0 ? len : 1);
-    memcpy(copy, text, len);
-    fl_error_clear();
-    int rc = fl_json_parse_v2_request(copy, len, out);
-    free(copy);
-    return rc;
-}
+static int parse_v2(const char *text, fl_json_v2_request *out) { return parse_copy(text, v2_parser, out); }
 
 static int span_is(const char *body, fl_json_span span, const char *text) {
     return span.len == strlen(text) && memcmp(body + span.start, text, span.len) == 0;
