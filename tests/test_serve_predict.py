@@ -198,6 +198,37 @@ def test_a_draining_front_refuses_new_jobs_with_503_and_answers_the_accepted(gat
     assert service.stats()["submitted"] == 1
 
 
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 16\r\n\r\n",  # no body
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 40\r\n\r\n{\"error\":",  # cut short
+    b"HTTP/1.1 20",  # cut inside the status line
+], ids=["headers-only", "body-cut", "status-line-cut"])
+def test_a_server_that_dies_mid_answer_is_unavailable_not_a_crash(answer):
+    """A host killed while it answers (its headers sent, its body not, or less): the client says
+    ServiceUnavailable (a ConnectionError, what a retry loop catches), never http.client's own
+    IncompleteRead, which escaped it before."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_and_die() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+        listener.close()
+
+    thread = threading.Thread(target=answer_and_die)
+    thread.start()
+    try:
+        with pytest.raises(ServiceUnavailable, match=f"POST http://127.0.0.1:{port}/v1/jobs"):
+            Client(f"http://127.0.0.1:{port}", timeout=5).submit(inputs=[1.0], job_id="j-1")
+    finally:
+        thread.join(10)
+
+
 def test_the_metrics_count_predict_answers(mlp_server):
     base, _ = mlp_server
     call(base, "POST", "/v1/predict", {"inputs": [0.0] * IN})

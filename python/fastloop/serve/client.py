@@ -13,6 +13,7 @@ past its deadline) -> TimeoutError.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -173,13 +174,17 @@ class Client:
             data = None
         request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
-                status, raw, headers = response.status, response.read(), response.headers
-        except urllib.error.HTTPError as error:
-            status, raw, headers = error.code, error.read(), error.headers
+            try:
+                with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
+                    status, raw, headers = response.status, response.read(), response.headers
+            except urllib.error.HTTPError as error:
+                status, raw, headers = error.code, error.read(), error.headers
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise ServiceUnavailable(f"{method} {self.base_url}{path}: {reason}") from None
+        except http.client.HTTPException as error:  # e.g. IncompleteRead: the server died mid-answer
+            raise ServiceUnavailable(f"{method} {self.base_url}{path}: the connection broke off the answer "
+                                     f"({type(error).__name__}: {error})") from None
         try:
             if status == 200 and headers.get("content-type", "").startswith(NPY_TYPE):
                 return status, parse_npy(raw), headers
