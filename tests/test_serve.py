@@ -512,10 +512,20 @@ def test_result_is_interrupted_by_ctrl_c():
 
 def test_listeners_see_every_status_change():
     events = []
+    heard_done = threading.Event()
+
+    def listener(job: str, status: str) -> None:
+        events.append((job, status))
+        if status == "done":
+            heard_done.set()
+
     with InferenceService(lambda b: b, store=MemoryStore()) as svc:
-        unsubscribe = svc.subscribe(lambda job, status: events.append((job, status)))
+        unsubscribe = svc.subscribe(listener)
         job = svc.submit(np.ones(1))
         svc.result(job, timeout=5)
+        # result() wakes before the listeners hear "done" (as concurrent.futures wakes its
+        # waiters before its done callbacks run)
+        assert heard_done.wait(5), events
         unsubscribe()
         svc.result(svc.submit(np.ones(1)), timeout=5)
     assert events == [(job, "queued"), (job, "running"), (job, "done")]

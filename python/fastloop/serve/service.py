@@ -202,7 +202,9 @@ class InferenceService(_Admitting, _Results, _Workers, _Deadlines, _Persistence,
         running, done, failed, expired); returns a function that unsubscribes. A listener
         runs on the thread that made the change, so it must be quick and must not block (hand
         the event to a loop, e.g. loop.call_soon_threadsafe); its exceptions are counted
-        in stats()["listener_errors"] and otherwise ignored."""
+        in stats()["listener_errors"] and otherwise ignored. A job's final status wakes
+        result() first and the listeners next (as concurrent.futures runs done callbacks after
+        waking waiters), so result() may return before a listener hears "done"."""
         with self._lock:
             self._listeners = self._listeners + [listener]
 
