@@ -35,10 +35,48 @@ static int append(numbers *n, double value) {
     return FL_OK;
 }
 
-/* One element of an array at `depth`: a nested array or a number, as the shape requires. */
+/* Reads one element of an array, the cursor at it. */
+typedef int (*element_reader)(json_cursor *c, void *ctx);
+
+/* An array at the cursor ('[' there), not empty (`empty_why` refuses one): each element read
+ * by `read`, their number into *length. Inlined so that each caller's `read` is a direct call
+ * (7% more instructions a number without). */
+static inline __attribute__((always_inline)) int read_elements(json_cursor *c, element_reader read, void *ctx, const char *empty_why,
+                         int64_t *length) {
+    *length = 0;
+    c->at++;
+    json_skip_ws(c);
+    if (json_peek(c, ']'))
+        return not_here(c, empty_why);
+    for (;;) {
+        int rc = read(c, ctx);
+        if (rc != FL_OK)
+            return rc;
+        ++*length;
+        json_skip_ws(c);
+        if (json_peek(c, ']'))
+            break;
+        if (!json_peek(c, ','))
+            return not_here(c, "expected ',' or ']'");
+        c->at++;
+        json_skip_ws(c);
+    }
+    c->at++;
+    return FL_OK;
+}
+
+/* Where an array of numbers stands: the numbers so far, and the depth of its elements. */
+typedef struct numbers_at {
+    numbers *n;
+    int depth;
+} numbers_at;
+
 static int read_array(json_cursor *c, numbers *n, int depth);
 
-static int read_element(json_cursor *c, numbers *n, int depth) {
+/* One element of an array at `depth`: a nested array or a number, as the shape requires. */
+static int read_element(json_cursor *c, void *ctx) {
+    numbers *n = ((numbers_at *)ctx)->n;
+    int depth = ((numbers_at *)ctx)->depth;
     if (json_peek(c, '[')) {
         if (n->ndim != 0 && depth + 1 >= n->ndim)
             return not_here(c, "an array where the other rows hold numbers (ragged)");
@@ -59,25 +97,11 @@ static int read_element(json_cursor *c, numbers *n, int depth) {
 static int read_array(json_cursor *c, numbers *n, int depth) {
     if (depth >= FL_JSON_MAX_DIMS)
         return not_here(c, "'inputs' nested too deep");
-    c->at++;
-    json_skip_ws(c);
-    if (json_peek(c, ']'))
-        return not_here(c, "an empty array");
-    int64_t length = 0;
-    for (;;) {
-        int rc = read_element(c, n, depth);
-        if (rc != FL_OK)
-            return rc;
-        length++;
-        json_skip_ws(c);
-        if (json_peek(c, ']'))
-            break;
-        if (!json_peek(c, ','))
-            return not_here(c, "expected ',' or ']'");
-        c->at++;
-        json_skip_ws(c);
-    }
-    c->at++;
+    numbers_at at = {n, depth};
+    int64_t length;
+    int rc = read_elements(c, read_element, &at, "an empty array", &length);
+    if (rc != FL_OK)
+        return rc;
     if (n->shape[depth] < 0)
         n->shape[depth] = length;
     else if (n->shape[depth] != length)
@@ -230,30 +254,20 @@ void fl_json_inputs_free(fl_json_inputs *out) {
 
 /* ---- an Open Inference Protocol infer request (fl_json_v2_request) */
 
-/* The "inputs" array: one object per input, each with numeric "data". */
+/* One object of the "inputs" array: an input with numeric "data". */
+static int read_v2_input(json_cursor *c, void *ctx) {
+    fl_json_v2_request *out = ctx;
+    if (out->ninputs == FL_JSON_V2_MAX_INPUTS)
+        return not_here(c, "too many inputs");
+    return read_numbers_object(c, &out->inputs[out->ninputs++], "data");
+}
+
+/* The "inputs" array: one object per input. */
 static int read_v2_inputs(json_cursor *c, fl_json_v2_request *out) {
     if (!json_peek(c, '['))
         return not_here(c, "'inputs' is not an array");
-    c->at++;
-    json_skip_ws(c);
-    if (json_peek(c, ']'))
-        return not_here(c, "no inputs");
-    for (;;) {
-        if (out->ninputs == FL_JSON_V2_MAX_INPUTS)
-            return not_here(c, "too many inputs");
-        int rc = read_numbers_object(c, &out->inputs[out->ninputs++], "data");
-        if (rc != FL_OK)
-            return rc;
-        json_skip_ws(c);
-        if (json_peek(c, ']'))
-            break;
-        if (!json_peek(c, ','))
-            return not_here(c, "expected ',' or ']'");
-        c->at++;
-        json_skip_ws(c);
-    }
-    c->at++;
-    return FL_OK;
+    int64_t count;
+    return read_elements(c, read_v2_input, out, "no inputs", &count);
 }
 
 static int read_v2_member(json_cursor *c, fl_json_span name, void *ctx) {
