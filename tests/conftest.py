@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import os
 import signal
 import sys
@@ -106,12 +107,31 @@ THREAD_UNSAFE_TESTS = {  # and these, whose names do not say so
 }
 
 
+# A test that forks worker processes (mode="processes") runs alone too: on a free-threaded
+# interpreter, a fork while other threads wait on an object's lock can leave the child that
+# lock locked for good (CPython hands a contended lock straight to a waiting thread, which the
+# fork's stop-the-world has paused; the child has no such thread), and the worker hangs in its
+# first Python code. Seen in make test-ft: a worker stuck in dict.get on sys.modules.
+FORKS = 'mode="processes"'
+
+
+def _forks_workers(item) -> bool:
+    if "processes" in item.name:  # a parametrized mode
+        return True
+    try:
+        return FORKS in inspect.getsource(item.function)
+    except (OSError, TypeError):
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("run-parallel"):
         return
     for item in items:
         word = next((w for w in THREAD_UNSAFE_WORDS if w in item.name), None)
         reason = THREAD_UNSAFE_TESTS.get(item.originalname) or (word and f"its name says it uses process-wide state ({word})")
+        if not reason and _forks_workers(item):
+            reason = "forks worker processes while other threads run Python (see FORKS)"
         if reason:
             item.add_marker(pytest.mark.thread_unsafe(reason=reason))
 

@@ -286,6 +286,39 @@ def test_a_close_racing_an_iteration_ends_it_and_state_dict_keeps_the_position()
     assert state["epoch"] == 0 and state["position"] == len(positions) < len(loader)
 
 
+class ClosingAfterTaking:
+    """A loader's batch source whose next() hands over its `nth` batch only after a close() on
+    another thread has run: the close lands between the take and the hand-out, every time."""
+
+    def __init__(self, loader: fastloop.Loader, nth: int) -> None:
+        self._core, self._loader, self._left = loader._core, loader, nth
+
+    def next(self, timeout):
+        batch = self._core.next(timeout)
+        self._left -= 1
+        if self._left == 0:
+            closer = threading.Thread(target=self._loader.close)
+            closer.start()
+            closer.join(30)
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+def test_a_batch_taken_as_close_runs_is_dropped_and_not_counted():
+    loader = python_loader(mode="threads")
+    epoch = iter(loader)
+    loader._core = ClosingAfterTaking(loader, nth=4)
+    got = [next(epoch) for _ in range(3)]
+    with pytest.raises(StopIteration):  # the 4th was taken, then the close won: the user gets none
+        next(epoch)
+    assert len(got) == 3 and loader.state_dict()["position"] == 3
+    loader._core = loader._core._core
+    loader.load_state_dict(loader.state_dict())
+    assert len(collect(loader)) == len(loader) - 3  # the resumed epoch starts at the 4th batch
+
+
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_stress_eight_threads_close_one_loader_while_two_iterate(mode):
     """8 threads close one Loader while 2 iterate it, round after round (FASTLOOP_STRESS_ROUNDS;

@@ -3,6 +3,7 @@ loader` runs, and where the loader's position (state_dict()) moves."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ._failures import naming_member
@@ -20,6 +21,7 @@ class Epoch:
         self.counts_taken = counts_taken
         self.done = False  # no batch left to take: the end reached, or abandoned
         self.abandoned = False
+        self._handing = threading.Lock()  # a batch is handed out (and counted) or the epoch abandoned, not both
 
     def __iter__(self) -> "Epoch":
         return self
@@ -49,8 +51,8 @@ class Epoch:
             raise StopIteration
         if self.loader.on_error == "skip" and not self.loader._skips_logged:
             self.loader._log_first_skip()
-        if self.counts_taken:
-            self.handed_out()
+        if self.counts_taken and not self.hand_out():  # close() on another thread took the epoch meanwhile
+            raise StopIteration
         return self.loader._deliver(batch)
 
     def _current(self) -> bool:
@@ -59,11 +61,17 @@ class Epoch:
         active = self.loader._active
         return not self.abandoned and active is not None and active() is self
 
-    def handed_out(self) -> None:
-        """One more batch of the epoch reached the user: state_dict() resumes after it."""
-        self.position += 1
-        if self._current():
-            self.loader._progress = (self.epoch, self.position)
+    def hand_out(self) -> bool:
+        """Counts one more batch of the epoch as the user's (state_dict() resumes after it);
+        False, counting nothing, once the epoch is abandoned: that batch is dropped, so the
+        position always names the batches the user got."""
+        with self._handing:
+            if self.abandoned:
+                return False
+            self.position += 1
+            if self._current():
+                self.loader._progress = (self.epoch, self.position)
+            return True
 
     def finished(self) -> None:
         """The epoch's last batch reached the user (a device feed's): state_dict() names the next epoch."""
@@ -72,9 +80,11 @@ class Epoch:
 
     def abandon(self, wait: bool = True) -> None:
         """Stops the epoch's workers (wait=False: asks them to, as a finalizer must)."""
-        if not self.done:
+        with self._handing:
+            if self.done:
+                return
             self.done = self.abandoned = True
-            self.loader._core.stop(wait=wait)
+        self.loader._core.stop(wait=wait)
 
     def __del__(self) -> None:
         if not self.done:

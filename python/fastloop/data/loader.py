@@ -282,9 +282,8 @@ class Loader:
         """The feed's device batches: the feed takes each host batch one ahead of the one it
         hands out, so the epoch's position counts here, as each batch reaches the user."""
         for batch in self._feed.iterate(active, epoch):
-            if active.abandoned:  # close() or a new iteration: nothing more from this epoch
+            if not active.hand_out():  # close() or a new iteration: nothing more from this epoch
                 return
-            active.handed_out()
             yield self._layout.build(batch, None)
         active.finished()
 
