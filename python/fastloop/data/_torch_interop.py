@@ -16,8 +16,11 @@ _MASK64 = (1 << 64) - 1
 
 
 def loaded_torch() -> Any:
-    """The torch module if this program imported it, else None (never imports it)."""
-    return sys.modules.get("torch")
+    """The torch module if this program imported it, else None (never imports it). Asked per
+    sample: `in` and [] read sys.modules without locking it on a free-threaded interpreter,
+    where .get() locks it against every other thread."""
+    modules = sys.modules
+    return modules["torch"] if "torch" in modules else None
 
 
 def is_tensor(value: Any) -> bool:
